@@ -1,0 +1,1 @@
+"""User-facing tools that are not pipeline stages (``rlflow inspect``, ``rlflow run``, ...)."""

@@ -1,0 +1,151 @@
+"""Load and validate ``config.yaml`` (the Snakemake config and the DVC params file).
+
+The JSON schema lives beside this module (``config.schema.yaml``); ``workflow/schemas/config.schema.yaml``
+is a link to the same file, so Snakemake and the CLI validate against one schema.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from rlflow.errors import RLFlowError
+
+SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
+
+
+def load_schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _with_defaults(schema: dict, value: Any) -> Any:
+    """Fill object defaults from the schema (recursively), as Snakemake's ``validate(set_default=True)`` does."""
+    if not isinstance(value, dict) or schema.get("type") != "object":
+        return value
+    out = dict(value)
+    for key, sub in schema.get("properties", {}).items():
+        if key not in out and "default" in sub:
+            out[key] = copy.deepcopy(sub["default"])
+        if key in out:
+            out[key] = _with_defaults(sub, out[key])
+    return out
+
+
+def validate(config: dict, source: str = "config") -> dict:
+    """Validate ``config`` against the schema; return it with defaults filled. One-line error on failure."""
+    import jsonschema
+
+    schema = load_schema()
+    config = _with_defaults(schema, config)
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise RLFlowError(f"{source}: {describe_error(errors[0])}")
+    return config
+
+
+def describe_error(err) -> str:
+    """One line for a ``jsonschema.ValidationError`` that names the offending dotted key."""
+    path = [str(p) for p in err.absolute_path]
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        known = set(err.schema.get("properties", {}))
+        extra = sorted(k for k in err.instance if k not in known)
+        keys = ", ".join("'" + ".".join(path + [str(k)]) + "'" for k in extra)
+        allowed = ", ".join(sorted(known))
+        return f"unknown config key {keys} (allowed here: {allowed})"
+    key = ".".join(path) or "(top level)"
+    return f"invalid config key '{key}': {err.message}"
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """Return ``base`` updated by ``override``: mappings merge key by key (recursively); lists and scalars
+    replace. The same rule as Snakemake's ``--configfile`` merging (``snakemake.utils.update_config``), so
+    ``rlflow ... --config config.yaml --config tiny.yaml`` sees what ``snakemake --configfile tiny.yaml`` sees."""
+    out = copy.deepcopy(base) if isinstance(base, dict) else {}
+    for key, value in override.items():
+        if isinstance(value, dict):
+            out[key] = deep_merge(out.get(key, {}), value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _read_yaml_mapping(p: Path) -> dict:
+    if not p.is_file():
+        raise RLFlowError(f"{p}: config file not found")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise RLFlowError(f"{p}: not valid YAML{where}") from None
+    if not isinstance(data, dict):
+        raise RLFlowError(f"{p}: the config must be a mapping of keys to values")
+    return data
+
+
+def apply_override(data: dict, item: str) -> dict:
+    """Apply one ``key.sub=value`` override in place (``value`` is parsed as YAML, so JSON works too)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise RLFlowError(f"override '{item}' must look like key.sub=value")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise RLFlowError(f"override '{item}': the value is not valid YAML") from None
+    node = data
+    parts = key.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node.get(part, {}), dict):
+            raise RLFlowError(f"override '{item}': '{part}' is not a mapping")
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | Path | Sequence[str | Path] | None, overrides: list[str] | None = None) -> dict:
+    """Read one or more YAML config files, apply ``key.sub=value`` overrides, and validate.
+
+    ``path`` may be one file, a list of files (later files are deep-merged over earlier ones: mappings merge
+    key by key, lists and scalars replace -- see :func:`deep_merge`), or None for the schema defaults only.
+    Overrides apply last, each replacing the value at its dotted key.
+    """
+    if path is None:
+        paths: list[Path] = []
+    elif isinstance(path, (str, Path)):
+        paths = [Path(path)]
+    else:
+        paths = [Path(p) for p in path]
+    data: dict = {}
+    for p in paths:
+        data = deep_merge(data, _read_yaml_mapping(p))
+    for item in overrides or []:
+        apply_override(data, item)
+    source = " + ".join(str(p) for p in paths) or "defaults"
+    return validate(data, source)
+
+
+def get(config: dict, dotted: str) -> Any:
+    """``get(cfg, "zoo.bert.layers")``; a missing key is a one-line error naming it."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise RLFlowError(f"config key '{dotted}' is missing")
+        node = node[part]
+    return node
+
+
+def resolve_device(config: dict) -> str:
+    """``device: auto|cpu|cuda`` -> ``cpu`` or ``cuda`` (auto picks cuda when torch sees a GPU)."""
+    want = config.get("device", "auto")
+    if want == "cpu":
+        return "cpu"
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if want == "cuda" and not has_cuda:
+        raise RLFlowError("config key 'device' is 'cuda' but torch sees no CUDA device")
+    return "cuda" if has_cuda else "cpu"

@@ -1,0 +1,748 @@
+"""ONNX import and export.
+
+``load_onnx(path, input_shapes=None) -> Graph``
+    1. read and check the file (missing, not ONNX, truncated, cyclic, unsupported opset or dtype: one-line errors);
+    2. make every input shape static (``input_shapes`` fills dynamic dimensions; otherwise a clear error);
+    3. fold constant subgraphs (Shape/Gather/Concat/ConstantOfShape/Expand/Where/Equal/... feeding Reshape and
+       friends) to fixed point, with ONNX shape inference (``data_prop=True``) between rounds;
+    4. translate each node to an IR op with normalised attributes; anything the registry does not cover, or covers
+       only with other attributes, becomes an ``Opaque`` node with its shapes from ONNX shape inference.
+
+``save_onnx(graph, path)`` writes the graph at its own opset, valid under ``onnx.checker`` (full check), atomically.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from rlflow.atomic import atomic_path
+from rlflow.errors import RLFlowError
+from rlflow.graph.ir import Constant, Graph, Node, TensorType
+from rlflow.graph.ops import OPS, ShapeError, infer_types
+
+MIN_OPSET, MAX_OPSET = 13, 20
+
+_DTYPES = {
+    TensorProto.FLOAT: "float32", TensorProto.DOUBLE: "float64", TensorProto.FLOAT16: "float16",
+    TensorProto.INT64: "int64", TensorProto.INT32: "int32", TensorProto.INT8: "int8", TensorProto.UINT8: "uint8",
+    TensorProto.BOOL: "bool",
+}
+_ONNX_DTYPE = {v: k for k, v in _DTYPES.items()}
+#: constant folding never creates a tensor larger than this (elements) from non-weight inputs
+_FOLD_LIMIT = 1 << 22
+#: ops that must never be folded even with constant inputs
+_NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+
+
+# ======================================================================================== reading and checking
+def _read_model(path: str | os.PathLike) -> onnx.ModelProto:
+    p = Path(path)
+    if not p.exists():
+        raise RLFlowError(f"{p}: no such file")
+    if not p.is_file():
+        raise RLFlowError(f"{p}: not a file")
+    data = p.read_bytes()
+    if not data:
+        raise RLFlowError(f"{p}: empty file, not an ONNX model")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception:
+        raise RLFlowError(f"{p}: not an ONNX model (protobuf parse failed; truncated or another format)") from None
+    if not model.graph.node and not model.graph.output:
+        raise RLFlowError(f"{p}: not an ONNX model (no graph)")
+    if model.graph.initializer and any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer):
+        try:
+            onnx.load_external_data_for_model(model, str(p.parent))
+        except Exception as e:
+            raise RLFlowError(f"{p}: cannot load external weight data ({_first_line(e)})") from None
+    return model
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def _opset_of(model: onnx.ModelProto, path: Any) -> tuple[int, dict[str, int]]:
+    default, extra = None, {}
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            default = imp.version
+        else:
+            extra[imp.domain] = imp.version
+    if default is None:
+        raise RLFlowError(f"{path}: the model imports no default ONNX opset")
+    if not MIN_OPSET <= default <= MAX_OPSET:
+        raise RLFlowError(f"{path}: opset {default} is not supported (supported: {MIN_OPSET}-{MAX_OPSET}); "
+                          f"re-export with opset_version={MAX_OPSET if default > MAX_OPSET else MIN_OPSET}")
+    return default, extra
+
+
+def _sort_or_cycle(model: onnx.ModelProto, path: Any) -> None:
+    """Topologically sort the nodes in place (ONNX requires it); a cycle is an error naming a node on it."""
+    g = model.graph
+    nodes = list(g.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    if all(producer.get(v, -1) < i for i, n in enumerate(nodes) for v in n.input):
+        return  # already in topological order
+    indeg = [0] * len(nodes)
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, n in enumerate(nodes):
+        for v in set(n.input):
+            j = producer.get(v)
+            if j is not None:
+                indeg[i] += 1
+                users[j].append(i)
+    order = [i for i, d in enumerate(indeg) if d == 0]
+    k = 0
+    while k < len(order):
+        for u in users[order[k]]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                order.append(u)
+        k += 1
+    if len(order) != len(nodes):
+        stuck = nodes[next(i for i, d in enumerate(indeg) if d > 0)]
+        raise RLFlowError(f"{path}: the graph has a cycle through node '{stuck.name or '(unnamed)'}' ({stuck.op_type})")
+    del g.node[:]
+    g.node.extend(nodes[i] for i in order)
+
+
+def _dtype(elem_type: int, what: str, path: Any) -> str:
+    if elem_type not in _DTYPES:
+        name = TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else str(elem_type)
+        raise RLFlowError(f"{path}: {what} has unsupported element type {name}")
+    return _DTYPES[elem_type]
+
+
+def _parse_input_shapes(spec: Mapping[str, Any] | list[str] | None) -> dict[str, tuple[int, ...]]:
+    """``{"x": (1, 128)}`` or CLI strings ``["x=1x128"]`` -> ``{"x": (1, 128)}``."""
+    if not spec:
+        return {}
+    if isinstance(spec, Mapping):
+        return {k: tuple(int(d) for d in v) for k, v in spec.items()}
+    out = {}
+    for item in spec:
+        name, sep, dims = item.partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x")) if dims else ()
+            if not sep or any(d <= 0 for d in shape):
+                raise ValueError
+        except ValueError:
+            raise RLFlowError(f"--input-shape '{item}' must look like name=1x128 (positive dimensions)") from None
+        out[name] = shape
+    return out
+
+
+def _make_inputs_static(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], path: Any) -> None:
+    init_names = {t.name for t in model.graph.initializer}
+    real_inputs = [i for i in model.graph.input if i.name not in init_names]
+    unknown = set(shapes) - {i.name for i in real_inputs}
+    if unknown:
+        raise RLFlowError(f"{path}: --input-shape names unknown input '{sorted(unknown)[0]}' "
+                          f"(inputs: {', '.join(i.name for i in real_inputs)})")
+    for inp in real_inputs:
+        tt = inp.type.tensor_type
+        if not inp.type.HasField("tensor_type"):
+            raise RLFlowError(f"{path}: input '{inp.name}' is not a tensor")
+        _dtype(tt.elem_type, f"input '{inp.name}'", path)
+        if inp.name in shapes:
+            want = shapes[inp.name]
+            if tt.HasField("shape") and len(tt.shape.dim) != len(want):
+                raise RLFlowError(f"{path}: --input-shape {inp.name} has rank {len(want)}, the model says "
+                                  f"rank {len(tt.shape.dim)}")
+            for d, (dim, w) in enumerate(zip(tt.shape.dim, want)):
+                if dim.HasField("dim_value") and dim.dim_value != w:
+                    raise RLFlowError(f"{path}: --input-shape {inp.name} dimension {d} is {w}, the model fixes it "
+                                      f"to {dim.dim_value}")
+            tt.shape.Clear()
+            for w in want:
+                tt.shape.dim.add().dim_value = w
+            continue
+        if not tt.HasField("shape"):
+            raise RLFlowError(f"{path}: input '{inp.name}' has no shape; pass --input-shape {inp.name}=DxD...")
+        for d, dim in enumerate(tt.shape.dim):
+            if not dim.HasField("dim_value") or dim.dim_value <= 0:
+                label = dim.dim_param or "?"
+                raise RLFlowError(f"{path}: input '{inp.name}' has dynamic dimension {d} ('{label}'); "
+                                  f"pass --input-shape {inp.name}=" + "x".join(
+                                      str(x.dim_value) if x.HasField("dim_value") else "N" for x in tt.shape.dim))
+
+
+# ======================================================================================== constant folding
+def _skeleton_for_inference(model: onnx.ModelProto, consts: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of the model without large weight data (weights become typed inputs), so shape inference is cheap.
+    Small constants (<= 4096 elements) stay, so data propagation still sees shape tensors."""
+    g = model.graph
+    small, large_inputs = [], []
+    for name, arr in consts.items():
+        if arr.size <= 4096:
+            small.append(numpy_helper.from_array(arr, name))
+        else:
+            large_inputs.append(helper.make_tensor_value_info(name, _ONNX_DTYPE.get(str(arr.dtype), TensorProto.FLOAT),
+                                                              list(arr.shape)))
+    init_names = {t.name for t in g.initializer}
+    inputs = [i for i in g.input if i.name not in init_names and i.name not in consts]
+    graph = helper.make_graph(list(g.node), g.name or "graph", inputs + large_inputs, list(g.output), small)
+    m = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    for f in model.functions:
+        m.functions.append(f)
+    return m
+
+
+def _infer(model: onnx.ModelProto, consts: dict[str, np.ndarray], path: Any) -> dict[str, onnx.TypeProto]:
+    skel = _skeleton_for_inference(model, consts)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(skel, check_type=True, strict_mode=True, data_prop=True)
+    except Exception as e:
+        raise RLFlowError(f"{path}: ONNX shape inference failed: {_first_line(e)}") from None
+    g = inferred.graph
+    return {vi.name: vi.type for vi in list(g.value_info) + list(g.input) + list(g.output)}
+
+
+def _static_shape(tp: onnx.TypeProto | None) -> tuple[int, ...] | None:
+    if tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
+        return None
+    dims = []
+    for d in tp.tensor_type.shape.dim:
+        if not d.HasField("dim_value") or d.dim_value < 0:
+            return None
+        dims.append(d.dim_value)
+    return tuple(dims)
+
+
+def _eval_node(node: onnx.NodeProto, values: list[np.ndarray | None], opset: list) -> list[np.ndarray]:
+    from onnx.reference import ReferenceEvaluator
+
+    names = [f"i{k}" if v is not None else "" for k, v in enumerate(values)]
+    n = helper.make_node(node.op_type, names, [f"o{k}" for k in range(len(node.output))], domain=node.domain)
+    n.attribute.extend(node.attribute)
+    feeds = {nm: v for nm, v in zip(names, values) if nm}
+    ev = ReferenceEvaluator(n, verbose=0) if not opset else ReferenceEvaluator(
+        helper.make_model(helper.make_graph([n], "fold", [helper.make_tensor_value_info(k, _ONNX_DTYPE.get(
+            str(v.dtype), TensorProto.FLOAT), list(v.shape)) for k, v in feeds.items()],
+            [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in n.output]), opset_imports=opset),
+        verbose=0)
+    return [np.asarray(o) for o in ev.run(None, feeds)]
+
+
+def _fold_constants(model: onnx.ModelProto, path: Any) -> tuple[dict[str, np.ndarray], dict[str, onnx.TypeProto]]:
+    """Fold every node whose inputs are all constant (and every Shape/Size of a static tensor) into a constant,
+    repeating shape inference until nothing changes. Returns the constants and the final inferred types.
+    Folded nodes are removed from ``model``."""
+    g = model.graph
+    consts: dict[str, np.ndarray] = {}
+    for t in g.initializer:
+        _dtype(t.data_type, f"initializer '{t.name}'", path)
+        consts[t.name] = numpy_helper.to_array(t)
+    opset = list(model.opset_import)
+    types: dict[str, onnx.TypeProto] = {}
+    for _round in range(8):
+        types = _infer(model, consts, path)
+        keep, changed = [], False
+        for node in g.node:
+            folded = _try_fold(node, consts, types, opset)
+            if folded is None:
+                keep.append(node)
+                continue
+            for name, arr in zip(node.output, folded):
+                if name:
+                    consts[name] = arr
+            changed = True
+        if not changed:
+            break
+        del g.node[:]
+        g.node.extend(keep)
+    return consts, types
+
+
+def _try_fold(node, consts, types, opset) -> list[np.ndarray] | None:
+    op = node.op_type
+    if node.domain not in ("", "ai.onnx") or op in _NO_FOLD:
+        return None
+    if op == "Constant":
+        return [numpy_helper.to_array(helper.get_attribute_value(node.attribute[0]))
+                if node.attribute[0].name == "value" else _eval_node(node, [], opset)[0]]
+    if op in ("Shape", "Size"):
+        shape = _static_shape(types.get(node.input[0]))
+        if shape is None:
+            return None
+        if op == "Size":
+            return [np.array(int(np.prod(shape)), dtype=np.int64)]
+        a = {at.name: helper.get_attribute_value(at) for at in node.attribute}
+        start, end = a.get("start", 0), a.get("end", len(shape))
+        return [np.array(shape[slice(start, end)], dtype=np.int64)]
+    ins = [consts.get(v) if v else None for v in node.input]
+    if any(v and consts.get(v) is None for v in node.input):
+        return None
+    out_shapes = [_static_shape(types.get(o)) for o in node.output]
+    if any(s is not None and int(np.prod(s)) > _FOLD_LIMIT for s in out_shapes):
+        return None
+    try:
+        outs = _eval_node(node, ins, opset)
+    except Exception:
+        return None  # leave it in the graph; it is translated (or kept opaque) like any other node
+    # the reference evaluator may widen types (e.g. float64 from Python scalars): keep ONNX's inferred dtype
+    for k, name in enumerate(node.output[:len(outs)]):
+        tp = types.get(name)
+        if tp is not None and tp.tensor_type.elem_type in _DTYPES:
+            outs[k] = outs[k].astype(_DTYPES[tp.tensor_type.elem_type], copy=False)
+    return outs
+
+
+# ======================================================================================== ONNX node -> IR node
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    out = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out
+
+
+class _Unsupported(Exception):
+    """This node (with these attributes) is not an IR op: keep it opaque."""
+
+
+def _axis(v: int, rank: int) -> int:
+    v = int(v)
+    if not -rank <= v < rank:
+        raise _Unsupported
+    return v + rank if v < 0 else v
+
+
+def _const_input(node, k: int, consts) -> np.ndarray | None:
+    if len(node.input) <= k or not node.input[k]:
+        return None
+    if node.input[k] not in consts:
+        raise _Unsupported  # a shape-like input that is not constant: a dynamic op
+    return consts[node.input[k]]
+
+
+def _pads2d(a: dict, in_shape, kernel, strides) -> tuple[int, int, int, int]:
+    auto = a.get("auto_pad", "NOTSET")
+    if auto in ("NOTSET", ""):
+        p = tuple(int(x) for x in a.get("pads", (0, 0, 0, 0)))
+        if len(p) != 4:
+            raise _Unsupported
+        return p[0], p[1], p[2], p[3]
+    if auto == "VALID":
+        return (0, 0, 0, 0)
+    pads = []
+    for size, k, s in zip(in_shape[2:], kernel, strides):
+        out = -(-size // s)
+        total = max(0, (out - 1) * s + k - size)
+        pads.append((total // 2, total - total // 2) if auto == "SAME_UPPER" else (total - total // 2, total // 2))
+    return pads[0][0], pads[1][0], pads[0][1], pads[1][1]
+
+
+def _translate(node: onnx.NodeProto, in_shapes: list[tuple[int, ...] | None], consts, opset: int
+               ) -> tuple[str, tuple[str, ...], dict[str, Any]]:
+    """(IR op, IR inputs, normalised attrs) for an ONNX node, or raise _Unsupported."""
+    op, a = node.op_type, _attrs(node)
+    if node.domain not in ("", "ai.onnx"):
+        raise _Unsupported
+    ins = tuple(node.input)
+    while ins and not ins[-1]:
+        ins = ins[:-1]
+    x = in_shapes[0] if in_shapes else None
+    simple = {"Add", "Sub", "Mul", "Div", "Pow", "Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Identity", "MatMul",
+              "GlobalAveragePool"}
+    if op in simple:
+        if "" in ins:
+            raise _Unsupported
+        return op, ins, {}
+    if op == "Gelu":
+        return "Gelu", ins, {"approximate": a.get("approximate", "none")}
+    if op == "Gemm":
+        return "Gemm", ins, {"alpha": float(a.get("alpha", 1.0)), "beta": float(a.get("beta", 1.0)),
+                             "transA": int(a.get("transA", 0)), "transB": int(a.get("transB", 0))}
+    if op == "Conv":
+        w = in_shapes[1]
+        if x is None or w is None or len(x) != 4 or any(d != 1 for d in a.get("dilations", (1, 1))):
+            raise _Unsupported
+        kernel = tuple(a.get("kernel_shape", w[2:]))
+        strides = tuple(int(s) for s in a.get("strides", (1, 1)))
+        return "Conv", ins, {"strides": strides, "pads": _pads2d(a, x, kernel, strides),
+                             "group": int(a.get("group", 1)), "activation": "none"}
+    if op in ("MaxPool", "AveragePool"):
+        if x is None or len(x) != 4 or len(node.output) > 1 or any(d != 1 for d in a.get("dilations", (1, 1))):
+            raise _Unsupported
+        if op == "MaxPool" and a.get("storage_order", 0):
+            raise _Unsupported
+        kernel = tuple(int(k) for k in a["kernel_shape"])
+        strides = tuple(int(s) for s in a.get("strides", (1, 1)))
+        attrs = {"kernel": kernel, "strides": strides, "pads": _pads2d(a, x, kernel, strides),
+                 "ceil_mode": int(a.get("ceil_mode", 0))}
+        if op == "AveragePool":
+            attrs["count_include_pad"] = int(a.get("count_include_pad", 0))
+        return op, ins, attrs
+    if op == "BatchNormalization":
+        if len(node.output) > 1 or a.get("training_mode", 0):
+            raise _Unsupported
+        return op, ins, {"epsilon": float(a.get("epsilon", 1e-5))}
+    if op == "LayerNormalization":
+        if len(node.output) > 1 or a.get("stash_type", 1) != 1:
+            raise _Unsupported
+        return op, ins, {"axis": _axis(a.get("axis", -1), len(x)), "epsilon": float(a.get("epsilon", 1e-5))}
+    if op == "Softmax":
+        return op, ins, {"axis": _axis(a.get("axis", -1), len(x))}
+    if op == "Concat":
+        return op, ins, {"axis": _axis(a["axis"], len(x))}
+    if op == "Split":
+        axis = _axis(a.get("axis", 0), len(x))
+        sizes = _const_input(node, 1, consts)
+        if sizes is None:
+            sizes = a.get("split")
+        if sizes is None:
+            n = len(node.output)
+            chunk = -(-x[axis] // n)
+            sizes = [chunk] * (n - 1) + [x[axis] - chunk * (n - 1)]
+        return op, ins[:1], {"axis": axis, "split": tuple(int(s) for s in sizes)}
+    if op == "Transpose":
+        perm = tuple(int(p) for p in a.get("perm", reversed(range(len(x)))))
+        return op, ins, {"perm": perm}
+    if op in ("Reshape", "Unsqueeze", "Squeeze", "Flatten"):
+        out = in_shapes[-1]  # the caller passes the ONNX-inferred output shape last for these
+        if out is None:
+            raise _Unsupported
+        if op == "Flatten":
+            return op, ins[:1], {"axis": _axis(a.get("axis", 1), len(x) + 1) if x else 1}
+        return "Reshape", ins[:1], {"shape": tuple(int(d) for d in out)}
+    if op == "Pad":
+        mode = a.get("mode", "constant")
+        pads = _const_input(node, 1, consts)
+        value = _const_input(node, 2, consts)
+        axes = _const_input(node, 3, consts)
+        if mode != "constant" or pads is None:
+            raise _Unsupported
+        r = len(x)
+        pads = [int(p) for p in pads]
+        if axes is not None:
+            full = [0] * (2 * r)
+            axes = [_axis(ax, r) for ax in axes]
+            for k, ax in enumerate(axes):
+                full[ax], full[ax + r] = pads[k], pads[k + len(axes)]
+            pads = full
+        return op, ins[:1], {"pads": tuple(pads), "mode": "constant",
+                             "value": float(value.reshape(())) if value is not None and value.size else 0.0}
+    if op == "Slice":
+        starts, ends = _const_input(node, 1, consts), _const_input(node, 2, consts)
+        axes, steps = _const_input(node, 3, consts), _const_input(node, 4, consts)
+        r = len(x)
+        axes = [_axis(ax, r) for ax in (axes if axes is not None else range(len(starts)))]
+        steps = [int(s) for s in (steps if steps is not None else [1] * len(axes))]
+        if any(s <= 0 for s in steps):
+            raise _Unsupported
+        n_st, n_en = [], []
+        for ax, st, en in zip(axes, starts, ends):
+            dim = x[ax]
+            st, en = int(st), int(en)
+            st = min(max(st + dim if st < 0 else st, 0), dim)
+            en = min(max(en + dim if en < 0 else en, 0), dim)
+            n_st.append(st)
+            n_en.append(max(en, st))
+        return op, ins[:1], {"axes": tuple(axes), "starts": tuple(n_st), "ends": tuple(n_en), "steps": tuple(steps)}
+    if op == "Gather":
+        return op, ins, {"axis": _axis(a.get("axis", 0), len(x))}
+    if op == "ReduceMean":
+        if opset >= 18:
+            axes = _const_input(node, 1, consts)
+            if len(ins) > 1 and axes is None:
+                raise _Unsupported
+        else:
+            axes = a.get("axes")
+        if a.get("noop_with_empty_axes", 0) and (axes is None or len(axes) == 0):
+            return "Identity", ins[:1], {}
+        axes = tuple(sorted(_axis(v, len(x)) for v in axes)) if axes is not None else ()
+        return op, ins[:1], {"axes": axes, "keepdims": int(a.get("keepdims", 1))}
+    if op == "Cast":
+        if in_shapes and node.input[0]:
+            raise _SameTypeCast  # handled by the caller: a Cast to the same type is an Identity
+    raise _Unsupported
+
+
+class _SameTypeCast(_Unsupported):
+    pass
+
+
+def _onnx_to_ir(model: onnx.ModelProto, consts: dict[str, np.ndarray], types: dict[str, onnx.TypeProto],
+                path: Any) -> Graph:
+    g = model.graph
+    opset, extra = _opset_of(model, path)
+    ir_types: dict[str, TensorType] = {}
+    constants = {name: Constant(arr) for name, arr in consts.items()}
+    for name, c in constants.items():
+        ir_types[name] = c.type
+
+    inputs = []
+    for inp in g.input:
+        if inp.name in consts:
+            continue
+        tt = inp.type.tensor_type
+        ir_types[inp.name] = TensorType(tuple(d.dim_value for d in tt.shape.dim),
+                                        _dtype(tt.elem_type, f"input '{inp.name}'", path))
+        inputs.append(inp.name)
+
+    def onnx_type(v: str, node: onnx.NodeProto) -> TensorType:
+        tp = types.get(v)
+        shape = _static_shape(tp)
+        if shape is None:
+            raise RLFlowError(f"{path}: node '{node.name or '(unnamed)'}' ({node.op_type}): the shape of output '{v}' "
+                              f"cannot be inferred statically")
+        return TensorType(shape, _dtype(tp.tensor_type.elem_type, f"value '{v}'", path))
+
+    nodes: list[Node] = []
+    used_names: set[str] = set()
+    for k, node in enumerate(g.node):
+        name = node.name or f"{node.op_type}_{k}"
+        while name in used_names:
+            name = f"{name}_{k}"
+        used_names.add(name)
+        in_types = [ir_types.get(v) if v else None for v in node.input]
+        for v, t in zip(node.input, in_types):
+            if v and t is None:
+                raise RLFlowError(f"{path}: node '{name}' ({node.op_type}) reads '{v}', which nothing defines")
+        want = [onnx_type(v, node) for v in node.output if v]
+        shapes = [t.shape if t else None for t in in_types]
+        if node.op_type in ("Reshape", "Unsqueeze", "Squeeze", "Flatten"):
+            shapes.append(want[0].shape)
+        try:
+            ir_op, ir_ins, attrs = _translate(node, shapes, consts, opset)
+            got = infer_types(Node(name, ir_op, ir_ins, tuple(node.output), attrs), [ir_types[v] for v in ir_ins])
+            if [t.shape for t in got] != [t.shape for t in want] or "" in node.output:
+                raise _Unsupported  # e.g. ONNX semantics our op does not model for these attributes
+        except _SameTypeCast:
+            to = _attrs(node)["to"]
+            if _DTYPES.get(to) == in_types[0].dtype:
+                ir_op, ir_ins, attrs = "Identity", (node.input[0],), {}
+            else:
+                ir_op, ir_ins, attrs = _opaque(node)
+        except (_Unsupported, ShapeError, KeyError, TypeError, ValueError, IndexError):
+            ir_op, ir_ins, attrs = _opaque(node)
+        for v, t in zip([o for o in node.output if o], want):
+            ir_types[v] = t
+        nodes.append(Node(name, ir_op, tuple(ir_ins), tuple(o for o in node.output if o), attrs))
+
+    outputs = [o.name for o in g.output]
+    for o in outputs:
+        if o not in ir_types:
+            raise RLFlowError(f"{path}: graph output '{o}' is not produced by any node")
+    graph = Graph(inputs=inputs, outputs=outputs, nodes=nodes, types=ir_types, constants=constants,
+                  name=g.name or "graph", opset=opset, extra_opsets=extra)
+    return _drop_unused_constants(graph)
+
+
+def _opaque(node: onnx.NodeProto) -> tuple[str, tuple[str, ...], dict[str, Any]]:
+    return "Opaque", tuple(node.input), {
+        "op_type": node.op_type, "domain": node.domain,
+        "attributes": tuple(a.SerializeToString() for a in node.attribute)}
+
+
+def _drop_unused_constants(g: Graph) -> Graph:
+    used = {v for n in g.nodes for v in n.inputs} | set(g.outputs)
+    if all(c in used for c in g.constants):
+        return g
+    g = g.copy()
+    g.constants = {k: c for k, c in g.constants.items() if k in used}
+    g.types = {k: t for k, t in g.types.items() if k in used or k in g.inputs or k not in g.constants}
+    return g
+
+
+def load_onnx(path: str | os.PathLike, input_shapes: Mapping[str, Any] | list[str] | None = None) -> Graph:
+    """Import an ONNX file as a static IR graph (see the module docstring). Errors are one-line RLFlowErrors."""
+    model = _read_model(path)
+    _opset_of(model, path)
+    _sort_or_cycle(model, path)
+    for t in model.graph.initializer:
+        _dtype(t.data_type, f"initializer '{t.name}'", path)
+    for o in model.graph.output:
+        _dtype(o.type.tensor_type.elem_type, f"output '{o.name}'", path)
+    try:
+        onnx.checker.check_model(model)
+    except Exception as e:
+        raise RLFlowError(f"{path}: invalid ONNX model: {_first_line(e)}") from None
+    _make_inputs_static(model, _parse_input_shapes(input_shapes), path)
+    consts, types = _fold_constants(model, path)
+    graph = _onnx_to_ir(model, consts, types, path)
+    graph.validate()
+    return graph
+
+
+# ======================================================================================== IR -> ONNX
+class _Emitter:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[TensorProto] = []
+        self.used = set(graph.types)
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.used:
+            k += 1
+            name = f"{base}_{k}"
+        self.used.add(name)
+        return name
+
+    def const(self, base: str, value: Any, dtype=np.int64) -> str:
+        name = self.fresh(base)
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    def node(self, op: str, ins, outs, name: str, **attrs) -> None:
+        self.nodes.append(helper.make_node(op, list(ins), list(outs), name=self.fresh(name) if name in self.used
+                                           else name, **attrs))
+
+
+def _emit(e: _Emitter, n: Node) -> None:
+    g, a, ins, outs, nm = e.graph, n.attrs, list(n.inputs), list(n.outputs), n.name
+    opset = g.opset
+    if n.op == "Opaque":
+        node = helper.make_node(a["op_type"], ins, outs, name=nm, domain=a["domain"] or None)
+        for blob in a["attributes"]:
+            at = onnx.AttributeProto()
+            at.ParseFromString(blob)
+            node.attribute.append(at)
+        e.nodes.append(node)
+    elif n.op == "Conv":
+        w = g.types[ins[1]].shape
+        conv_out = e.fresh(f"{outs[0]}_preact") if a["activation"] == "relu" else outs[0]
+        e.node("Conv", ins, [conv_out], nm, kernel_shape=list(w[2:]), strides=list(a["strides"]),
+               pads=list(a["pads"]), group=a["group"], dilations=[1, 1])
+        if a["activation"] == "relu":
+            e.node("Relu", [conv_out], outs, f"{nm}_relu")
+    elif n.op in ("MaxPool", "AveragePool"):
+        extra = {"count_include_pad": a["count_include_pad"]} if n.op == "AveragePool" else {}
+        e.node(n.op, ins, outs, nm, kernel_shape=list(a["kernel"]), strides=list(a["strides"]),
+               pads=list(a["pads"]), ceil_mode=a["ceil_mode"], **extra)
+    elif n.op == "Gemm":
+        e.node("Gemm", ins, outs, nm, alpha=a["alpha"], beta=a["beta"], transA=a["transA"], transB=a["transB"])
+    elif n.op == "Gelu":
+        if opset >= 20:
+            e.node("Gelu", ins, outs, nm, approximate=a.get("approximate", "none"))
+        else:
+            _emit_gelu(e, ins[0], outs[0], nm, a.get("approximate", "none"), g.types[ins[0]].dtype)
+    elif n.op == "ScalarMul":
+        e.node("Mul", ins, outs, nm)
+    elif n.op == "Enlarge":
+        w = g.types[ins[0]].shape
+        kh, kw = a["kernel"]
+        dh, dw = (kh - w[2]) // 2, (kw - w[3]) // 2
+        e.node("Pad", [ins[0], e.const(f"{nm}_pads", [0, 0, dh, dw, 0, 0, dh, dw])], outs, nm, mode="constant")
+    elif n.op in ("BatchNormalization", "LayerNormalization"):
+        if n.op == "LayerNormalization" and opset < 17:
+            _emit_layernorm(e, n)
+        else:
+            kw = {"axis": a["axis"]} if n.op == "LayerNormalization" else {}
+            e.node(n.op, ins, outs, nm, epsilon=a["epsilon"], **kw)
+    elif n.op in ("Softmax", "Concat", "Gather", "Flatten"):
+        e.node(n.op, ins, outs, nm, axis=a["axis"])
+    elif n.op == "Split":
+        e.node("Split", [ins[0], e.const(f"{nm}_split", list(a["split"]))], outs, nm, axis=a["axis"])
+    elif n.op == "Transpose":
+        e.node("Transpose", ins, outs, nm, perm=list(a["perm"]))
+    elif n.op == "Reshape":
+        e.node("Reshape", [ins[0], e.const(f"{nm}_shape", list(a["shape"]))], outs, nm)
+    elif n.op == "Pad":
+        dtype = np.dtype(g.types[ins[0]].dtype)
+        e.node("Pad", [ins[0], e.const(f"{nm}_pads", list(a["pads"])), e.const(f"{nm}_value", a["value"], dtype)],
+               outs, nm, mode="constant")
+    elif n.op == "Slice":
+        e.node("Slice", [ins[0], e.const(f"{nm}_starts", list(a["starts"])), e.const(f"{nm}_ends", list(a["ends"])),
+                         e.const(f"{nm}_axes", list(a["axes"])), e.const(f"{nm}_steps", list(a["steps"]))], outs, nm)
+    elif n.op == "ReduceMean":
+        if not a["axes"]:
+            e.node("ReduceMean", ins, outs, nm, keepdims=a["keepdims"])
+        elif opset >= 18:
+            e.node("ReduceMean", [ins[0], e.const(f"{nm}_axes", list(a["axes"]))], outs, nm, keepdims=a["keepdims"])
+        else:
+            e.node("ReduceMean", ins, outs, nm, axes=list(a["axes"]), keepdims=a["keepdims"])
+    elif n.op in OPS:
+        e.node(n.op, ins, outs, nm)
+    else:
+        raise RLFlowError(f"node '{nm}': cannot export op '{n.op}'")
+
+
+def _emit_gelu(e: _Emitter, x: str, y: str, nm: str, approximate: str, dtype: str) -> None:
+    dt = np.dtype(dtype)
+    t = [e.fresh(f"{nm}_t{k}") for k in range(6)]
+    if approximate == "tanh":  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        e.node("Mul", [x, x], [t[0]], f"{nm}_sq")
+        e.node("Mul", [t[0], x], [t[1]], f"{nm}_cube")
+        e.node("Mul", [t[1], e.const(f"{nm}_c", 0.044715, dt)], [t[2]], f"{nm}_scale3")
+        e.node("Add", [x, t[2]], [t[3]], f"{nm}_inner")
+        e.node("Mul", [t[3], e.const(f"{nm}_k", np.sqrt(2 / np.pi), dt)], [t[4]], f"{nm}_scale")
+        e.node("Tanh", [t[4]], [t[5]], f"{nm}_tanh")
+    else:  # 0.5 x (1 + erf(x / sqrt 2))
+        e.node("Div", [x, e.const(f"{nm}_sqrt2", np.sqrt(2.0), dt)], [t[4]], f"{nm}_div")
+        e.node("Erf", [t[4]], [t[5]], f"{nm}_erf")
+    one_plus = e.fresh(f"{nm}_onep")
+    half_x = e.fresh(f"{nm}_halfx")
+    e.node("Add", [t[5], e.const(f"{nm}_one", 1.0, dt)], [one_plus], f"{nm}_add1")
+    e.node("Mul", [x, e.const(f"{nm}_half", 0.5, dt)], [half_x], f"{nm}_half")
+    e.node("Mul", [half_x, one_plus], [y], nm)
+
+
+def _emit_layernorm(e: _Emitter, n: Node) -> None:
+    """LayerNormalization for opsets below 17, as ReduceMean/Sub/Mul/Add/Sqrt/Div."""
+    g, a, nm = e.graph, n.attrs, n.name
+    x = n.inputs[0]
+    rank = g.types[x].rank
+    axes = list(range(a["axis"], rank))
+    dt = np.dtype(g.types[x].dtype)
+    mean, d, sq, var, ve, std, norm = (e.fresh(f"{nm}_{s}") for s in ("mean", "d", "sq", "var", "ve", "std", "n"))
+    e.node("ReduceMean", [x], [mean], f"{nm}_mean", axes=axes, keepdims=1)
+    e.node("Sub", [x, mean], [d], f"{nm}_sub")
+    e.node("Mul", [d, d], [sq], f"{nm}_sq")
+    e.node("ReduceMean", [sq], [var], f"{nm}_var", axes=axes, keepdims=1)
+    e.node("Add", [var, e.const(f"{nm}_eps", a["epsilon"], dt)], [ve], f"{nm}_eps")
+    e.node("Sqrt", [ve], [std], f"{nm}_sqrt")
+    e.node("Div", [d, std], [norm], f"{nm}_div")
+    if len(n.inputs) > 2:
+        scaled = e.fresh(f"{nm}_scaled")
+        e.node("Mul", [norm, n.inputs[1]], [scaled], f"{nm}_scale")
+        e.node("Add", [scaled, n.inputs[2]], [n.outputs[0]], nm)
+    else:
+        e.node("Mul", [norm, n.inputs[1]], [n.outputs[0]], nm)
+
+
+def to_onnx(graph: Graph) -> onnx.ModelProto:
+    """Build an ONNX model of ``graph`` at the graph's opset."""
+    e = _Emitter(graph)
+    for n in graph.nodes:
+        _emit(e, n)
+    for name, c in graph.constants.items():
+        e.inits.append(numpy_helper.from_array(c.array, name))
+
+    def vi(v: str) -> onnx.ValueInfoProto:
+        t = graph.types[v]
+        return helper.make_tensor_value_info(v, _ONNX_DTYPE[t.dtype], list(t.shape))
+
+    g = helper.make_graph(e.nodes, graph.name, [vi(v) for v in graph.inputs], [vi(v) for v in graph.outputs],
+                          e.inits)
+    imports = [helper.make_opsetid("", graph.opset)] + [helper.make_opsetid(d, v)
+                                                        for d, v in sorted(graph.extra_opsets.items())]
+    ir_version = 8 if graph.opset <= 18 else 9
+    model = helper.make_model(g, opset_imports=imports, ir_version=ir_version, producer_name="rlflow")
+    return model
+
+
+def save_onnx(graph: Graph, path: str | os.PathLike, check: bool = True) -> None:
+    """Write ``graph`` as one ONNX file (weights embedded), atomically; ``check`` runs the full ONNX checker."""
+    model = to_onnx(graph)
+    if check:
+        try:
+            onnx.checker.check_model(model, full_check=True)
+        except Exception as e:
+            raise RLFlowError(f"exported model for graph '{graph.name}' fails the ONNX checker: {_first_line(e)}"
+                              ) from None
+    data = model.SerializeToString()
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
