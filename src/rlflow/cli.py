@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "rlflow.stages.export_model",
     "rlflow.commands.inspect",
     "rlflow.commands.run",
+    "rlflow.commands.convert",
 ]
 
 

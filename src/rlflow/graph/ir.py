@@ -154,9 +154,11 @@ class Graph:
 
     def op_counts(self) -> dict[str, int]:
         """Operator counts keyed by ONNX op type (opaque nodes by their own type; constants are not ops)."""
+        from rlflow.graph.ops import OPS
+
         counts: dict[str, int] = {}
         for n in self.nodes:
-            key = n.op_type_name()
+            key = OPS[n.op].onnx_type if n.op in OPS else n.op_type_name()
             counts[key] = counts.get(key, 0) + 1
         return dict(sorted(counts.items()))
 

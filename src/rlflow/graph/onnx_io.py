@@ -560,6 +560,8 @@ def load_onnx(path: str | os.PathLike, input_shapes: Mapping[str, Any] | list[st
     model = _read_model(path)
     _opset_of(model, path)
     _sort_or_cycle(model, path)
+    for i in model.graph.input:
+        _dtype(i.type.tensor_type.elem_type, f"input '{i.name}'", path)
     for t in model.graph.initializer:
         _dtype(t.data_type, f"initializer '{t.name}'", path)
     for o in model.graph.output:

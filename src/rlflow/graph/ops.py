@@ -503,3 +503,15 @@ _register("Gather", _gather_infer, _gather)
 #: element-wise ops (one output element per input element; used by the cost model and later by fusion rules)
 ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Gelu",
                          "ScalarMul", "Identity"})
+
+
+def graph_flops(graph) -> int:
+    """Total floating-point operations of one forward pass (opaque nodes count 0)."""
+    t = graph.types
+    return sum(node_flops(n, [t[v] for v in n.inputs if v], [t[v] for v in n.outputs]) for n in graph.nodes)
+
+
+def graph_bytes(graph) -> int:
+    """Total bytes read and written by all ops (views move none)."""
+    t = graph.types
+    return sum(node_bytes(n, [t[v] for v in n.inputs if v], [t[v] for v in n.outputs]) for n in graph.nodes)
