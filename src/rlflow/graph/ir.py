@@ -57,7 +57,10 @@ class Constant:
     __slots__ = ("array", "_digest")
 
     def __init__(self, array: np.ndarray):
-        self.array = np.ascontiguousarray(array)
+        arr = np.asarray(array)
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)  # (never for 0-d arrays, which ascontiguousarray would make 1-d)
+        self.array = arr.view()  # a read-only view: the caller's own array stays writeable
         self.array.flags.writeable = False
         self._digest: bytes | None = None
 
@@ -76,6 +79,14 @@ class Constant:
         return self._digest
 
 
+def _canonical(v: Any) -> Any:
+    if isinstance(v, float):
+        return float(np.float32(v))
+    if isinstance(v, (tuple, list)):
+        return tuple(_canonical(x) for x in v)
+    return v
+
+
 @dataclass(frozen=True, slots=True)
 class Node:
     """One operator application. ``attrs`` holds normalised, hashable attribute values (never mutated)."""
@@ -91,8 +102,9 @@ class Node:
         return self.attrs["op_type"] if self.op == "Opaque" else self.op
 
     def attr_key(self) -> str:
-        """A canonical text form of the attributes (for hashing and signatures)."""
-        return repr(sorted(self.attrs.items()))
+        """A canonical text form of the attributes (for hashing and signatures). Floats are compared at float32
+        precision, the precision of ONNX float attributes, so an export/import round trip keeps the key."""
+        return repr(sorted((k, _canonical(v)) for k, v in self.attrs.items()))
 
 
 class Graph:

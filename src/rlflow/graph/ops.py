@@ -282,9 +282,19 @@ def _pool_infer(ins, a):
     return [TensorType((x[0], x[1], _conv_out(x[2], kh, sh, pt, pb, c), _conv_out(x[3], kw, sw, pl, pr, c)), ins[0].dtype)]
 
 
+def _crop_to_onnx(y, x_shape, a):
+    """After explicit padding, torch's ceil mode may add a trailing window that starts in the right/bottom padding;
+    ONNX drops it. Keep the first windows, as many as ONNX's output size."""
+    (kh, kw), (sh, sw), (pt, pl, pb, pr) = a["kernel"], a["strides"], a["pads"]
+    oh = _conv_out(x_shape[2], kh, sh, pt, pb, bool(a["ceil_mode"]))
+    ow = _conv_out(x_shape[3], kw, sw, pl, pr, bool(a["ceil_mode"]))
+    return y[:, :, :oh, :ow] if y.shape[2:] != (oh, ow) else y
+
+
 def _maxpool(xs, a):
     x, padding = _pad_for_torch(xs[0], a["pads"], value=-math.inf)
-    return [_F().max_pool2d(x, a["kernel"], a["strides"], padding, 1, bool(a["ceil_mode"]))]
+    y = _F().max_pool2d(x, a["kernel"], a["strides"], padding, 1, bool(a["ceil_mode"]))
+    return [_crop_to_onnx(y, xs[0].shape, a)]
 
 
 def _avgpool(xs, a):
@@ -300,7 +310,7 @@ def _avgpool(xs, a):
     counted = F.pad(ones, (pl, pr, pt, pb), value=1.0 if a["count_include_pad"] else 0.0)
     total = F.avg_pool2d(xp, k, s, 0, c, True, 1)
     count = F.avg_pool2d(counted, k, s, 0, c, True, 1)
-    return [total / count]
+    return [_crop_to_onnx(total / count, x.shape, a)]
 
 
 _pool_flops = lambda ins, outs, a: outs[0].numel * a["kernel"][0] * a["kernel"][1]  # noqa: E731
