@@ -115,6 +115,42 @@ def _sort_or_cycle(model: onnx.ModelProto, path: Any) -> None:
     g.node.extend(nodes[i] for i in order)
 
 
+def _weightless(model: onnx.ModelProto, limit: int = 4096) -> onnx.ModelProto:
+    """A copy of ``model`` whose initializers above ``limit`` elements are typed graph inputs without data, so the
+    checker and shape inference do not serialise hundreds of MB of weights (their sizes are checked on reading)."""
+    g = model.graph
+    m = onnx.ModelProto()
+    m.ir_version = model.ir_version
+    m.opset_import.extend(model.opset_import)
+    m.functions.extend(model.functions)
+    mg = m.graph
+    mg.name = g.name
+    mg.node.extend(g.node)
+    mg.output.extend(g.output)
+    mg.value_info.extend(g.value_info)
+    large = {t.name for t in g.initializer if int(np.prod(t.dims)) > limit}
+    mg.input.extend(i for i in g.input if i.name not in large)
+    for t in g.initializer:
+        if t.name in large:
+            mg.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            mg.initializer.append(t)
+    return m
+
+
+def _to_array(t: TensorProto) -> np.ndarray:
+    """A weight as numpy; raw little-endian data is wrapped without a second copy."""
+    if t.data_location != TensorProto.EXTERNAL and t.HasField("raw_data") and t.data_type in _DTYPES:
+        dtype = np.dtype(_DTYPES[t.data_type])
+        shape = tuple(int(d) for d in t.dims)
+        raw = t.raw_data
+        if len(raw) != int(np.prod(shape)) * dtype.itemsize:
+            raise RLFlowError(f"initializer '{t.name}' holds {len(raw)} bytes, its shape {shape} needs "
+                              f"{int(np.prod(shape)) * dtype.itemsize}")
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+    return numpy_helper.to_array(t)
+
+
 def _dtype(elem_type: int, what: str, path: Any) -> str:
     if elem_type not in _DTYPES:
         name = TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else str(elem_type)
@@ -241,7 +277,10 @@ def _fold_constants(model: onnx.ModelProto, path: Any) -> tuple[dict[str, np.nda
     consts: dict[str, np.ndarray] = {}
     for t in g.initializer:
         _dtype(t.data_type, f"initializer '{t.name}'", path)
-        consts[t.name] = numpy_helper.to_array(t)
+        try:
+            consts[t.name] = _to_array(t)
+        except RLFlowError as e:
+            raise RLFlowError(f"{path}: {e}") from None
     opset = list(model.opset_import)
     types: dict[str, onnx.TypeProto] = {}
     for _round in range(8):
@@ -567,7 +606,7 @@ def load_onnx(path: str | os.PathLike, input_shapes: Mapping[str, Any] | list[st
     for o in model.graph.output:
         _dtype(o.type.tensor_type.elem_type, f"output '{o.name}'", path)
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(_weightless(model))
     except Exception as e:
         raise RLFlowError(f"{path}: invalid ONNX model: {_first_line(e)}") from None
     _make_inputs_static(model, _parse_input_shapes(input_shapes), path)
@@ -715,36 +754,92 @@ def _emit_layernorm(e: _Emitter, n: Node) -> None:
         e.node("Mul", [norm, n.inputs[1]], [n.outputs[0]], nm)
 
 
-def to_onnx(graph: Graph) -> onnx.ModelProto:
-    """Build an ONNX model of ``graph`` at the graph's opset."""
+def to_onnx(graph: Graph, weights: bool = True) -> onnx.ModelProto:
+    """Build an ONNX model of ``graph`` at the graph's opset. With ``weights=False`` the graph's constants are
+    left out (``save_onnx`` streams them to the file itself)."""
     e = _Emitter(graph)
     for n in graph.nodes:
         _emit(e, n)
-    for name, c in graph.constants.items():
-        e.inits.append(numpy_helper.from_array(c.array, name))
 
     def vi(v: str) -> onnx.ValueInfoProto:
         t = graph.types[v]
         return helper.make_tensor_value_info(v, _ONNX_DTYPE[t.dtype], list(t.shape))
 
-    g = helper.make_graph(e.nodes, graph.name, [vi(v) for v in graph.inputs], [vi(v) for v in graph.outputs],
-                          e.inits)
-    imports = [helper.make_opsetid("", graph.opset)] + [helper.make_opsetid(d, v)
-                                                        for d, v in sorted(graph.extra_opsets.items())]
-    ir_version = 8 if graph.opset <= 18 else 9
-    model = helper.make_model(g, opset_imports=imports, ir_version=ir_version, producer_name="rlflow")
+    model = onnx.ModelProto()
+    model.ir_version = 8 if graph.opset <= 18 else 9
+    model.producer_name = "rlflow"
+    model.opset_import.append(helper.make_opsetid("", graph.opset))
+    model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(graph.extra_opsets.items()))
+    g = model.graph
+    g.name = graph.name
+    g.node.extend(e.nodes)
+    g.input.extend(vi(v) for v in graph.inputs)
+    g.output.extend(vi(v) for v in graph.outputs)
+    g.initializer.extend(e.inits)
+    for name, c in (graph.constants.items() if weights else ()):
+        t = g.initializer.add()
+        t.name = name
+        t.data_type = _ONNX_DTYPE[str(c.array.dtype)]
+        t.dims.extend(c.array.shape)
+        t.raw_data = c.array.tobytes()
     return model
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | 0x80 if n else b)
+        if not n:
+            return bytes(out)
+
+
+def _len_field(number: int, length: int) -> bytes:
+    """Protobuf tag and length of a length-delimited field."""
+    return _varint(number << 3 | 2) + _varint(length)
+
+
+# protobuf field numbers (onnx.proto): ModelProto.graph, GraphProto.initializer, TensorProto.raw_data
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
+_PROTOBUF_LIMIT = 2**31 - 1
+
+
 def save_onnx(graph: Graph, path: str | os.PathLike, check: bool = True) -> None:
-    """Write ``graph`` as one ONNX file (weights embedded), atomically; ``check`` runs the full ONNX checker."""
-    model = to_onnx(graph)
+    """Write ``graph`` as one standard ONNX file (weights embedded), atomically. ``check`` runs the full ONNX
+    checker (with shape inference) on the model's structure; the weights' sizes are right by construction.
+
+    The weights are streamed from their numpy buffers into the file (protobuf allows a message's fields in any
+    order, and repeated fields to arrive in pieces): no 400 MB intermediate copies for BERT-sized models."""
+    model = to_onnx(graph, weights=False)
     if check:
         try:
-            onnx.checker.check_model(model, full_check=True)
+            onnx.checker.check_model(_weightless(_with_weight_types(model, graph)), full_check=True)
         except Exception as e:
             raise RLFlowError(f"exported model for graph '{graph.name}' fails the ONNX checker: {_first_line(e)}"
                               ) from None
-    data = model.SerializeToString()
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
+    pieces: list[bytes | memoryview] = []
+    for name, c in graph.constants.items():
+        header = TensorProto(name=name, data_type=_ONNX_DTYPE[str(c.array.dtype)], dims=c.array.shape)
+        head = header.SerializeToString()
+        raw = memoryview(np.ascontiguousarray(c.array).reshape(-1).view(np.uint8))
+        inner = head + _len_field(_TENSOR_RAW_DATA, raw.nbytes)
+        pieces += [_len_field(_GRAPH_INITIALIZER, len(inner) + raw.nbytes) + inner, raw]
+    graph_head = model.graph.SerializeToString()
+    graph_len = len(graph_head) + sum(len(p) if isinstance(p, bytes) else p.nbytes for p in pieces)
+    model.ClearField("graph")
+    model_head = model.SerializeToString() + _len_field(_MODEL_GRAPH, graph_len) + graph_head
+    if len(model_head) + graph_len > _PROTOBUF_LIMIT:
+        raise RLFlowError(f"graph '{graph.name}' is over 2 GiB, the limit of a single-file ONNX model")
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(model_head)
+        for p in pieces:
+            f.write(p)
+
+
+def _with_weight_types(model: onnx.ModelProto, graph: Graph) -> onnx.ModelProto:
+    """``model`` (built without weights) plus the weights as typed inputs, for checking."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.graph.input.extend(helper.make_tensor_value_info(k, _ONNX_DTYPE[str(c.array.dtype)], list(c.array.shape))
+                         for k, c in graph.constants.items())
+    return m
