@@ -688,7 +688,8 @@ def _emit(e: _Emitter, n: Node) -> None:
     elif n.op == "Split":
         e.node("Split", [ins[0], e.const(f"{nm}_split", list(a["split"]))], outs, nm, axis=a["axis"])
     elif n.op == "Transpose":
-        e.node("Transpose", ins, outs, nm, perm=list(a["perm"]))
+        e.node("Transpose", ins, outs, nm)
+        e.nodes[-1].attribute.append(helper.make_attribute("perm", list(a["perm"]), attr_type=onnx.AttributeProto.INTS))
     elif n.op == "Reshape":
         e.node("Reshape", [ins[0], e.const(f"{nm}_shape", list(a["shape"]))], outs, nm)
     elif n.op == "Pad":

@@ -429,7 +429,7 @@ def _transpose_infer(ins, a):
     return [TensorType(tuple(ins[0].shape[p] for p in perm), ins[0].dtype)]
 
 
-_register("Transpose", _transpose_infer, lambda xs, a: [xs[0].permute(*a["perm"]).contiguous()])
+_register("Transpose", _transpose_infer, lambda xs, a: [xs[0].permute(tuple(a["perm"])).contiguous()])
 
 
 def _reshape_infer(ins, a):
