@@ -41,7 +41,97 @@ _NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformL
 
 
 # ======================================================================================== reading and checking
-def _read_model(path: str | os.PathLike) -> onnx.ModelProto:
+# ---------------------------------------------------------------- protobuf wire format (large weights, no copies)
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | 0x80 if n else b)
+        if not n:
+            return bytes(out)
+
+
+def _len_field(number: int, length: int) -> bytes:
+    """Protobuf tag and length of a length-delimited field."""
+    return _varint(number << 3 | 2) + _varint(length)
+
+
+# protobuf field numbers (onnx.proto): ModelProto.graph, GraphProto.initializer, TensorProto.raw_data
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
+_PROTOBUF_LIMIT = 2**31 - 1
+
+
+def _varint_at(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _scan(buf: bytes, start: int, end: int):
+    """Yield (field number, tag offset, value start, value end) for the protobuf fields in buf[start:end]."""
+    pos = start
+    while pos < end:
+        tag = pos
+        key, pos = _varint_at(buf, pos)
+        wire = key & 7
+        if wire == 0:
+            _, nxt = _varint_at(buf, pos)
+        elif wire == 1:
+            nxt = pos + 8
+        elif wire == 2:
+            n, pos = _varint_at(buf, pos)
+            nxt = pos + n
+        elif wire == 5:
+            nxt = pos + 4
+        else:
+            raise ValueError("unsupported wire type")
+        if nxt > end:
+            raise ValueError("truncated field")
+        yield key >> 3, tag, pos, nxt
+        pos = nxt
+
+
+def _split_large_weights(data: bytes, min_bytes: int = 1 << 16) -> tuple[bytes, dict[str, np.ndarray]]:
+    """Cut the raw data of large initializers out of a serialized ModelProto. Returns the remaining bytes (for
+    protobuf to parse: each such initializer keeps its name, type and dims) and zero-copy numpy views of the cut
+    data by initializer name. Anything unusual is left in place for protobuf."""
+    graphs = [(tag, a, b) for num, tag, a, b in _scan(data, 0, len(data)) if num == _MODEL_GRAPH]
+    if len(graphs) != 1:
+        return data, {}
+    gtag, ga, gb = graphs[0]
+    views: dict[str, np.ndarray] = {}
+    parts, last = [], ga
+    for num, tag, a, b in _scan(data, ga, gb):
+        if num != _GRAPH_INITIALIZER or b - a < min_bytes:
+            continue
+        fields = list(_scan(data, a, b))
+        raw = [(ra, rb) for n, _, ra, rb in fields if n == _TENSOR_RAW_DATA]
+        if len(raw) != 1:
+            continue
+        header = TensorProto()
+        header.ParseFromString(b"".join(data[t:fb] for n, t, _, fb in fields if n != _TENSOR_RAW_DATA))
+        dtype, shape = _DTYPES.get(header.data_type), tuple(int(d) for d in header.dims)
+        (ra, rb), count = raw[0], int(np.prod(shape))
+        if dtype is None or header.data_location == TensorProto.EXTERNAL or count * np.dtype(dtype).itemsize != rb - ra:
+            continue
+        views[header.name] = np.frombuffer(data, dtype=dtype, count=count, offset=ra).reshape(shape)
+        head = header.SerializeToString()
+        parts += [data[last:tag], _len_field(_GRAPH_INITIALIZER, len(head)), head]
+        last = b
+    if not views:
+        return data, {}
+    parts.append(data[last:gb])
+    graph_bytes = b"".join(parts)
+    return data[:gtag] + _len_field(_MODEL_GRAPH, len(graph_bytes)) + graph_bytes + data[gb:], views
+
+
+def _read_model(path: str | os.PathLike) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Parse the file; large weights come back separately as zero-copy numpy views of the file's bytes."""
     p = Path(path)
     if not p.exists():
         raise RLFlowError(f"{p}: no such file")
@@ -52,7 +142,11 @@ def _read_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise RLFlowError(f"{p}: empty file, not an ONNX model")
     model = onnx.ModelProto()
     try:
-        model.ParseFromString(data)
+        rest, views = _split_large_weights(data)
+    except (ValueError, IndexError):
+        rest, views = data, {}  # malformed wire data: let protobuf report it below
+    try:
+        model.ParseFromString(rest)
     except Exception:
         raise RLFlowError(f"{p}: not an ONNX model (protobuf parse failed; truncated or another format)") from None
     if not model.graph.node and not model.graph.output:
@@ -62,7 +156,7 @@ def _read_model(path: str | os.PathLike) -> onnx.ModelProto:
             onnx.load_external_data_for_model(model, str(p.parent))
         except Exception as e:
             raise RLFlowError(f"{p}: cannot load external weight data ({_first_line(e)})") from None
-    return model
+    return model, views
 
 
 def _first_line(e: BaseException) -> str:
@@ -269,7 +363,8 @@ def _eval_node(node: onnx.NodeProto, values: list[np.ndarray | None], opset: lis
     return [np.asarray(o) for o in ev.run(None, feeds)]
 
 
-def _fold_constants(model: onnx.ModelProto, path: Any) -> tuple[dict[str, np.ndarray], dict[str, onnx.TypeProto]]:
+def _fold_constants(model: onnx.ModelProto, path: Any, weights: dict[str, np.ndarray]
+                    ) -> tuple[dict[str, np.ndarray], dict[str, onnx.TypeProto]]:
     """Fold every node whose inputs are all constant (and every Shape/Size of a static tensor) into a constant,
     repeating shape inference until nothing changes. Returns the constants and the final inferred types.
     Folded nodes are removed from ``model``."""
@@ -277,6 +372,9 @@ def _fold_constants(model: onnx.ModelProto, path: Any) -> tuple[dict[str, np.nda
     consts: dict[str, np.ndarray] = {}
     for t in g.initializer:
         _dtype(t.data_type, f"initializer '{t.name}'", path)
+        if t.name in weights:
+            consts[t.name] = weights[t.name]
+            continue
         try:
             consts[t.name] = _to_array(t)
         except RLFlowError as e:
@@ -596,7 +694,7 @@ def _drop_unused_constants(g: Graph) -> Graph:
 
 def load_onnx(path: str | os.PathLike, input_shapes: Mapping[str, Any] | list[str] | None = None) -> Graph:
     """Import an ONNX file as a static IR graph (see the module docstring). Errors are one-line RLFlowErrors."""
-    model = _read_model(path)
+    model, weights = _read_model(path)
     _opset_of(model, path)
     _sort_or_cycle(model, path)
     for i in model.graph.input:
@@ -610,7 +708,7 @@ def load_onnx(path: str | os.PathLike, input_shapes: Mapping[str, Any] | list[st
     except Exception as e:
         raise RLFlowError(f"{path}: invalid ONNX model: {_first_line(e)}") from None
     _make_inputs_static(model, _parse_input_shapes(input_shapes), path)
-    consts, types = _fold_constants(model, path)
+    consts, types = _fold_constants(model, path, weights)
     graph = _onnx_to_ir(model, consts, types, path)
     graph.validate()
     return graph
@@ -786,23 +884,6 @@ def to_onnx(graph: Graph, weights: bool = True) -> onnx.ModelProto:
     return model
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | 0x80 if n else b)
-        if not n:
-            return bytes(out)
-
-
-def _len_field(number: int, length: int) -> bytes:
-    """Protobuf tag and length of a length-delimited field."""
-    return _varint(number << 3 | 2) + _varint(length)
-
-
-# protobuf field numbers (onnx.proto): ModelProto.graph, GraphProto.initializer, TensorProto.raw_data
-_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
-_PROTOBUF_LIMIT = 2**31 - 1
 
 
 def save_onnx(graph: Graph, path: str | os.PathLike, check: bool = True) -> None:

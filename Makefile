@@ -1,0 +1,43 @@
+# make run   set up .venv (once) and run the pipeline as far as it goes (the paper-size BERT export)
+# make test  set up .venv (once) and run the test suite (the project's one test command; CI runs it)
+#
+# Setup: python3 -m venv .venv, then torch==2.13.0 FIRST in its own pip call (an unpinned torch, or one pulled
+# in by another package, would be the multi-GB CUDA build), then the requirements, then rlflow itself without
+# dependencies. A stamp file makes later runs skip the installs until a requirements file changes.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.rlflow-installed
+# The venv's bin first on PATH for everything the recipes start (snakemake's jobs call `rlflow`); the tools
+# themselves are named by path too, because make 4.3 looks commands up on its own, unmodified PATH.
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: run test setup lint dvc-yaml clean
+
+run: $(STAMP)
+	$(BIN)/snakemake --cores 8 results/bert/model.onnx
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml envs/requirements.txt envs/requirements-test.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -m pip install -r envs/requirements.txt -r envs/requirements-test.txt
+	$(BIN)/python -m pip install --no-deps -e .
+	touch $@
+
+# snakemake's linter (also a test)
+lint: $(STAMP)
+	$(BIN)/snakemake --lint
+
+# regenerate dvc.yaml from the stage registry (src/rlflow/pipeline/registry.py)
+dvc-yaml: $(STAMP)
+	$(BIN)/python -m rlflow.pipeline.dvc
+
+# remove pipeline outputs and snakemake's bookkeeping (not the DVC cache or remote)
+clean:
+	rm -rf results .snakemake

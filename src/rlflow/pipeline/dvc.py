@@ -1,0 +1,79 @@
+"""Generate ``dvc.yaml`` from the stage registry (the same one the Snakemake rules read).
+
+    python -m rlflow.pipeline.dvc            # (re)write dvc.yaml at the repository root
+    python -m rlflow.pipeline.dvc --check    # exit 1 if dvc.yaml differs from what the registry gives
+
+Each per-model stage is a ``foreach`` over ``models`` in config.yaml, so ``dvc repro`` builds the same models
+as ``snakemake`` (rule all) and dvc.yaml need not change when the model list does. ``params`` lists exactly
+the config.yaml keys the stage reads, so DVC reruns a stage only when one of those changes; ``deps`` are the
+stage's code and input files; ``outs`` are its declared outputs (cached by DVC, pushed to the remote).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from pathlib import Path
+
+import yaml
+
+from rlflow.pipeline.registry import CONFIG_FILE, STAGES, Stage
+
+HEADER = """\
+# GENERATED from src/rlflow/pipeline/registry.py by `python -m rlflow.pipeline.dvc` -- do not edit by hand.
+# The Snakemake rules (workflow/rules/*.smk) come from the same registry; tests/test_pipeline.py checks that
+# this file is up to date. Stages run `rlflow ...`: activate the environment first (`. .venv/bin/activate`).
+#   dvc repro          build every model in config.yaml `models`
+#   dvc push / pull    share results/ through the default remote (see .dvc/config)
+"""
+
+ITEM = "${item}"
+
+
+def stage_entry(stage: Stage) -> dict:
+    if tuple(stage.wildcards) != ("model",):
+        raise ValueError(f"stage {stage.name}: only per-model stages are supported so far")
+    wc = {"model": ITEM}
+    do = {
+        "cmd": stage.dvc_cmd(ITEM),
+        "deps": [*stage.code_paths(), *stage.input_paths(**wc).values()],
+        "params": [{CONFIG_FILE: list(stage.config_keys(**wc).values())}],
+        "outs": list(stage.output_paths(**wc).values()),
+    }
+    return {"foreach": "${models}", "do": do}
+
+
+def render() -> str:
+    doc = {
+        "vars": [f"{CONFIG_FILE}:models"],
+        "stages": {name: stage_entry(stage) for name, stage in STAGES.items()},
+    }
+    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=120)
+    return HEADER + body
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlflow.pipeline.dvc", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="do not write; exit 1 if the file is out of date")
+    parser.add_argument("--out", type=Path, default=Path("dvc.yaml"), help="default: dvc.yaml (run from the repo root)")
+    args = parser.parse_args(argv)
+    want = render()
+    have = args.out.read_text() if args.out.is_file() else ""
+    if args.check:
+        if have != want:
+            sys.stdout.writelines(difflib.unified_diff(have.splitlines(True), want.splitlines(True),
+                                                       str(args.out), "generated"))
+            print(f"{args.out} is out of date: run `python -m rlflow.pipeline.dvc`", file=sys.stderr)
+            return 1
+        return 0
+    if have != want:
+        from rlflow.atomic import write_text
+
+        write_text(args.out, want)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""The project skeleton and the first pipeline stage: config + schema, stage registry, Snakemake, DVC, and
+`rlflow export-model`, down to a tiny end-to-end Snakemake run."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlflow.config import deep_merge, load_config, load_schema
+from rlflow.errors import RLFlowError
+from rlflow.pipeline import dvc as dvcgen
+from rlflow.pipeline import registry
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "config.yaml"
+TINY = REPO / "tests" / "configs" / "tiny.yaml"
+BIN = Path(sys.executable).parent
+# Tools from the running interpreter's environment; an activated environment (or make's PATH) comes first.
+ENV = {**os.environ, "PATH": f"{os.environ.get('PATH', '')}{os.pathsep}{BIN}", "DVC_NO_ANALYTICS": "1"}
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name, path=ENV["PATH"])
+    if path is None:
+        pytest.skip(f"{name} is not installed")
+    return path
+
+
+def sh(*args: str | Path, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def job_counts(snakemake_output: str) -> dict[str, int]:
+    """The 'Job stats' table of a snakemake run, as {rule: count} (without the total)."""
+    m = re.search(r"^job\s+count\n-+\s+-+\n(.*?)^total\s+\d+", snakemake_output, re.M | re.S)
+    assert m, snakemake_output
+    return {rule: int(n) for rule, n in (line.split() for line in m.group(1).strip().splitlines())}
+
+
+# -- (a) dvc.yaml is generated from the registry -----------------------------------------------------------
+def test_committed_dvc_yaml_is_the_generated_one():
+    committed = (REPO / "dvc.yaml").read_text()
+    assert committed == dvcgen.render(), "dvc.yaml is stale: run `python -m rlflow.pipeline.dvc`"
+
+
+def test_dvc_check_flags_any_difference(tmp_path):
+    out = tmp_path / "dvc.yaml"
+    out.write_text(dvcgen.render())
+    assert dvcgen.main(["--check", "--out", str(out)]) == 0
+    out.write_text(dvcgen.render().replace("export.opset", "export.opsett"))
+    assert dvcgen.main(["--check", "--out", str(out)]) == 1
+
+
+def test_dvc_stage_declares_exactly_the_config_keys_and_files_of_the_registry():
+    doc = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    st_ = registry.stage("export_model")
+    do = doc["stages"]["export_model"]["do"]
+    assert doc["stages"]["export_model"]["foreach"] == "${models}"
+    assert do["params"] == [{"config.yaml": ["seed", "export.opset", "export.exporter", "zoo.${item}"]}]
+    assert do["deps"] == ["src/rlflow/stages/export_model.py", "src/rlflow/graph/zoo"]
+    assert do["outs"] == ["results/${item}/model.onnx"]
+    assert do["cmd"] == "rlflow export-model --config config.yaml --model ${item} --out results/${item}/model.onnx"
+    cfg = yaml.safe_load(CONFIG.read_text())
+    for model in registry.model_names():  # every declared key exists in config.yaml for every model
+        for key in st_.config_keys(model=model).values():
+            node = cfg
+            for part in key.split("."):
+                node = node[part]
+
+
+def test_dvc_parses_the_pipeline():
+    r = sh(tool("dvc"), "repro", "--dry", "--force")
+    assert r.returncode == 0, r.stderr
+    assert "Running stage 'export_model@bert'" in r.stdout
+    assert "rlflow export-model --config config.yaml --model bert --out results/bert/model.onnx" in r.stdout
+
+
+# -- (b) config and schema ---------------------------------------------------------------------------------
+def test_default_config_is_valid_and_complete():
+    raw = yaml.safe_load(CONFIG.read_text())
+    cfg = load_config(CONFIG)
+    assert cfg == raw  # valid, and the schema adds no key the file does not spell out
+    assert load_config(None) == raw  # the schema defaults are the same values
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("device=gpu", "device"),
+        ("export.opset=12", "export.opset"),
+        ("export.opset=21", "export.opset"),
+        ("export.exporter=jit", "export.exporter"),
+        ("colour=1", "colour"),
+        ("models=[nope]", "models.0"),
+        ("models=[]", "models"),
+        ("zoo.bert.layers=0", "zoo.bert.layers"),
+        ("zoo.bert.depth=3", "zoo.bert.depth"),
+        ("zoo.nope={}", "zoo.nope"),
+    ],
+)
+def test_invalid_config_is_a_one_line_error_naming_the_key(override, key):
+    with pytest.raises(RLFlowError) as e:
+        load_config(CONFIG, [override])
+    msg = str(e.value)
+    assert "\n" not in msg and f"'{key}'" in msg, msg
+
+
+def test_invalid_config_file_names_the_file_and_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seed: 0\nunknown_key: 1\n")
+    with pytest.raises(RLFlowError, match=r"bad\.yaml.*'unknown_key'"):
+        load_config([CONFIG, bad])
+    bad.write_text("seed: [\n")
+    with pytest.raises(RLFlowError, match=r"bad\.yaml: not valid YAML"):
+        load_config([CONFIG, bad])
+
+
+def test_tiny_config_merges_over_the_default():
+    cfg = load_config([CONFIG, TINY])
+    base = load_config(CONFIG)
+    assert cfg["zoo"]["bert"]["layers"] == 2 and cfg["zoo"]["taso-bert"]["hidden"] == 32
+    assert (cfg["seed"], cfg["export"], cfg["models"]) == (base["seed"], base["export"], base["models"])
+    assert cfg["run"] == {"warmup": 1, "repeats": 3}
+    # overrides apply after the files; a partial mapping in a later file keeps the other keys
+    cfg = load_config([CONFIG, TINY], ["zoo.bert.layers=3", 'export={"opset": 17}'])
+    assert cfg["zoo"]["bert"]["layers"] == 3 and cfg["zoo"]["bert"]["hidden"] == 32
+    assert cfg["export"] == {"opset": 17, "exporter": "dynamo"}  # replaced, then the default filled in
+
+
+def test_config_sizes_are_the_zoo_sizes():
+    from rlflow.graph import zoo
+
+    assert registry.model_names() == tuple(zoo.MODEL_NAMES)
+    assert load_config(CONFIG)["zoo"] == zoo.DEFAULT_SIZES
+    assert load_config([CONFIG, TINY])["zoo"] == zoo.TINY_SIZES
+    schema_zoo = load_schema()["properties"]["zoo"]["properties"]
+    assert {m: list(s["properties"]) for m, s in schema_zoo.items()} == {
+        m: list(s) for m, s in zoo.DEFAULT_SIZES.items()
+    }
+
+
+def test_schema_has_one_file_two_paths():
+    link = REPO / "workflow" / "schemas" / "config.schema.yaml"
+    assert link.is_symlink() and not os.path.isabs(os.readlink(link))
+    assert link.resolve() == (REPO / "src" / "rlflow" / "config.schema.yaml").resolve()
+
+
+def test_every_schema_key_is_described():
+    def walk(schema, path):
+        assert schema.get("description"), f"no description for {path or 'the config'}"
+        for key, sub in schema.get("properties", {}).items():
+            walk(sub, f"{path}.{key}" if path else key)
+
+    walk(load_schema(), "")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5) | st.floats(allow_nan=False),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(min_size=1, max_size=3), inner, max_size=3),
+    max_leaves=8,
+)
+configs = st.dictionaries(st.sampled_from("abc"), json_values, max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(configs, configs)
+def test_deep_merge_is_snakemakes_configfile_merge(base, override):
+    from snakemake.utils import update_config
+
+    expected = copy.deepcopy(base)
+    update_config(expected, copy.deepcopy(override))
+    before = copy.deepcopy(base)
+    assert deep_merge(base, override) == expected
+    assert base == before  # not modified
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values)
+def test_set_values_round_trip_through_the_shell(value):
+    """A rule param reaches the stage as `--set KEY=<value quoted by snakemake's :q>` and is parsed back."""
+    argv = shlex.split(f"--set zoo.bert={shlex.quote(registry.cli_value(value))}")
+    assert yaml.safe_load(argv[1].partition("=")[2]) == value
+
+
+# -- the registry: one hop from rule to code ---------------------------------------------------------------
+def test_registry_names_lead_to_code_rule_and_cli():
+    import importlib
+
+    from rlflow.cli import COMMAND_MODULES
+
+    rules = "".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
+    for name, stage in registry.STAGES.items():
+        assert (REPO / stage.module_path).is_file()
+        assert stage.module in COMMAND_MODULES
+        assert importlib.import_module(stage.module).NAME == stage.command.split()[1]
+        assert re.search(rf"^rule {name}:", rules, re.M), f"no rule {name} in workflow/rules"
+
+
+# -- (c, f) Snakemake --------------------------------------------------------------------------------------
+def test_snakemake_dry_run_is_exactly_the_export_job():
+    r = sh(tool("snakemake"), "-n", "-F", "-p", "results/bert/model.onnx")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert job_counts(r.stdout) == {"export_model": 1}
+    sizes = load_config(CONFIG)["zoo"]["bert"]
+    assert f"--set zoo.bert='{registry.cli_value(sizes)}'" in r.stdout
+    assert "--set export.opset=18 --set export.exporter=dynamo" in r.stdout
+
+
+def test_snakemake_passes_the_merged_tiny_config_to_the_job():
+    r = sh(tool("snakemake"), "results/vit/model.onnx", "-n", "-F", "-p", "--configfile", TINY, "--config", "seed=7")
+    assert r.returncode == 0, r.stdout + r.stderr
+    tiny = load_config([CONFIG, TINY])["zoo"]["vit"]
+    assert f"--set zoo.vit='{registry.cli_value(tiny)}'" in r.stdout
+    assert "--set seed=7 " in r.stdout
+
+
+def test_snakemake_rejects_an_invalid_config_before_any_job():
+    r = sh(tool("snakemake"), "-n", "--config", "device=gpu")
+    assert r.returncode != 0
+    assert "invalid config key 'device'" in r.stdout + r.stderr
+    assert "Job stats" not in r.stdout
+
+
+def test_snakemake_lint_has_no_findings():
+    r = sh(tool("snakemake"), "--lint")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Congratulations, your workflow is in a good condition!" in r.stdout + r.stderr
+
+
+# -- (d) tiny end to end -----------------------------------------------------------------------------------
+def copy_workflow(dest: Path) -> None:
+    """The files a pipeline run needs: Snakefile, config, rules, schema link, profiles, tiny config, code."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("Snakefile", "config.yaml"):
+        shutil.copy2(REPO / name, dest / name)
+    for name in ("workflow", "src", "envs"):
+        shutil.copytree(REPO / name, dest / name, symlinks=True, ignore=ignore)
+    os.symlink(os.readlink(REPO / "profiles"), dest / "profiles")
+    (dest / "tests" / "configs").mkdir(parents=True)
+    shutil.copy2(TINY, dest / "tests" / "configs" / "tiny.yaml")
+
+
+def test_snakemake_builds_a_tiny_bert_end_to_end(tmp_path):
+    import onnx
+
+    copy_workflow(tmp_path)
+    snakemake = tool("snakemake")
+    # targets first: --configfile and --config take every following word
+    r = sh(snakemake, "results/bert/model.onnx", "--cores", "2", "--configfile", "tests/configs/tiny.yaml",
+           cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = tmp_path / "results" / "bert" / "model.onnx"
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model, full_check=True)
+    tiny = load_config([CONFIG, TINY])["zoo"]["bert"]
+    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [tiny["batch"], tiny["seq"]]
+    assert {tuple(i.dims) for i in model.graph.initializer} >= {(tiny["vocab"], tiny["hidden"])}
+    assert "wrote results/bert/model.onnx" in (tmp_path / "results/logs/export_model/bert.log").read_text()
+    assert (tmp_path / "results/benchmarks/export_model/bert.tsv").is_file()
+    assert not [p for p in out.parent.iterdir() if p.name != "model.onnx"]  # no temporary file left behind
+
+    # up to date with the same config; the params trigger reruns it when the sizes change
+    r = sh(snakemake, "results/bert/model.onnx", "-n", "--configfile", "tests/configs/tiny.yaml", cwd=tmp_path)
+    assert "Nothing to be done" in r.stdout + r.stderr, r.stdout
+    r = sh(snakemake, "results/bert/model.onnx", "-n", "--configfile", "tests/configs/tiny.yaml",
+           "--config", "seed=1", cwd=tmp_path)
+    assert job_counts(r.stdout) == {"export_model": 1}
+    assert "Params have changed" in r.stdout
+
+
+# -- (e) the stage's command line --------------------------------------------------------------------------
+def rlflow(*args: str | Path, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    exe = shutil.which("rlflow", path=ENV["PATH"])
+    cmd = [exe] if exe else [sys.executable, "-m", "rlflow.cli"]
+    return sh(*cmd, *args, cwd=cwd)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "nope"], "unknown model 'nope'"),
+        (["--model", "bert", "--set", "export.opset=12"], "'export.opset'"),
+        (["--model", "bert", "--config", "missing.yaml"], "missing.yaml: config file not found"),
+    ],
+)
+def test_export_model_bad_input_is_one_line_exit_2_and_no_output(tmp_path, args, needle):
+    out = tmp_path / "sub" / "model.onnx"
+    r = rlflow("export-model", "--config", CONFIG, *args, "--out", out)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlflow: error:") and needle in lines[0], r.stderr
+    assert not (tmp_path / "sub").exists()
+
+
+def test_export_model_help_names_the_config_keys():
+    r = rlflow("export-model", "--help")
+    assert r.returncode == 0
+    for word in ("seed, export.opset, export.exporter", "--config", "--set", "--model", "--out", "taso-bert"):
+        assert word in r.stdout
