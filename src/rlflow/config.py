@@ -60,17 +60,23 @@ def describe_error(err) -> str:
     return f"invalid config key '{key}': {err.message}"
 
 
-def deep_merge(base: dict, override: dict) -> dict:
-    """Return ``base`` updated by ``override``: mappings merge key by key (recursively); lists and scalars
-    replace. The same rule as Snakemake's ``--configfile`` merging (``snakemake.utils.update_config``), so
-    ``rlflow ... --config config.yaml --config tiny.yaml`` sees what ``snakemake --configfile tiny.yaml`` sees."""
-    out = copy.deepcopy(base) if isinstance(base, dict) else {}
-    for key, value in override.items():
-        if isinstance(value, dict):
-            out[key] = deep_merge(out.get(key, {}), value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
+def deep_merge(base: Any, override: dict) -> dict:
+    """Return ``base`` updated by ``override`` (neither is modified): mappings merge key by key, recursively;
+    lists and scalars replace. This is Snakemake's ``--configfile`` merging (``snakemake.utils.update_config``,
+    including its corner cases; a test compares the two), so ``rlflow ... --config config.yaml --config
+    tiny.yaml`` sees what ``snakemake --configfile tiny.yaml`` sees."""
+
+    def merge(node: Any, upd: dict) -> Any:
+        for key, value in upd.items():
+            if not isinstance(node, dict):
+                node = {}
+            if isinstance(value, dict):
+                node[key] = merge(node.get(key, {}), value)
+            else:
+                node[key] = copy.deepcopy(value)
+        return node
+
+    return merge(copy.deepcopy(base), override)
 
 
 def _read_yaml_mapping(p: Path) -> dict:
@@ -124,7 +130,7 @@ def load_config(path: str | Path | Sequence[str | Path] | None, overrides: list[
         data = deep_merge(data, _read_yaml_mapping(p))
     for item in overrides or []:
         apply_override(data, item)
-    source = " + ".join(str(p) for p in paths) or "defaults"
+    source = " + ".join([*(str(p) for p in paths), *(["--set"] if overrides else [])]) or "defaults"
     return validate(data, source)
 
 
