@@ -349,18 +349,18 @@ def _static_shape(tp: onnx.TypeProto | None) -> tuple[int, ...] | None:
 
 
 def _eval_node(node: onnx.NodeProto, values: list[np.ndarray | None], opset: list) -> list[np.ndarray]:
+    """Evaluate one node on constant inputs with ONNX's reference evaluator (used only for constant folding)."""
     from onnx.reference import ReferenceEvaluator
 
     names = [f"i{k}" if v is not None else "" for k, v in enumerate(values)]
     n = helper.make_node(node.op_type, names, [f"o{k}" for k in range(len(node.output))], domain=node.domain)
     n.attribute.extend(node.attribute)
     feeds = {nm: v for nm, v in zip(names, values) if nm}
-    ev = ReferenceEvaluator(n, verbose=0) if not opset else ReferenceEvaluator(
-        helper.make_model(helper.make_graph([n], "fold", [helper.make_tensor_value_info(k, _ONNX_DTYPE.get(
-            str(v.dtype), TensorProto.FLOAT), list(v.shape)) for k, v in feeds.items()],
-            [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in n.output]), opset_imports=opset),
-        verbose=0)
-    return [np.asarray(o) for o in ev.run(None, feeds)]
+    inputs = [helper.make_tensor_value_info(k, _ONNX_DTYPE.get(str(v.dtype), TensorProto.FLOAT), list(v.shape))
+              for k, v in feeds.items()]
+    outputs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in n.output]
+    model = helper.make_model(helper.make_graph([n], "fold", inputs, outputs), opset_imports=opset)
+    return [np.asarray(o) for o in ReferenceEvaluator(model, verbose=0).run(None, feeds)]
 
 
 def _fold_constants(model: onnx.ModelProto, path: Any, weights: dict[str, np.ndarray]
@@ -479,8 +479,8 @@ def _pads2d(a: dict, in_shape, kernel, strides) -> tuple[int, int, int, int]:
     return pads[0][0], pads[1][0], pads[0][1], pads[1][1]
 
 
-def _translate(node: onnx.NodeProto, in_shapes: list[tuple[int, ...] | None], consts, opset: int
-               ) -> tuple[str, tuple[str, ...], dict[str, Any]]:
+def _translate(node: onnx.NodeProto, in_types: list[TensorType | None], out_types: list[TensorType], consts,
+               opset: int) -> tuple[str, tuple[str, ...], dict[str, Any]]:
     """(IR op, IR inputs, normalised attrs) for an ONNX node, or raise _Unsupported."""
     op, a = node.op_type, _attrs(node)
     if node.domain not in ("", "ai.onnx"):
@@ -488,6 +488,7 @@ def _translate(node: onnx.NodeProto, in_shapes: list[tuple[int, ...] | None], co
     ins = tuple(node.input)
     while ins and not ins[-1]:
         ins = ins[:-1]
+    in_shapes = [t.shape if t else None for t in in_types]
     x = in_shapes[0] if in_shapes else None
     simple = {"Add", "Sub", "Mul", "Div", "Pow", "Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Identity", "MatMul",
               "GlobalAveragePool"}
@@ -546,9 +547,7 @@ def _translate(node: onnx.NodeProto, in_shapes: list[tuple[int, ...] | None], co
         perm = tuple(int(p) for p in a.get("perm", reversed(range(len(x)))))
         return op, ins, {"perm": perm}
     if op in ("Reshape", "Unsqueeze", "Squeeze", "Flatten"):
-        out = in_shapes[-1]  # the caller passes the ONNX-inferred output shape last for these
-        if out is None:
-            raise _Unsupported
+        out = out_types[0].shape  # static by now: ONNX shape inference with the folded shape inputs
         if op == "Flatten":
             return op, ins[:1], {"axis": _axis(a.get("axis", 1), len(x) + 1) if x else 1}
         return "Reshape", ins[:1], {"shape": tuple(int(d) for d in out)}
@@ -599,14 +598,9 @@ def _translate(node: onnx.NodeProto, in_shapes: list[tuple[int, ...] | None], co
             return "Identity", ins[:1], {}
         axes = tuple(sorted(_axis(v, len(x)) for v in axes)) if axes is not None else ()
         return op, ins[:1], {"axes": axes, "keepdims": int(a.get("keepdims", 1))}
-    if op == "Cast":
-        if in_shapes and node.input[0]:
-            raise _SameTypeCast  # handled by the caller: a Cast to the same type is an Identity
+    if op == "Cast" and in_types[0] is not None and _DTYPES.get(a["to"]) == in_types[0].dtype:
+        return "Identity", ins[:1], {}  # a cast to the type the tensor already has
     raise _Unsupported
-
-
-class _SameTypeCast(_Unsupported):
-    pass
 
 
 def _onnx_to_ir(model: onnx.ModelProto, consts: dict[str, np.ndarray], types: dict[str, onnx.TypeProto],
@@ -647,20 +641,11 @@ def _onnx_to_ir(model: onnx.ModelProto, consts: dict[str, np.ndarray], types: di
             if v and t is None:
                 raise RLFlowError(f"{path}: node '{name}' ({node.op_type}) reads '{v}', which nothing defines")
         want = [onnx_type(v, node) for v in node.output if v]
-        shapes = [t.shape if t else None for t in in_types]
-        if node.op_type in ("Reshape", "Unsqueeze", "Squeeze", "Flatten"):
-            shapes.append(want[0].shape)
         try:
-            ir_op, ir_ins, attrs = _translate(node, shapes, consts, opset)
+            ir_op, ir_ins, attrs = _translate(node, in_types, want, consts, opset)
             got = infer_types(Node(name, ir_op, ir_ins, tuple(node.output), attrs), [ir_types[v] for v in ir_ins])
-            if [t.shape for t in got] != [t.shape for t in want] or "" in node.output:
+            if got != want or "" in node.output:
                 raise _Unsupported  # e.g. ONNX semantics our op does not model for these attributes
-        except _SameTypeCast:
-            to = _attrs(node)["to"]
-            if _DTYPES.get(to) == in_types[0].dtype:
-                ir_op, ir_ins, attrs = "Identity", (node.input[0],), {}
-            else:
-                ir_op, ir_ins, attrs = _opaque(node)
         except (_Unsupported, ShapeError, KeyError, TypeError, ValueError, IndexError):
             ir_op, ir_ins, attrs = _opaque(node)
         for v, t in zip([o for o in node.output if o], want):
@@ -674,6 +659,21 @@ def _onnx_to_ir(model: onnx.ModelProto, consts: dict[str, np.ndarray], types: di
     graph = Graph(inputs=inputs, outputs=outputs, nodes=nodes, types=ir_types, constants=constants,
                   name=g.name or "graph", opset=opset, extra_opsets=extra)
     return _drop_unused_constants(graph)
+
+
+def single_node_model(graph: Graph, node: Node) -> onnx.ModelProto:
+    """An ONNX model computing just ``node`` of ``graph`` (the executors run opaque nodes this way)."""
+    e = _Emitter(graph)
+    _emit(e, node)
+
+    def vi(v: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(v, _ONNX_DTYPE[graph.types[v].dtype], list(graph.types[v].shape))
+
+    g = helper.make_graph(e.nodes, node.name, [vi(v) for v in node.inputs if v], [vi(v) for v in node.outputs],
+                          e.inits)
+    imports = [helper.make_opsetid("", graph.opset)] + [helper.make_opsetid(d, v)
+                                                        for d, v in sorted(graph.extra_opsets.items())]
+    return helper.make_model(g, opset_imports=imports, ir_version=8 if graph.opset <= 18 else 9)
 
 
 def _opaque(node: onnx.NodeProto) -> tuple[str, tuple[str, ...], dict[str, Any]]:

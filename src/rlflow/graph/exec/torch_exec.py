@@ -7,8 +7,6 @@ Weights are moved to the device once; intermediate tensors are released after th
 from __future__ import annotations
 
 import numpy as np
-import onnx
-from onnx import helper
 
 from rlflow.graph.ir import Graph, Node
 from rlflow.graph.ops import OPS
@@ -20,21 +18,13 @@ class _OpaqueNode:
     def __init__(self, graph: Graph, node: Node):
         import onnxruntime as ort
 
-        from rlflow.graph.onnx_io import _ONNX_DTYPE, _emit, _Emitter
+        from rlflow.graph.onnx_io import single_node_model
 
-        e = _Emitter(graph)
-        _emit(e, node)
-        vi = lambda v: helper.make_tensor_value_info(v, _ONNX_DTYPE[graph.types[v].dtype],  # noqa: E731
-                                                     list(graph.types[v].shape))
-        ins = [v for v in node.inputs if v]
-        g = helper.make_graph(e.nodes, "opaque", [vi(v) for v in ins], [vi(v) for v in node.outputs])
-        imports = [helper.make_opsetid("", graph.opset)] + [
-            helper.make_opsetid(d, v) for d, v in graph.extra_opsets.items()]
-        model = helper.make_model(g, opset_imports=imports, ir_version=8 if graph.opset <= 18 else 9)
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
-        self.session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        self.inputs, self.outputs = ins, list(node.outputs)
+        self.session = ort.InferenceSession(single_node_model(graph, node).SerializeToString(), opts,
+                                            providers=["CPUExecutionProvider"])
+        self.inputs, self.outputs = [v for v in node.inputs if v], list(node.outputs)
 
     def __call__(self, xs):
         import torch
@@ -45,7 +35,7 @@ class _OpaqueNode:
 
 
 class TorchRunner:
-    def __init__(self, graph: Graph, device: str = "cpu", dtype_override: str | None = None):
+    def __init__(self, graph: Graph, device: str = "cpu"):
         import torch
 
         self.graph = graph
