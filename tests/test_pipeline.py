@@ -293,6 +293,9 @@ def rlflow(*args: str | Path, cwd: Path = REPO) -> subprocess.CompletedProcess:
         (["--model", "nope"], "unknown model 'nope'"),
         (["--model", "bert", "--set", "export.opset=12"], "'export.opset'"),
         (["--model", "bert", "--config", "missing.yaml"], "missing.yaml: config file not found"),
+        (["nope"], "unknown model 'nope'"),
+        (["vit", "--model", "bert"], "two different models given"),
+        ([], "which model?"),
     ],
 )
 def test_export_model_bad_input_is_one_line_exit_2_and_no_output(tmp_path, args, needle):
@@ -302,6 +305,16 @@ def test_export_model_bad_input_is_one_line_exit_2_and_no_output(tmp_path, args,
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rlflow: error:") and needle in lines[0], r.stderr
     assert not (tmp_path / "sub").exists()
+
+
+def test_export_model_takes_the_name_positionally(tmp_path):
+    out = tmp_path / "tb.onnx"
+    r = rlflow("export-model", "taso-bert", "--config", CONFIG, "--config", "tests/configs/tiny.yaml", "--out", out)
+    assert r.returncode == 0, r.stderr
+    import onnx
+
+    m = onnx.load(str(out))
+    assert [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == [8, 32]  # the tiny sizes
 
 
 def test_export_model_help_names_the_config_keys():

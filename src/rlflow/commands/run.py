@@ -6,6 +6,7 @@ tf (a tf.function built op by op; Grappler on) and tf-xla (the same, compiled wi
 With --compare, also report the largest output difference from onnxruntime on the original file.
 
   rlflow run model.onnx --backend torch --repeats 50
+  rlflow run model.onnx --backend tf-xla --config config.yaml      (repeats, warm-up and device from the config)
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ def add_arguments(p) -> None:
 
     add_model_arguments(p)
     p.add_argument("--backend", choices=BACKENDS, default="ort", help="executor (default: ort)")
-    p.add_argument("--repeats", type=int, default=20, help="timed runs (default: 20)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed runs before timing (default: 5)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="device (default: auto)")
+    p.add_argument("--config", action="append", metavar="YAML",
+                   help="take --repeats/--warmup/--device defaults from this config (run.repeats, run.warmup, device)")
+    p.add_argument("--repeats", type=int, help="timed runs (default: run.repeats of --config, else 20)")
+    p.add_argument("--warmup", type=int, help="untimed runs before timing (default: run.warmup of --config, else 5)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="device (default: device of --config, else auto)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
     p.add_argument("--compare", action="store_true",
                    help="also report max |difference| from onnxruntime on the original file (relative)")
@@ -37,6 +40,16 @@ def run(args) -> int:
     from rlflow.graph import load_onnx
     from rlflow.graph.exec import get_runner, make_inputs, max_rel_diff, time_runner
 
+    if args.config:
+        from rlflow.config import load_config
+
+        cfg = load_config(args.config)
+        args.repeats = args.repeats if args.repeats is not None else cfg["run"]["repeats"]
+        args.warmup = args.warmup if args.warmup is not None else cfg["run"]["warmup"]
+        args.device = args.device or cfg["device"]
+    args.repeats = 20 if args.repeats is None else args.repeats
+    args.warmup = 5 if args.warmup is None else args.warmup
+    args.device = args.device or "auto"
     if args.repeats < 1 or args.warmup < 0:
         raise RLFlowError("--repeats must be >= 1 and --warmup >= 0")
     graph = load_onnx(args.model, args.input_shape)

@@ -9,6 +9,7 @@ key by key, lists and scalars replace), then every --set KEY=VALUE applies (VALU
 
 Examples:
   rlflow export-model --config config.yaml --model bert --out results/bert/model.onnx
+  rlflow export-model resnet18 --out resnet18.onnx             (schema defaults: the paper sizes)
   rlflow export-model --config config.yaml --config tests/configs/tiny.yaml --model vit --out /tmp/vit.onnx
   rlflow export-model --config config.yaml --set zoo.bert.layers=2 --set export.exporter=torchscript \\
       --model bert --out /tmp/bert.onnx
@@ -36,8 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="config file; repeat to merge several, later ones win (default: schema defaults)")
     parser.add_argument("--set", metavar="KEY=VALUE", dest="overrides", action="append", default=[],
                         help="override one config key after the files, e.g. --set zoo.bert.layers=2 (repeatable)")
-    parser.add_argument("--model", required=True, metavar="NAME",
-                        help="zoo model: " + ", ".join(model_names()))
+    parser.add_argument("name", nargs="?", metavar="NAME", help="zoo model (same as --model)")
+    parser.add_argument("--model", metavar="NAME", help="zoo model: " + ", ".join(model_names()))
     parser.add_argument("--out", required=True, metavar="ONNX", type=Path,
                         help="ONNX file to write (parent folders are created)")
 
@@ -45,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     names = model_names()
+    if args.name and args.model and args.name != args.model:
+        raise RLFlowError(f"two different models given: '{args.name}' and --model '{args.model}'")
+    args.model = args.model or args.name
+    if not args.model:
+        raise RLFlowError("which model? give NAME or --model NAME (" + ", ".join(names) + ")")
     if args.model not in names:
         raise RLFlowError(f"unknown model '{args.model}' (choose from: {', '.join(names)})")
     if args.out.exists() and args.out.is_dir():
