@@ -153,3 +153,12 @@ def test_convert_writes_verified_static_model(tmp_path, capsys):
     m = onnx.load(str(out))
     assert [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim] == [2, 4]
     assert "max relative output difference 0.00e+00" in capsys.readouterr().out
+
+
+def test_output_into_a_closed_pipe_is_quiet(tmp_path, root):
+    path = tmp_path / "m.onnx"
+    onnx.save(onnx_models.with_opaque_op(), str(path))
+    proc = subprocess.run(f"'{sys.executable}' -m rlflow.cli inspect '{path}' | head -1", shell=True,
+                          capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root / "src"),
+                                                                          "PATH": "/usr/bin:/bin"})
+    assert proc.stdout.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr

@@ -49,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rlflow: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `rlflow inspect m.onnx | head`: the reader left; stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":
