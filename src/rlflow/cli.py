@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args._run(args) or 0)
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at interpreter exit
+        return code
     except RLFlowError as e:
         print(f"rlflow: error: {e}", file=sys.stderr)
         return e.exit_code
