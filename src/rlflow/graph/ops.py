@@ -525,3 +525,31 @@ def graph_bytes(graph) -> int:
     """Total bytes read and written by all ops (views move none)."""
     t = graph.types
     return sum(node_bytes(n, [t[v] for v in n.inputs if v], [t[v] for v in n.outputs]) for n in graph.nodes)
+
+
+#: every IR op's attribute names (a rule's pattern node must give each of them: a value, a parameter or an
+#: expression), so rules files are checked against the op registry
+OP_ATTRS: dict[str, tuple[str, ...]] = {
+    **{op: () for op in ("Add", "Sub", "Mul", "Div", "Pow", "Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Identity",
+                         "ScalarMul", "MatMul", "GlobalAveragePool")},
+    "Gelu": ("approximate",),
+    "Gemm": ("alpha", "beta", "transA", "transB"),
+    "Conv": ("strides", "pads", "group", "activation"),
+    "Enlarge": ("kernel",),
+    "MaxPool": ("kernel", "strides", "pads", "ceil_mode"),
+    "AveragePool": ("kernel", "strides", "pads", "ceil_mode", "count_include_pad"),
+    "BatchNormalization": ("epsilon",),
+    "LayerNormalization": ("axis", "epsilon"),
+    "Softmax": ("axis",),
+    "Concat": ("axis",),
+    "Split": ("axis", "split"),
+    "Transpose": ("perm",),
+    "Reshape": ("shape",),
+    "Flatten": ("axis",),
+    "Pad": ("pads", "mode", "value"),
+    "Slice": ("axes", "starts", "ends", "steps"),
+    "Gather": ("axis",),
+    "ReduceMean": ("axes", "keepdims"),
+}
+assert set(OP_ATTRS) == set(OPS), set(OP_ATTRS) ^ set(OPS)
+

@@ -1,0 +1,362 @@
+"""Rules are data: a source pattern, a target pattern, and which target value replaces which source value.
+
+A rule in ``rules.json`` (format 1)::
+
+    {"id": "g0007", "name": "matmul-assoc", "origin": "generated",
+     "src": [{"op": "MatMul", "inputs": ["x", "w0"], "attrs": {}},
+             {"op": "MatMul", "inputs": ["%0", "w1"], "attrs": {}}],
+     "dst": [{"op": "MatMul", "inputs": ["w0", "w1"], "attrs": {}},
+             {"op": "MatMul", "inputs": ["x", "%0"], "attrs": {}}],
+     "outputs": [["%1", "%1"]],
+     "constraints": {"const": ["w0", "w1"]},
+     "verified": {"method": "random-float64", "trials": 5, "max_dims": [4, 4, 4, 4]}}
+
+References (``inputs`` and ``outputs``): ``"%k"`` is output 0 of node k of the same side, ``"%k.j"`` its output j;
+any other name is a **variable**: it matches any value of the graph (the same variable, the same value). Variables
+are the source side's inputs; the target may only use those. Each pattern node gives every attribute of its op
+(:data:`rlflow.graph.ops.OP_ATTRS`) as one of:
+
+- a literal (``1``, ``"relu"``, ``[1, 1]``): the graph's attribute must equal it;
+- a parameter ``"$name"``: binds to the graph's value on first use, must be equal on every other use, and is
+  copied into the target;
+- an expression over the matched values' shapes: ``{"dim": [ref, axis]}``, ``{"kernel": ref}`` (the spatial size
+  ``[kh, kw]`` of a 4-D kernel), ``{"same_pads": ref}`` (``[kh//2, kw//2, kh//2, kw//2]``: "same" padding for a
+  stride-1 conv with that kernel), ``{"sum": [e, ...]}``. Lists may mix literals and expressions.
+
+A target node ``{"op": "Constant", "inputs": [], "attrs": {"value": 1e-5}}`` (value: a literal or a parameter)
+makes a new 0-D float32 constant, e.g. BatchNormalization's epsilon when folding it into a Conv.
+A node with several outputs says how many: ``"outputs": 2``. ``constraints.const`` lists variables that must be
+bound to constants (weights). ``verified`` records how the rule was checked (method, trials, sizes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from rlflow.errors import RLFlowError
+from rlflow.graph.builder import GraphBuilder
+from rlflow.graph.ir import Graph, TensorType, _canonical
+from rlflow.graph.ops import OP_ATTRS, OPS
+
+FORMAT = 1
+_REF = re.compile(r"%(\d+)(?:\.(\d+))?$")
+_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
+_EXPR_KEYS = {"dim", "kernel", "same_pads", "sum"}
+
+
+@dataclass(frozen=True)
+class PatternNode:
+    op: str
+    inputs: tuple[str, ...]
+    attrs: Mapping[str, Any]
+    n_outputs: int = 1
+
+    def to_json(self) -> dict:
+        d = {"op": self.op, "inputs": list(self.inputs), "attrs": _to_json_value(self.attrs)}
+        if self.n_outputs != 1:
+            d["outputs"] = self.n_outputs
+        return d
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    name: str
+    origin: str                                   # "generated" | "builtin"
+    src: tuple[PatternNode, ...]
+    dst: tuple[PatternNode, ...]
+    outputs: tuple[tuple[str, str], ...]          # (source ref, target ref)
+    constraints: Mapping[str, Any] = field(default_factory=dict)
+    verified: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        """The source side's variables, in order of first use."""
+        seen: dict[str, None] = {}
+        for n in self.src:
+            for r in n.inputs:
+                if not r.startswith("%"):
+                    seen.setdefault(r, None)
+        return tuple(seen)
+
+    @property
+    def const_vars(self) -> frozenset[str]:
+        return frozenset(self.constraints.get("const", ()))
+
+    def to_json(self) -> dict:
+        d = {"id": self.id, "name": self.name, "origin": self.origin,
+             "src": [n.to_json() for n in self.src], "dst": [n.to_json() for n in self.dst],
+             "outputs": [list(p) for p in self.outputs]}
+        if self.constraints:
+            d["constraints"] = _to_json_value(self.constraints)
+        d["verified"] = _to_json_value(self.verified)
+        return d
+
+
+def _to_json_value(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {k: _to_json_value(x) for k, x in v.items()}
+    if isinstance(v, (tuple, list)):
+        return [_to_json_value(x) for x in v]
+    return v
+
+
+# ================================================================================================ expressions
+def is_param(v: Any) -> bool:
+    return isinstance(v, str) and v.startswith("$")
+
+
+def eval_attr(expr: Any, type_of: Callable[[str], TensorType], params: Mapping[str, Any]) -> Any:
+    """The concrete attribute value of ``expr`` given the matched values' types and the bound parameters.
+    Lists become tuples (the IR's form)."""
+    if is_param(expr):
+        return params[expr[1:]]
+    if isinstance(expr, Mapping):
+        (key, arg), = expr.items()
+        if key == "dim":
+            return int(type_of(arg[0]).shape[arg[1]])
+        if key == "kernel":
+            return tuple(int(d) for d in type_of(arg).shape[2:4])
+        if key == "same_pads":
+            kh, kw = type_of(arg).shape[2:4]
+            return (kh // 2, kw // 2, kh // 2, kw // 2)
+        if key == "sum":
+            return sum(eval_attr(e, type_of, params) for e in arg)
+        raise KeyError(key)
+    if isinstance(expr, (list, tuple)):
+        return tuple(eval_attr(e, type_of, params) for e in expr)
+    return expr
+
+
+def attr_equal(a: Any, b: Any) -> bool:
+    """Attribute equality as the IR's canonical hash sees it (floats at float32 precision, lists as tuples)."""
+    return _canonical(_tuplify(a)) == _canonical(_tuplify(b))
+
+
+def _tuplify(v: Any) -> Any:
+    return tuple(_tuplify(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+# ================================================================================================ parsing
+def _parse_node(raw: Any, side: str, k: int, where: str) -> PatternNode:
+    if not isinstance(raw, Mapping):
+        raise RLFlowError(f"{where}: {side}[{k}] is not an object")
+    op = raw.get("op")
+    if op == "Constant" and side == "dst":
+        value = raw.get("attrs", {}).get("value")
+        if raw.get("inputs", []) != [] or set(raw.get("attrs", {})) != {"value"} or not (
+                is_param(value) or isinstance(value, (int, float))):
+            raise RLFlowError(f"{where}: {side}[{k}] (Constant) needs no inputs and attrs {{'value': number or $param}}")
+        return PatternNode("Constant", (), {"value": value})
+    if op not in OPS:
+        raise RLFlowError(f"{where}: {side}[{k}] has unknown op {op!r}")
+    inputs = raw.get("inputs")
+    if not isinstance(inputs, list) or not all(isinstance(r, str) for r in inputs):
+        raise RLFlowError(f"{where}: {side}[{k}] ({op}) needs 'inputs', a list of references")
+    attrs = raw.get("attrs", {})
+    if not isinstance(attrs, Mapping):
+        raise RLFlowError(f"{where}: {side}[{k}] ({op}) 'attrs' must be an object")
+    want = set(OP_ATTRS[op])
+    if set(attrs) != want:
+        missing, extra = sorted(want - set(attrs)), sorted(set(attrs) - want)
+        raise RLFlowError(f"{where}: {side}[{k}] ({op}) " + (f"lacks attribute '{missing[0]}'" if missing else
+                                                            f"has unknown attribute '{extra[0]}'"))
+    n_out = raw.get("outputs", 1)
+    if not isinstance(n_out, int) or n_out < 1:
+        raise RLFlowError(f"{where}: {side}[{k}] ({op}) 'outputs' must be a positive integer")
+    unknown = set(raw) - {"op", "inputs", "attrs", "outputs"}
+    if unknown:
+        raise RLFlowError(f"{where}: {side}[{k}] ({op}) has unknown key '{sorted(unknown)[0]}'")
+    for name, v in attrs.items():
+        _check_expr(v, f"{where}: {side}[{k}] ({op}) attribute '{name}'")
+    return PatternNode(op, tuple(inputs), {a: _tuplify(v) if not isinstance(v, Mapping) else v
+                                           for a, v in attrs.items()}, n_out)
+
+
+def _check_expr(v: Any, where: str) -> None:
+    if isinstance(v, Mapping):
+        if len(v) != 1 or next(iter(v)) not in _EXPR_KEYS:
+            raise RLFlowError(f"{where}: unknown expression {json.dumps(v)} (use one of {sorted(_EXPR_KEYS)})")
+        (key, arg), = v.items()
+        if key == "dim" and not (isinstance(arg, list) and len(arg) == 2 and isinstance(arg[0], str)
+                                 and isinstance(arg[1], int)):
+            raise RLFlowError(f"{where}: 'dim' takes [reference, axis]")
+        if key in ("kernel", "same_pads") and not isinstance(arg, str):
+            raise RLFlowError(f"{where}: '{key}' takes a reference")
+        if key == "sum":
+            if not isinstance(arg, list):
+                raise RLFlowError(f"{where}: 'sum' takes a list")
+            for e in arg:
+                _check_expr(e, where)
+    elif isinstance(v, list):
+        for e in v:
+            _check_expr(e, where)
+    elif not isinstance(v, (int, float, str, bool)) or v is None:
+        raise RLFlowError(f"{where}: value {v!r} is not a literal, parameter or expression")
+
+
+def _expr_refs(v: Any) -> list[str]:
+    if isinstance(v, Mapping):
+        (key, arg), = v.items()
+        if key == "dim":
+            return [arg[0]]
+        if key in ("kernel", "same_pads"):
+            return [arg]
+        return [r for e in arg for r in _expr_refs(e)]
+    if isinstance(v, (list, tuple)):
+        return [r for e in v for r in _expr_refs(e)]
+    return []
+
+
+def _expr_params(v: Any) -> list[str]:
+    if is_param(v):
+        return [v[1:]]
+    if isinstance(v, Mapping):
+        (_, arg), = v.items()
+        return _expr_params(arg) if isinstance(arg, list) else []
+    if isinstance(v, (list, tuple)):
+        return [p for e in v for p in _expr_params(e)]
+    return []
+
+
+def _check_refs(nodes: Sequence[PatternNode], side: str, variables: set[str], where: str) -> None:
+    """Every reference names an earlier node's output or a variable (a source-pattern input)."""
+
+    def check(ref: str, k: int, what: str) -> None:
+        m = _REF.match(ref)
+        if m:
+            j, out = int(m.group(1)), int(m.group(2) or 0)
+            if j >= k:
+                raise RLFlowError(f"{where}: {side}[{k}] {what} '{ref}' refers to a node that is not before it")
+            if out >= nodes[j].n_outputs:
+                raise RLFlowError(f"{where}: {side}[{k}] {what} '{ref}': {side}[{j}] has {nodes[j].n_outputs} output(s)")
+        elif not _VAR.match(ref):
+            raise RLFlowError(f"{where}: {side}[{k}] {what} '{ref}' is not a reference (%k, %k.j or a name)")
+        elif ref not in variables:
+            raise RLFlowError(f"{where}: {side}[{k}] {what} '{ref}' is not a variable of the source pattern")
+
+    for k, n in enumerate(nodes):
+        for r in n.inputs:
+            check(r, k, "input")
+        for a, v in n.attrs.items():
+            for r in _expr_refs(v):
+                check(r, k, f"attribute '{a}' reference")
+
+
+def rule_from_json(raw: Any, where: str = "rules.json") -> Rule:
+    """Parse and validate one rule; errors are one line naming the rule id and the problem."""
+    if not isinstance(raw, Mapping):
+        raise RLFlowError(f"{where}: a rule is not an object")
+    rid = raw.get("id")
+    if not isinstance(rid, str) or not rid:
+        raise RLFlowError(f"{where}: a rule has no 'id'")
+    at = f"{where}: rule '{rid}'"
+    for key in ("name", "origin", "src", "dst", "outputs", "verified"):
+        if key not in raw:
+            raise RLFlowError(f"{at}: missing '{key}'")
+    unknown = set(raw) - {"id", "name", "origin", "src", "dst", "outputs", "constraints", "verified"}
+    if unknown:
+        raise RLFlowError(f"{at}: unknown key '{sorted(unknown)[0]}'")
+    if raw["origin"] not in ("generated", "builtin"):
+        raise RLFlowError(f"{at}: 'origin' must be 'generated' or 'builtin', not {raw['origin']!r}")
+    if not isinstance(raw["src"], list) or not raw["src"] or not isinstance(raw["dst"], list):
+        raise RLFlowError(f"{at}: 'src' must be a non-empty list of nodes and 'dst' a list")
+    src = tuple(_parse_node(n, "src", k, at) for k, n in enumerate(raw["src"]))
+    dst = tuple(_parse_node(n, "dst", k, at) for k, n in enumerate(raw["dst"]))
+    variables = {r for n in src for r in n.inputs if not r.startswith("%")}
+    _check_refs(src, "src", variables, at)
+    _check_refs(dst, "dst", variables, at)
+    bound = {p for n in src for v in n.attrs.values() for p in _expr_params(v)}
+    for k, n in enumerate(dst):
+        for a, v in n.attrs.items():
+            for p in _expr_params(v):
+                if p not in bound:
+                    raise RLFlowError(f"{at}: dst[{k}] ({n.op}) attribute '{a}' uses parameter '${p}', "
+                                      f"which the source pattern does not bind")
+    outs = raw["outputs"]
+    if not isinstance(outs, list) or not outs or not all(isinstance(p, list) and len(p) == 2 for p in outs):
+        raise RLFlowError(f"{at}: 'outputs' must be a non-empty list of [source ref, target ref] pairs")
+    for s, d in outs:
+        for ref, nodes, side in ((s, src, "src"), (d, dst, "dst")):
+            m = _REF.match(str(ref))
+            if m:
+                j, o = int(m.group(1)), int(m.group(2) or 0)
+                if j >= len(nodes) or o >= nodes[j].n_outputs:
+                    raise RLFlowError(f"{at}: output {side} reference '{ref}' names no {side} node output")
+            elif side == "src" or ref not in variables:
+                raise RLFlowError(f"{at}: output {side} reference '{ref}' must be a {side} node output"
+                                  + ("" if side == "src" else " or a source variable"))
+    if len({s for s, _ in outs}) != len(outs):
+        raise RLFlowError(f"{at}: a source output is mapped twice")
+    constraints = raw.get("constraints", {})
+    if not isinstance(constraints, Mapping) or set(constraints) - {"const"}:
+        raise RLFlowError(f"{at}: 'constraints' may only hold 'const' (a list of variables)")
+    for v in constraints.get("const", []):
+        if v not in variables:
+            raise RLFlowError(f"{at}: constraint const names '{v}', which is not a variable")
+    verified = raw["verified"]
+    if not isinstance(verified, Mapping) or "method" not in verified or "trials" not in verified:
+        raise RLFlowError(f"{at}: 'verified' must record at least 'method' and 'trials'")
+    return Rule(rid, str(raw["name"]), raw["origin"], src, dst, tuple((str(s), str(d)) for s, d in outs),
+                dict(constraints), dict(verified))
+
+
+# ================================================================================================ files
+def load_rules(path: str | os.PathLike) -> list[Rule]:
+    """Read ``rules.json``; a malformed or hand-edited file is a one-line error naming the rule and problem."""
+    p = Path(path)
+    if not p.is_file():
+        raise RLFlowError(f"{p}: no such rules file (make one with `rlflow generate-rules`)")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise RLFlowError(f"{p}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    if not isinstance(data, Mapping) or data.get("format") != FORMAT or not isinstance(data.get("rules"), list):
+        raise RLFlowError(f"{p}: not a rules file of format {FORMAT} (needs 'format': {FORMAT} and a 'rules' list)")
+    rules, seen = [], set()
+    for raw in data["rules"]:
+        rule = rule_from_json(raw, str(p))
+        if rule.id in seen:
+            raise RLFlowError(f"{p}: rule '{rule.id}': the id is used twice")
+        seen.add(rule.id)
+        rules.append(rule)
+    return rules
+
+
+def rules_document(rules: Sequence[Rule], generator: Mapping[str, Any]) -> dict:
+    return {"format": FORMAT, "generator": dict(generator), "rules": [r.to_json() for r in rules]}
+
+
+# ================================================================================================ instances
+def instantiate(rule: Rule, side: str, var_types: Mapping[str, TensorType], params: Mapping[str, Any] | None = None,
+                constants: Mapping[str, Any] | None = None) -> Graph:
+    """One side of ``rule`` as a graph over its variables (graph inputs, or constants where ``constants`` gives
+    their arrays). Its outputs are the side's mapped values, in the order of ``rule.outputs``. Raises
+    RLFlowError (a ShapeError) when the shapes do not fit the pattern."""
+    nodes = rule.src if side == "src" else rule.dst
+    b = GraphBuilder(f"{rule.id}-{side}")
+    refs: dict[str, str] = {}
+    for v in rule.variables:
+        if constants and v in constants:
+            refs[v] = b.const(v, constants[v])
+        elif v in var_types:
+            refs[v] = b.input(v, var_types[v].shape, var_types[v].dtype)
+    type_of = lambda r: b.types[refs[r]]  # noqa: E731
+    for k, n in enumerate(nodes):
+        attrs = {a: eval_attr(e, type_of, params or {}) for a, e in n.attrs.items()}
+        if n.op == "Constant":
+            refs[f"%{k}"] = refs[f"%{k}.0"] = b.const(f"{side}{k}", np.array(attrs["value"], np.float32))
+            continue
+        outs = b.op(n.op, [refs[r] for r in n.inputs], n_outputs=n.n_outputs, name=f"{side}{k}", **attrs)
+        for j, o in enumerate(outs if n.n_outputs > 1 else [outs]):
+            refs[f"%{k}.{j}"] = o
+            if j == 0:
+                refs[f"%{k}"] = o
+    return b.build([refs[s if side == "src" else d] for s, d in rule.outputs])
