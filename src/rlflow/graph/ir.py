@@ -110,7 +110,7 @@ class Node:
 class Graph:
     """A computation graph. Build one with :class:`rlflow.graph.builder.GraphBuilder` or ``load_onnx``."""
 
-    __slots__ = ("name", "opset", "extra_opsets", "inputs", "outputs", "nodes", "types", "constants", "_producer", "_consumers")
+    __slots__ = ("name", "opset", "extra_opsets", "next_id", "inputs", "outputs", "nodes", "types", "constants", "_producer", "_consumers")
 
     def __init__(
         self,
@@ -127,6 +127,7 @@ class Graph:
         self.name = name
         self.opset = opset
         self.extra_opsets = dict(extra_opsets or {})  # opset versions of non-default domains (opaque nodes)
+        self.next_id = 0  # counter for the names of nodes and values that rewrites create
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.nodes = list(nodes)
@@ -138,8 +139,10 @@ class Graph:
     # ------------------------------------------------------------------ basic views
     def copy(self) -> "Graph":
         """Shallow copy: new containers, shared (immutable) nodes, types and weights."""
-        return Graph(inputs=self.inputs, outputs=self.outputs, nodes=self.nodes, types=self.types,
-                     constants=self.constants, name=self.name, opset=self.opset, extra_opsets=self.extra_opsets)
+        g = Graph(inputs=self.inputs, outputs=self.outputs, nodes=self.nodes, types=self.types,
+                  constants=self.constants, name=self.name, opset=self.opset, extra_opsets=self.extra_opsets)
+        g.next_id = self.next_id
+        return g
 
     def __len__(self) -> int:
         return len(self.nodes)

@@ -26,7 +26,8 @@ are the source side's inputs; the target may only use those. Each pattern node g
 A target node ``{"op": "Constant", "inputs": [], "attrs": {"value": 1e-5}}`` (value: a literal or a parameter)
 makes a new 0-D float32 constant, e.g. BatchNormalization's epsilon when folding it into a Conv.
 A node with several outputs says how many: ``"outputs": 2``. ``constraints.const`` lists variables that must be
-bound to constants (weights). ``verified`` records how the rule was checked (method, trials, sizes).
+bound to static values: constants (weights) or values computed from constants only (a reshaped or concatenated
+weight), which are folded into constants after optimisation. ``verified`` records how the rule was checked (method, trials, sizes).
 """
 
 from __future__ import annotations

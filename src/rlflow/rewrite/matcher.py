@@ -1,0 +1,507 @@
+"""Find where rules apply (matches) and apply them; keep all matches of a rule set up to date incrementally.
+
+One generic engine serves every rule:
+
+- :func:`find_matches(graph, rule)` lists the rule's matches in a deterministic order (by the positions of the
+  matched nodes in the graph's topological order). A match binds every source pattern node to a distinct graph
+  node and every variable to a graph value, such that ops, input wiring, literal attributes, parameters
+  (equal wherever used), shape expressions and ``constraints.const`` hold, and:
+    * every value a matched node produces that is read outside the match (or is a graph output) is mapped by
+      the rule, and no variable is produced by a matched node;
+    * applying it cannot create a cycle (no variable depends on a matched node through outside nodes);
+    * the target's shape inference succeeds and each mapped target value has the same type as the source value
+      it replaces.
+- :func:`apply(graph, match)` returns a new, valid graph; the input graph is unchanged.
+- :class:`MatchIndex` holds the matches of all rules on one graph; ``index.apply(k, j)`` applies match ``j`` of
+  rule ``k`` and returns the new index, re-matching only around the changed region (see ``_region``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from rlflow.errors import RLFlowError
+from rlflow.graph.ir import Constant, Graph, Node, TensorType
+from rlflow.graph.ops import infer_types
+from rlflow.rewrite.rule import Rule, attr_equal, eval_attr, is_param
+
+_REF = re.compile(r"%(\d+)(?:\.(\d+))?$")
+
+
+@dataclass(frozen=True)
+class Match:
+    """Where a rule applies: graph node names in source-pattern order, variable bindings, parameter values."""
+
+    rule: Rule
+    nodes: tuple[str, ...]
+    bindings: tuple[tuple[str, str], ...]     # (variable, graph value)
+    params: tuple[tuple[str, Any], ...]
+
+    def binding(self) -> dict[str, str]:
+        return dict(self.bindings)
+
+
+# ============================================================================================ compiled patterns
+class _Compiled:
+    """A rule's source pattern prepared for matching: for each possible start node, a search order in which
+    every later pattern node is reached through an already-bound neighbour where possible."""
+
+    def __init__(self, rule: Rule):
+        self.rule = rule
+        self.src = rule.src
+        self.n = len(rule.src)
+        # input refs parsed: ("node", j, out) or ("var", name)
+        self.ins: list[list[tuple]] = []
+        for pn in rule.src:
+            row = []
+            for r in pn.inputs:
+                m = _REF.match(r)
+                row.append(("node", int(m.group(1)), int(m.group(2) or 0)) if m else ("var", r))
+            self.ins.append(row)
+        self.users: list[list[tuple[int, int, int]]] = [[] for _ in range(self.n)]  # j -> (k, input pos, out)
+        for k, row in enumerate(self.ins):
+            for pos, ref in enumerate(row):
+                if ref[0] == "node":
+                    self.users[ref[1]].append((k, pos, ref[2]))
+        self.literal_attrs = [{a: v for a, v in pn.attrs.items() if not is_param(v) and not isinstance(v, dict)
+                               and not _has_expr(v)} for pn in rule.src]
+        self.param_attrs = [{a: v[1:] for a, v in pn.attrs.items() if is_param(v)} for pn in rule.src]
+        self.expr_attrs = [{a: v for a, v in pn.attrs.items() if isinstance(v, dict) or _has_expr(v)}
+                           for pn in rule.src]
+        self.ops = {pn.op for pn in rule.src}
+        self.orders = [self._order(s) for s in range(self.n)]
+        mapped = set()
+        for s, _ in rule.outputs:
+            m = _REF.match(s)
+            mapped.add((int(m.group(1)), int(m.group(2) or 0)))
+        self.mapped = mapped
+        self.const_vars = rule.const_vars
+
+    def _order(self, start: int) -> list[int]:
+        order, done = [start], {start}
+        while len(order) < self.n:
+            best = None
+            for k in range(self.n - 1, -1, -1):
+                if k in done:
+                    continue
+                # 2: feeds a bound node (its producer is fixed); 1: reads a bound node or shares a variable
+                feeds = any(u in done for u, _, _ in self.users[k])
+                reads = any(ref[0] == "node" and ref[1] in done for ref in self.ins[k])
+                shares = any(ref[0] == "var" and any(r2 == ref for d in done for r2 in self.ins[d])
+                             for ref in self.ins[k])
+                score = 2 if feeds else 1 if (reads or shares) else 0
+                if best is None or score > best[0]:
+                    best = (score, k)
+            order.append(best[1])
+            done.add(best[1])
+        return order
+
+
+def _has_expr(v: Any) -> bool:
+    return isinstance(v, dict) or (isinstance(v, tuple) and any(_has_expr(x) for x in v))
+
+
+_CACHE: dict[int, _Compiled] = {}
+
+
+def _compiled(rule: Rule) -> _Compiled:
+    c = _CACHE.get(id(rule))
+    if c is None or c.rule is not rule:
+        c = _CACHE[id(rule)] = _Compiled(rule)
+    return c
+
+
+# ============================================================================================ graph views
+class _View:
+    """Lookups over one graph, built once: nodes by name and op, producers, consumers, positions."""
+
+    def __init__(self, g: Graph):
+        self.g = g
+        self.by_name = {n.name: n for n in g.nodes}
+        self.pos = {n.name: i for i, n in enumerate(g.nodes)}
+        self.by_op: dict[str, list[Node]] = {}
+        for n in g.nodes:
+            self.by_op.setdefault(n.op, []).append(n)
+        self.producer: dict[str, Node] = {v: n for n in g.nodes for v in n.outputs}
+        self.consumers: dict[str, list[Node]] = {}
+        for n in g.nodes:
+            for v in n.inputs:
+                self.consumers.setdefault(v, []).append(n)
+        self.graph_outputs = set(g.outputs)
+        # static values: constants, and outputs of nodes that read static values only (weights being reshaped,
+        # concatenated, enlarged...: computable ahead of time, folded after a search)
+        self.static = set(g.constants)
+        for n in g.nodes:
+            if n.op != "Opaque" and n.inputs and all(v in self.static for v in n.inputs):
+                self.static.update(n.outputs)
+
+
+# ============================================================================================ matching
+def _search(view: _View, c: _Compiled, start: int, start_nodes: Iterable[Node], out: dict) -> None:
+    """Backtracking search with pattern node ``start`` bound to each of ``start_nodes``; adds matches to ``out``."""
+    order = c.orders[start]
+    src = c.src
+    bound: list[Node | None] = [None] * c.n
+    used: set[str] = set()
+    vars_: dict[str, str] = {}
+    params: dict[str, Any] = {}
+
+    def fits(k: int, node: Node) -> list | None:
+        """Check node for pattern node k; returns the undo list (new var/param bindings) or None."""
+        pn = src[k]
+        if node.op != pn.op or node.name in used or len(node.inputs) != len(pn.inputs) \
+                or len(node.outputs) != pn.n_outputs:
+            return None
+        attrs = node.attrs
+        for a, v in c.literal_attrs[k].items():
+            if not attr_equal(attrs[a], v):
+                return None
+        new_vars, new_params = [], []
+        for pos, ref in enumerate(c.ins[k]):
+            val = node.inputs[pos]
+            if ref[0] == "var":
+                have = vars_.get(ref[1])
+                if have is None:
+                    if ref[1] in c.const_vars and val not in view.static:
+                        break
+                    vars_[ref[1]] = val
+                    new_vars.append(ref[1])
+                elif have != val:
+                    break
+            else:
+                j, o = ref[1], ref[2]
+                if bound[j] is not None and bound[j].outputs[o] != val:
+                    break
+        else:
+            for u, pos, o in c.users[k]:  # bound users must read this node's output
+                if bound[u] is not None and bound[u].inputs[pos] != node.outputs[o]:
+                    break
+            else:
+                for a, p in c.param_attrs[k].items():
+                    have = params.get(p, _MISSING)
+                    if have is _MISSING:
+                        params[p] = attrs[a]
+                        new_params.append(p)
+                    elif not attr_equal(have, attrs[a]):
+                        break
+                else:
+                    return [new_vars, new_params]
+        for v in new_vars:
+            del vars_[v]
+        for p in new_params:
+            del params[p]
+        return None
+
+    def candidates(k: int) -> Iterable[Node]:
+        for u, pos, o in c.users[k]:  # k produces an input of a bound node: one candidate
+            if bound[u] is not None:
+                n = view.producer.get(bound[u].inputs[pos])
+                return [n] if n is not None and n.outputs[o] == bound[u].inputs[pos] else []
+        for pos, ref in enumerate(c.ins[k]):  # k reads a bound value: its consumers
+            val = vars_.get(ref[1]) if ref[0] == "var" else (
+                bound[ref[1]].outputs[ref[2]] if bound[ref[1]] is not None else None)
+            if val is not None:
+                return [n for n in view.consumers.get(val, ()) if pos < len(n.inputs) and n.inputs[pos] == val]
+        return view.by_op.get(src[k].op, ())
+
+    def rec(i: int) -> None:
+        if i == len(order):
+            m = _finish(view, c, bound, vars_, params)
+            if m is not None:
+                out.setdefault((m.nodes, m.bindings), m)
+            return
+        k = order[i]
+        for node in (start_nodes if i == 0 else candidates(k)):
+            undo = fits(k, node)
+            if undo is None:
+                continue
+            bound[k] = node
+            used.add(node.name)
+            rec(i + 1)
+            bound[k] = None
+            used.discard(node.name)
+            for v in undo[0]:
+                del vars_[v]
+            for p in undo[1]:
+                del params[p]
+
+    rec(0)
+
+
+_MISSING = object()
+
+
+def _finish(view: _View, c: _Compiled, bound: list[Node], vars_: dict[str, str], params: dict[str, Any]
+            ) -> Match | None:
+    """The checks that need the whole match: shape expressions, outside readers, cycles, target types."""
+    g = view.g
+    rule = c.rule
+    refs: dict[str, str] = dict(vars_)
+    for k, node in enumerate(bound):
+        for j, v in enumerate(node.outputs):
+            refs[f"%{k}.{j}"] = v
+            if j == 0:
+                refs[f"%{k}"] = v
+    type_of = lambda r: g.types[refs[r]]  # noqa: E731
+    try:
+        for k, exprs in enumerate(c.expr_attrs):
+            for a, e in exprs.items():
+                if not attr_equal(bound[k].attrs[a], eval_attr(e, type_of, params)):
+                    return None
+    except (IndexError, KeyError, TypeError, ValueError):
+        return None
+    names = {n.name for n in bound}
+    produced = {v for n in bound for v in n.outputs}
+    if any(v in produced for v in vars_.values()):
+        return None
+    for k, node in enumerate(bound):  # values read outside the match must be mapped
+        for j, v in enumerate(node.outputs):
+            if (k, j) in c.mapped:
+                continue
+            if v in view.graph_outputs or any(u.name not in names for u in view.consumers.get(v, ())):
+                return None
+    if len(bound) > 1 and _creates_cycle(view, names, vars_.values()):
+        return None
+    if _target_types(rule, refs, g.types, params) is None:
+        return None
+    return Match(rule, tuple(n.name for n in bound), tuple(sorted(vars_.items())), tuple(sorted(params.items())))
+
+
+def _creates_cycle(view: _View, matched: set[str], var_values: Iterable[str]) -> bool:
+    """Does some variable depend on a matched node through nodes outside the match? Only nodes after the first
+    matched node (in topological order) can lie on such a path, which keeps the search small."""
+    lo = min(view.pos[n] for n in matched)
+    stack = [view.producer[v] for v in var_values if v in view.producer]
+    seen: set[str] = set()
+    while stack:
+        n = stack.pop()
+        if n.name in seen or view.pos[n.name] < lo:
+            continue
+        if n.name in matched:
+            return True
+        seen.add(n.name)
+        stack.extend(view.producer[v] for v in n.inputs if v in view.producer)
+    return False
+
+
+def _target_types(rule: Rule, refs: dict[str, str], types: dict[str, TensorType], params: dict[str, Any]
+                  ) -> dict[str, TensorType] | None:
+    """Types of the target's values (keyed by target ref), or None if its shape inference fails or a mapped
+    value's type differs from the source value it replaces."""
+    dt: dict[str, TensorType] = {}
+
+    def type_of(r: str) -> TensorType:
+        return dt[r] if r.startswith("%") else types[refs[r]]
+
+    try:
+        for k, pn in enumerate(rule.dst):
+            attrs = {a: eval_attr(e, type_of, params) for a, e in pn.attrs.items()}
+            if pn.op == "Constant":
+                dt[f"%{k}"] = dt[f"%{k}.0"] = TensorType((), "float32")
+                continue
+            outs = infer_types(Node("t", pn.op, tuple(pn.inputs), tuple(f"o{j}" for j in range(pn.n_outputs)),
+                                    attrs), [type_of(r) for r in pn.inputs])
+            if len(outs) != pn.n_outputs:
+                return None
+            for j, t in enumerate(outs):
+                dt[f"%{k}.{j}"] = t
+                if j == 0:
+                    dt[f"%{k}"] = t
+    except (RLFlowError, IndexError, KeyError, TypeError, ValueError):
+        return None
+    for s, d in rule.outputs:
+        if type_of(d) != types[refs[_norm(s)]]:
+            return None
+    return dt
+
+
+def _norm(ref: str) -> str:
+    m = _REF.match(ref)
+    return f"%{m.group(1)}.{m.group(2) or 0}" if m else ref
+
+
+def _sorted(view: _View, matches: Iterable[Match]) -> list[Match]:
+    return sorted(matches, key=lambda m: (tuple(sorted(view.pos[n] for n in m.nodes)),
+                                          tuple(view.pos[n] for n in m.nodes), m.bindings))
+
+
+def find_matches(graph: Graph, rule: Rule, _view: _View | None = None) -> list[Match]:
+    """Every match of ``rule`` in ``graph``, in a deterministic order."""
+    view = _view or _View(graph)
+    c = _compiled(rule)
+    if any(op not in view.by_op for op in c.ops):
+        return []
+    start = min(range(c.n), key=lambda k: (len(view.by_op[c.src[k].op]), -k))  # the rarest op first
+    out: dict = {}
+    _search(view, c, start, view.by_op[c.src[start].op], out)
+    return _sorted(view, out.values())
+
+
+# ============================================================================================ applying
+def apply(graph: Graph, match: Match) -> Graph:
+    """The graph with ``match``'s source nodes replaced by the rule's target; ``graph`` is unchanged."""
+    new, _, _ = _apply(graph, match)
+    return new
+
+
+def _apply(graph: Graph, match: Match) -> tuple[Graph, set[str], list[str]]:
+    """(new graph, removed node names, added node names)."""
+    rule = match.rule
+    removed = set(match.nodes)
+    by_name = {n.name: n for n in graph.nodes}
+    refs: dict[str, str] = dict(match.bindings)
+    for k, name in enumerate(match.nodes):
+        for j, v in enumerate(by_name[name].outputs):
+            refs[f"%{k}.{j}"] = v
+    params = dict(match.params)
+    # which source value each target output replaces: the target node writes the source value's own name, so
+    # every outside reader stays as it is
+    replaces: dict[str, str] = {}
+    rename: dict[str, str] = {}
+    for s, d in rule.outputs:
+        sv = refs[_norm(s)]
+        if _REF.match(d) and _norm(d) not in replaces:
+            replaces[_norm(d)] = sv
+        else:
+            rename[sv] = _norm(d)  # resolved below, once the target's value names exist
+    types = dict(graph.types)
+    constants = graph.constants
+    taken = set(types)
+    counter = [graph.next_id]
+
+    def fresh(prefix: str) -> str:
+        while True:
+            name = f"{prefix}{counter[0]}"
+            counter[0] += 1
+            if name not in taken and name not in by_name:
+                taken.add(name)
+                return name
+
+    dst_vals: dict[str, str] = {}
+    type_of = lambda r: types[dst_vals[r]] if r.startswith("%") else types[refs[r]]  # noqa: E731
+    added: list[Node] = []
+    for k, pn in enumerate(rule.dst):
+        attrs = {a: eval_attr(e, type_of, params) for a, e in pn.attrs.items()}
+        if pn.op == "Constant":
+            name = fresh("_c")
+            if constants is graph.constants:
+                constants = dict(constants)
+            constants[name] = Constant(np.array(attrs["value"], np.float32))
+            types[name] = constants[name].type
+            dst_vals[f"%{k}.0"] = name
+            continue
+        ins = tuple(dst_vals[_norm(r)] if r.startswith("%") else refs[r] for r in pn.inputs)
+        outs = tuple(replaces.get(f"%{k}.{j}") or fresh("_v") for j in range(pn.n_outputs))
+        node = Node(fresh("_n"), pn.op, ins, outs, attrs)
+        for v, t in zip(outs, infer_types(node, [types[v] for v in ins])):
+            types[v] = t
+            dst_vals[f"%{k}.{outs.index(v)}"] = v
+        added.append(node)
+    for sv, d in list(rename.items()):
+        rename[sv] = dst_vals[d] if d.startswith("%") else refs[d]
+    added_block = list(added)
+    nodes = []
+    first = None
+    for i, n in enumerate(graph.nodes):
+        if n.name in removed:
+            if first is None:
+                first = len(nodes)
+                nodes.extend(added)
+            continue
+        if rename and any(v in rename for v in n.inputs):
+            n = Node(n.name, n.op, tuple(rename.get(v, v) for v in n.inputs), n.outputs, n.attrs)
+        nodes.append(n)
+    outputs = list(graph.outputs)
+    if rename:
+        for k, v in enumerate(outputs):
+            if v in rename:  # a graph output keeps its name: an Identity carries the replacement value
+                ident = Node(fresh("_n"), "Identity", (rename[v],), (v,), {})
+                nodes.append(ident)
+                added.append(ident)
+    for sv in [v for n in graph.nodes if n.name in removed for v in n.outputs]:
+        if sv not in replaces.values() and sv not in outputs:
+            types.pop(sv, None)
+    new = Graph(inputs=graph.inputs, outputs=outputs, nodes=nodes, types=types, constants=constants,
+                name=graph.name, opset=graph.opset, extra_opsets=graph.extra_opsets)
+    new.next_id = counter[0]
+    # the target nodes sit where the first removed node was; a variable made after that point would be read
+    # before it is made: then re-sort (deterministically)
+    if first is not None:
+        defined = {v for n in nodes[first + len(added_block):] for v in n.outputs}
+        if any(v in defined for n in added_block for v in n.inputs):
+            new = new.toposorted()
+            new.next_id = counter[0]
+    return new, removed, [n.name for n in added]
+
+
+# ============================================================================================ incremental index
+class MatchIndex:
+    """The matches of every rule of a rule set on one graph.
+
+    ``MatchIndex(graph, rules)`` matches from scratch. ``index.apply(rule_index, match_index)`` returns the index
+    of the rewritten graph, computed incrementally: matches that touch the changed region are dropped and searched
+    again around it; multi-node matches elsewhere are only re-checked for cycles (merging ops can create new
+    dependency paths far from the rewrite).
+    """
+
+    def __init__(self, graph: Graph, rules: Sequence[Rule], _matches: list[list[Match]] | None = None):
+        self.graph = graph
+        self.rules = list(rules)
+        self.view = _View(graph)
+        if _matches is None:
+            _matches = [find_matches(graph, r, self.view) for r in self.rules]
+        self.matches = _matches
+
+    def counts(self) -> list[int]:
+        return [len(m) for m in self.matches]
+
+    def apply(self, rule_index: int, match_index: int) -> "MatchIndex":
+        match = self.matches[rule_index][match_index]
+        new, removed, added = _apply(self.graph, match)
+        view = _View(new)
+        region = _region(view, self.view, removed, added)
+        region_nodes = [view.by_name[n] for n in region if n in view.by_name]
+        matches = []
+        for rule, old in zip(self.rules, self.matches):
+            c = _compiled(rule)
+            keep = []
+            for m in old:
+                if removed.intersection(m.nodes) or region.intersection(m.nodes):
+                    continue
+                if len(m.nodes) > 1 and _creates_cycle(view, set(m.nodes), dict(m.bindings).values()):
+                    continue
+                keep.append(m)
+            found: dict = {(m.nodes, m.bindings): m for m in keep}
+            if not any(op not in view.by_op for op in c.ops):
+                for start in range(c.n):
+                    starts = [n for n in region_nodes if n.op == c.src[start].op]
+                    if starts:
+                        _search(view, c, start, starts, found)
+            matches.append(_sorted(view, found.values()))
+        idx = MatchIndex.__new__(MatchIndex)
+        idx.graph, idx.rules, idx.view, idx.matches = new, self.rules, view, matches
+        return idx
+
+
+def _region(view: _View, old: _View, removed: set[str], added: list[str]) -> set[str]:
+    """Nodes whose matches may have changed: the added nodes, the producers of every value a removed or added
+    node read (their outside readers changed), and the readers of the added nodes' outputs."""
+    region = set(added)
+    for name in list(removed):
+        for v in old.by_name[name].inputs:
+            p = view.producer.get(v)
+            if p is not None:
+                region.add(p.name)
+    for name in added:
+        n = view.by_name[name]
+        for v in n.inputs:
+            p = view.producer.get(v)
+            if p is not None:
+                region.add(p.name)
+        for v in n.outputs:
+            region.update(u.name for u in view.consumers.get(v, ()))
+    return region
