@@ -19,7 +19,8 @@ are the source side's inputs; the target may only use those. Each pattern node g
 - a literal (``1``, ``"relu"``, ``[1, 1]``): the graph's attribute must equal it;
 - a parameter ``"$name"``: binds to the graph's value on first use, must be equal on every other use, and is
   copied into the target;
-- an expression over the matched values' shapes: ``{"dim": [ref, axis]}``, ``{"kernel": ref}`` (the spatial size
+- an expression over the matched values' shapes: ``{"dim": [ref, axis]}``, ``{"rank": ref}`` (so the last axis
+  of any rank is ``{"sum": [{"rank": "x"}, -1]}``: IR axes are never negative), ``{"kernel": ref}`` (the spatial size
   ``[kh, kw]`` of a 4-D kernel), ``{"same_pads": ref}`` (``[kh//2, kw//2, kh//2, kw//2]``: "same" padding for a
   stride-1 conv with that kernel), ``{"sum": [e, ...]}``. Lists may mix literals and expressions.
 
@@ -49,7 +50,7 @@ from rlflow.graph.ops import OP_ATTRS, OPS
 FORMAT = 1
 _REF = re.compile(r"%(\d+)(?:\.(\d+))?$")
 _VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
-_EXPR_KEYS = {"dim", "kernel", "same_pads", "sum"}
+_EXPR_KEYS = {"dim", "rank", "kernel", "same_pads", "sum"}
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,8 @@ def eval_attr(expr: Any, type_of: Callable[[str], TensorType], params: Mapping[s
         (key, arg), = expr.items()
         if key == "dim":
             return int(type_of(arg[0]).shape[arg[1]])
+        if key == "rank":
+            return type_of(arg).rank
         if key == "kernel":
             return tuple(int(d) for d in type_of(arg).shape[2:4])
         if key == "same_pads":
@@ -189,7 +192,7 @@ def _check_expr(v: Any, where: str) -> None:
         if key == "dim" and not (isinstance(arg, list) and len(arg) == 2 and isinstance(arg[0], str)
                                  and isinstance(arg[1], int)):
             raise RLFlowError(f"{where}: 'dim' takes [reference, axis]")
-        if key in ("kernel", "same_pads") and not isinstance(arg, str):
+        if key in ("rank", "kernel", "same_pads") and not isinstance(arg, str):
             raise RLFlowError(f"{where}: '{key}' takes a reference")
         if key == "sum":
             if not isinstance(arg, list):
@@ -208,7 +211,7 @@ def _expr_refs(v: Any) -> list[str]:
         (key, arg), = v.items()
         if key == "dim":
             return [arg[0]]
-        if key in ("kernel", "same_pads"):
+        if key in ("rank", "kernel", "same_pads"):
             return [arg]
         return [r for e in arg for r in _expr_refs(e)]
     if isinstance(v, (list, tuple)):
