@@ -1,0 +1,171 @@
+"""The matcher/applier's guarantees, each on a small graph built to hit it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlflow.graph import GraphBuilder
+from rlflow.graph.exec import get_runner, make_inputs, max_rel_diff
+from rlflow.graph.fold import fold_constants
+from rlflow.rewrite import rule_from_json
+from rlflow.rewrite.matcher import MatchIndex, apply, find_matches
+
+V = {"method": "test", "trials": 0}
+
+
+def node(op, ins, attrs=None, **kw):
+    return {"op": op, "inputs": ins, "attrs": attrs or {}, **kw}
+
+
+def merge_matmul(const=True):
+    last = {"sum": [{"rank": "x"}, -1]}
+    return rule_from_json({
+        "id": "merge-mm", "name": "merge two MatMuls sharing an input", "origin": "builtin",
+        "src": [node("MatMul", ["x", "w0"]), node("MatMul", ["x", "w1"])],
+        "dst": [node("Concat", ["w0", "w1"], {"axis": {"sum": [{"rank": "w0"}, -1]}}), node("MatMul", ["x", "%0"]),
+                node("Split", ["%1"], {"axis": last, "split": [{"dim": ["w0", 1]}, {"dim": ["w1", 1]}]}, outputs=2)],
+        "outputs": [["%0", "%2.0"], ["%1", "%2.1"]], "constraints": {"const": ["w0", "w1"]} if const else {},
+        "verified": V})
+
+
+CONV_RELU = rule_from_json({
+    "id": "conv-relu", "name": "fuse Conv + Relu", "origin": "builtin",
+    "src": [node("Conv", ["x", "w"], {"strides": "$s", "pads": "$p", "group": "$g", "activation": "none"}),
+            node("Relu", ["%0"])],
+    "dst": [node("Conv", ["x", "w"], {"strides": "$s", "pads": "$p", "group": "$g", "activation": "relu"})],
+    "outputs": [["%1", "%0"]], "verified": V})
+
+SPLIT_CONCAT = rule_from_json({
+    "id": "split-concat", "name": "Split of a Concat -> its inputs", "origin": "generated",
+    "src": [node("Concat", ["x", "y"], {"axis": 1}),
+            node("Split", ["%0"], {"axis": 1, "split": [{"dim": ["x", 1]}, {"dim": ["y", 1]}]}, outputs=2)],
+    "dst": [], "outputs": [["%1.0", "x"], ["%1.1", "y"]], "verified": V})
+
+
+def rand(*shape, seed=0):
+    return np.random.default_rng(seed + len(shape)).standard_normal(shape).astype(np.float32)
+
+
+def three_projections():
+    b = GraphBuilder("qkv")
+    x = b.input("x", (1, 4, 8))
+    outs = [b.op("MatMul", [x, b.const(f"w{k}", rand(8, 3 + k, seed=k))], name=f"mm{k}") for k in range(3)]
+    return b.build(outs)
+
+
+def outputs_equal(g, h):
+    feeds = make_inputs(g, seed=5)
+    return max_rel_diff(get_runner(g, "torch")(feeds), get_runner(h, "torch")(feeds)) <= 1e-5
+
+
+def test_matches_are_deterministic_and_apply_leaves_the_input_alone():
+    g = three_projections()
+    rule = merge_matmul()
+    ms = find_matches(g, rule)
+    assert [m.nodes for m in ms] == [("mm0", "mm1"), ("mm1", "mm0"), ("mm0", "mm2"), ("mm2", "mm0"),
+                                     ("mm1", "mm2"), ("mm2", "mm1")]
+    assert [m.nodes for m in find_matches(g.copy(), rule)] == [m.nodes for m in ms]
+    before = g.structural_hash()
+    h = apply(g, ms[0])
+    h.validate()
+    assert g.structural_hash() == before and len(g.nodes) == 3
+    assert h.op_counts() == {"Concat": 1, "MatMul": 2, "Split": 1}
+    assert outputs_equal(g, h)
+
+
+def test_weights_computed_from_constants_count_as_constant():
+    """After merging two projections the concatenated weight is static, so the third merges too."""
+    g = three_projections()
+    idx = MatchIndex(g, [merge_matmul()])
+    idx = idx.apply(0, 0)
+    assert idx.counts() == [2]
+    idx = idx.apply(0, 0)
+    assert idx.graph.op_counts()["MatMul"] == 1
+    folded = fold_constants(idx.graph)
+    assert folded.op_counts() == {"MatMul": 1, "Split": 2}
+    assert outputs_equal(g, folded)
+
+
+def test_const_constraint_rejects_activations():
+    b = GraphBuilder()
+    x, y, z = b.input("x", (2, 4)), b.input("y", (4, 3)), b.input("z", (4, 3))
+    g = b.build([b.op("MatMul", [x, y]), b.op("MatMul", [x, z])])
+    assert find_matches(g, merge_matmul(const=True)) == []
+    assert len(find_matches(g, merge_matmul(const=False))) == 2
+
+
+def test_no_match_that_would_create_a_cycle():
+    """w1 is computed from the first MatMul's output: merging both MatMuls would feed the result into itself."""
+    b = GraphBuilder()
+    x = b.input("x", (4, 4))
+    a = b.op("MatMul", [x, b.const("w0", rand(4, 4))], name="a")
+    w1 = b.op("Relu", [a], name="w1")
+    c = b.op("MatMul", [x, w1], name="c")
+    g = b.build([c])
+    assert find_matches(g, merge_matmul(const=False)) == []
+
+
+def test_unmapped_value_read_outside_blocks_the_match():
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 6, 6))
+    conv = b.op("Conv", [x, b.const("w", rand(4, 3, 3, 3))], strides=(2, 2), pads=(1, 1, 1, 1), group=1,
+                activation="none", name="conv")
+    relu = b.op("Relu", [conv])
+    fused = b.build([relu])
+    assert len(find_matches(fused, CONV_RELU)) == 1  # parameters bind any stride/padding
+    shared = b.build([relu, conv])  # the conv's own output is also a graph output: fusing would lose it
+    assert find_matches(shared, CONV_RELU) == []
+
+
+def test_parameters_must_agree():
+    rule = rule_from_json({
+        "id": "merge-conv", "name": "merge convs with equal parameters", "origin": "builtin",
+        "src": [node("Conv", ["x", "w0"], {"strides": "$s", "pads": "$p", "group": 1, "activation": "none"}),
+                node("Conv", ["x", "w1"], {"strides": "$s", "pads": "$p", "group": 1, "activation": "none"})],
+        "dst": [node("Concat", ["w0", "w1"], {"axis": 0}),
+                node("Conv", ["x", "%0"], {"strides": "$s", "pads": "$p", "group": 1, "activation": "none"}),
+                node("Split", ["%1"], {"axis": 1, "split": [{"dim": ["w0", 0]}, {"dim": ["w1", 0]}]}, outputs=2)],
+        "outputs": [["%0", "%2.0"], ["%1", "%2.1"]], "constraints": {"const": ["w0", "w1"]}, "verified": V})
+    b = GraphBuilder()
+    x = b.input("x", (1, 3, 8, 8))
+    kw = dict(pads=(1, 1, 1, 1), group=1, activation="none")
+    c1 = b.op("Conv", [x, b.const("a", rand(4, 3, 3, 3))], strides=(1, 1), **kw)
+    c2 = b.op("Conv", [x, b.const("b", rand(5, 3, 3, 3, seed=1))], strides=(2, 2), **kw)
+    c3 = b.op("Conv", [x, b.const("c", rand(6, 3, 3, 3, seed=2))], strides=(1, 1), **kw)
+    g = b.build([c1, c2, c3])
+    ms = find_matches(g, rule)
+    assert sorted(m.nodes for m in ms) == sorted([(c1, c3), (c3, c1)])
+    assert outputs_equal(g, apply(g, ms[0]))
+
+
+def test_target_may_be_a_variable_even_for_graph_outputs():
+    b = GraphBuilder()
+    x, y = b.input("x", (2, 3, 4, 4)), b.input("y", (2, 5, 4, 4))
+    cat = b.op("Concat", [x, y], axis=1)
+    p, q = b.op("Split", [cat], n_outputs=2, axis=1, split=(3, 5))
+    g = b.build([b.op("Relu", [p]), q])
+    ms = find_matches(g, SPLIT_CONCAT)
+    assert len(ms) == 1
+    h = apply(g, ms[0])
+    h.validate()
+    assert h.outputs == g.outputs  # the output keeps its name, computed by an Identity of y
+    assert h.op_counts() == {"Identity": 1, "Relu": 1}
+    assert outputs_equal(g, h)
+
+
+def test_split_sizes_must_fit_the_pattern():
+    b = GraphBuilder()
+    x, y = b.input("x", (2, 3)), b.input("y", (2, 5))
+    cat = b.op("Concat", [x, y], axis=1)
+    g = b.build(b.op("Split", [cat], n_outputs=2, axis=1, split=(4, 4)))
+    assert find_matches(g, SPLIT_CONCAT) == []  # splitting elsewhere is not the inverse of the concat
+
+
+@pytest.mark.parametrize("k", [0, 3, 5])
+def test_incremental_index_equals_matching_from_scratch(k):
+    g = three_projections()
+    rules = [merge_matmul(), SPLIT_CONCAT]
+    idx = MatchIndex(g, rules).apply(0, k)
+    scratch = MatchIndex(idx.graph, rules)
+    assert [[m.nodes for m in ms] for ms in idx.matches] == [[m.nodes for m in ms] for ms in scratch.matches]
