@@ -12,3 +12,28 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture(scope="session")
+def tiny_zoo(tmp_path_factory) -> dict:
+    """Every zoo model at its tiny size, exported once per test session: name -> ONNX path."""
+    from rlflow.graph import zoo
+
+    folder = tmp_path_factory.mktemp("tiny-zoo")
+    paths = {}
+    for name in zoo.MODEL_NAMES:
+        paths[name] = folder / f"{name}.onnx"
+        zoo.export_model(name, paths[name], zoo.TINY_SIZES[name])
+    return paths
+
+
+@pytest.fixture(scope="session")
+def rules_file(tmp_path_factory) -> Path:
+    """The rules file the pipeline's generate_rules stage makes with the CI config (tests/configs/tiny.yaml)."""
+    from rlflow.cli import main
+
+    out = tmp_path_factory.mktemp("rules") / "rules.json"
+    code = main(["generate-rules", "--config", str(ROOT / "config.yaml"), "--config",
+                 str(ROOT / "tests/configs/tiny.yaml"), "--out", str(out)])
+    assert code == 0 and out.is_file()
+    return out

@@ -12,9 +12,8 @@ from rlflow.graph.exec import BACKENDS, get_runner, make_inputs, max_rel_diff
 
 
 @pytest.mark.parametrize("name", zoo.MODEL_NAMES)
-def test_zoo_model_roundtrip_and_backends(name, tmp_path):
-    src, out = tmp_path / "model.onnx", tmp_path / "rt.onnx"
-    zoo.export_model(name, src, zoo.TINY_SIZES[name])
+def test_zoo_model_roundtrip_and_backends(name, tmp_path, tiny_zoo):
+    src, out = tiny_zoo[name], tmp_path / "rt.onnx"
     g = load_onnx(src)
     assert not g.opaque_nodes(), [n.op_type_name() for n in g.opaque_nodes()]  # the zoo stays inside the op set
     save_onnx(g, out)
