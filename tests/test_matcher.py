@@ -169,3 +169,22 @@ def test_incremental_index_equals_matching_from_scratch(k):
     idx = MatchIndex(g, rules).apply(0, k)
     scratch = MatchIndex(idx.graph, rules)
     assert [[m.nodes for m in ms] for ms in idx.matches] == [[m.nodes for m in ms] for ms in scratch.matches]
+
+
+def test_average_pooling_as_a_depthwise_conv_with_a_made_kernel():
+    rule = rule_from_json({
+        "id": "avgpool-conv", "name": "3x3 average pooling as a conv with the pooling kernel", "origin": "builtin",
+        "src": [node("AveragePool", ["x"], {"kernel": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1],
+                                            "ceil_mode": 0, "count_include_pad": 1})],
+        "dst": [node("Constant", [], {"value": 1 / 9, "shape": [{"dim": ["x", 1]}, 1, 3, 3]}),
+                node("Conv", ["x", "%0"], {"strides": [1, 1], "pads": [1, 1, 1, 1], "group": {"dim": ["x", 1]},
+                                           "activation": "none"})],
+        "outputs": [["%0", "%1"]], "verified": V})
+    b = GraphBuilder()
+    x = b.input("x", (2, 5, 7, 7))
+    g = b.build([b.op("AveragePool", [x], kernel=(3, 3), strides=(1, 1), pads=(1, 1, 1, 1), ceil_mode=0,
+                      count_include_pad=1)])
+    (m,) = find_matches(g, rule)
+    h = apply(g, m)
+    assert h.op_counts() == {"Conv": 1} and h.types[h.nodes[0].inputs[1]].shape == (5, 1, 3, 3)
+    assert outputs_equal(g, h)

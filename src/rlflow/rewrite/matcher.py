@@ -27,7 +27,7 @@ import numpy as np
 from rlflow.errors import RLFlowError
 from rlflow.graph.ir import Constant, Graph, Node, TensorType
 from rlflow.graph.ops import infer_types
-from rlflow.rewrite.rule import Rule, attr_equal, eval_attr, is_param
+from rlflow.rewrite.rule import Rule, attr_equal, constant_array, eval_attr, is_param
 
 _REF = re.compile(r"%(\d+)(?:\.(\d+))?$")
 
@@ -301,7 +301,10 @@ def _target_types(rule: Rule, refs: dict[str, str], types: dict[str, TensorType]
         for k, pn in enumerate(rule.dst):
             attrs = {a: eval_attr(e, type_of, params) for a, e in pn.attrs.items()}
             if pn.op == "Constant":
-                dt[f"%{k}"] = dt[f"%{k}.0"] = TensorType((), "float32")
+                shape = tuple(attrs.get("shape", ()))
+                if any(not isinstance(d, int) or d < 1 for d in shape):
+                    return None
+                dt[f"%{k}"] = dt[f"%{k}.0"] = TensorType(shape, "float32")
                 continue
             outs = infer_types(Node("t", pn.op, tuple(pn.inputs), tuple(f"o{j}" for j in range(pn.n_outputs)),
                                     attrs), [type_of(r) for r in pn.inputs])
@@ -390,7 +393,7 @@ def _apply(graph: Graph, match: Match) -> tuple[Graph, set[str], list[str]]:
             name = fresh("_c")
             if constants is graph.constants:
                 constants = dict(constants)
-            constants[name] = Constant(np.array(attrs["value"], np.float32))
+            constants[name] = Constant(constant_array(attrs))
             types[name] = constants[name].type
             dst_vals[f"%{k}.0"] = name
             continue

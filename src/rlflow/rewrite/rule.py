@@ -25,7 +25,9 @@ are the source side's inputs; the target may only use those. Each pattern node g
   stride-1 conv with that kernel), ``{"sum": [e, ...]}``. Lists may mix literals and expressions.
 
 A target node ``{"op": "Constant", "inputs": [], "attrs": {"value": 1e-5}}`` (value: a literal or a parameter)
-makes a new 0-D float32 constant, e.g. BatchNormalization's epsilon when folding it into a Conv.
+makes a new 0-D float32 constant, e.g. BatchNormalization's epsilon when folding it into a Conv; with
+``"shape": [...]`` (literals or expressions) it makes a tensor filled with the value, e.g. the ``(C, 1, 3, 3)``
+kernel of 1/9 that computes a 3x3 average pooling as a depthwise Conv.
 A node with several outputs says how many: ``"outputs": 2``. ``constraints.const`` lists variables that must be
 bound to static values: constants (weights) or values computed from constants only (a reshaped or concatenated
 weight), which are folded into constants after optimisation. ``verified`` records how the rule was checked (method, trials, sizes).
@@ -154,11 +156,15 @@ def _parse_node(raw: Any, side: str, k: int, where: str) -> PatternNode:
         raise RLFlowError(f"{where}: {side}[{k}] is not an object")
     op = raw.get("op")
     if op == "Constant" and side == "dst":
-        value = raw.get("attrs", {}).get("value")
-        if raw.get("inputs", []) != [] or set(raw.get("attrs", {})) != {"value"} or not (
-                is_param(value) or isinstance(value, (int, float))):
-            raise RLFlowError(f"{where}: {side}[{k}] (Constant) needs no inputs and attrs {{'value': number or $param}}")
-        return PatternNode("Constant", (), {"value": value})
+        attrs = raw.get("attrs", {})
+        value = attrs.get("value")
+        if raw.get("inputs", []) != [] or not {"value"} <= set(attrs) <= {"value", "shape"} or not (
+                is_param(value) or isinstance(value, (int, float))) or not isinstance(attrs.get("shape", []), list):
+            raise RLFlowError(f"{where}: {side}[{k}] (Constant) needs no inputs and attrs "
+                              f"{{'value': number or $param, 'shape': optional list}}")
+        for e in attrs.get("shape", []):
+            _check_expr(e, f"{where}: {side}[{k}] (Constant) shape")
+        return PatternNode("Constant", (), {"value": value, "shape": _tuplify(attrs.get("shape", []))})
     if op not in OPS:
         raise RLFlowError(f"{where}: {side}[{k}] has unknown op {op!r}")
     inputs = raw.get("inputs")
@@ -356,7 +362,7 @@ def instantiate(rule: Rule, side: str, var_types: Mapping[str, TensorType], para
     for k, n in enumerate(nodes):
         attrs = {a: eval_attr(e, type_of, params or {}) for a, e in n.attrs.items()}
         if n.op == "Constant":
-            refs[f"%{k}"] = refs[f"%{k}.0"] = b.const(f"{side}{k}", np.array(attrs["value"], np.float32))
+            refs[f"%{k}"] = refs[f"%{k}.0"] = b.const(f"{side}{k}", constant_array(attrs))
             continue
         outs = b.op(n.op, [refs[r] for r in n.inputs], n_outputs=n.n_outputs, name=f"{side}{k}", **attrs)
         for j, o in enumerate(outs if n.n_outputs > 1 else [outs]):
@@ -364,3 +370,9 @@ def instantiate(rule: Rule, side: str, var_types: Mapping[str, TensorType], para
             if j == 0:
                 refs[f"%{k}"] = o
     return b.build([refs[s if side == "src" else d] for s, d in rule.outputs])
+
+
+def constant_array(attrs: Mapping[str, Any]) -> np.ndarray:
+    """The tensor a target ``Constant`` node makes, from its evaluated attributes."""
+    return np.full(tuple(attrs.get("shape", ())), attrs["value"], np.float32)
+
