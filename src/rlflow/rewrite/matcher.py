@@ -468,15 +468,22 @@ class MatchIndex:
         view = _View(new)
         region = _region(view, self.view, removed, added)
         region_nodes = [view.by_name[n] for n in region if n in view.by_name]
+        stale = removed | region
+        # a kept match can only become cyclic through a new path via the added nodes, which needs an added node
+        # strictly inside the match's window of topological positions
+        added_pos = sorted(view.pos[n] for n in added)
         matches = []
         for rule, old in zip(self.rules, self.matches):
             c = _compiled(rule)
             keep = []
             for m in old:
-                if removed.intersection(m.nodes) or region.intersection(m.nodes):
+                if not stale.isdisjoint(m.nodes):
                     continue
-                if len(m.nodes) > 1 and _creates_cycle(view, set(m.nodes), dict(m.bindings).values()):
-                    continue
+                if len(m.nodes) > 1 and added_pos:
+                    lo, hi = min(view.pos[n] for n in m.nodes), max(view.pos[n] for n in m.nodes)
+                    if any(lo < p < hi for p in added_pos) and \
+                            _creates_cycle(view, set(m.nodes), dict(m.bindings).values()):
+                        continue
                 keep.append(m)
             found: dict = {(m.nodes, m.bindings): m for m in keep}
             if not any(op not in view.by_op for op in c.ops):
