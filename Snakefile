@@ -21,9 +21,11 @@ wildcard_constraints:
 
 
 include: "workflow/rules/export.smk"
+include: "workflow/rules/rules.smk"
 
 
 rule all:
     default_target: True
     input:
         stage_targets("export_model", config["models"]),
+        stage_targets("generate_rules", config["models"]),

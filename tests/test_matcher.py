@@ -188,3 +188,16 @@ def test_average_pooling_as_a_depthwise_conv_with_a_made_kernel():
     h = apply(g, m)
     assert h.op_counts() == {"Conv": 1} and h.types[h.nodes[0].inputs[1]].shape == (5, 1, 3, 3)
     assert outputs_equal(g, h)
+
+
+def test_target_attributes_may_refer_to_target_nodes_as_percent_k():
+    """A target attribute expression may name an earlier target node as "%k" (output 0), like any reference."""
+    rule = rule_from_json({
+        "id": "relu-reshape", "name": "reshape via an earlier target value", "origin": "builtin",
+        "src": [node("Relu", ["x"])],
+        "dst": [node("Relu", ["x"]), node("Reshape", ["%0"], {"shape": [{"dim": ["%0", 0]}, {"dim": ["%0", 1]}]})],
+        "outputs": [["%0", "%1"]], "verified": V})
+    b = GraphBuilder()
+    g = b.build([b.op("Relu", [b.input("x", (2, 3))])])
+    h = apply(g, find_matches(g, rule)[0])
+    assert h.op_counts() == {"Relu": 1, "Reshape": 1} and outputs_equal(g, h)

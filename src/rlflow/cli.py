@@ -16,9 +16,11 @@ from rlflow.errors import RLFlowError
 
 COMMAND_MODULES = [
     "rlflow.stages.export_model",
+    "rlflow.stages.generate_rules",
     "rlflow.commands.inspect",
     "rlflow.commands.run",
     "rlflow.commands.convert",
+    "rlflow.commands.rules",
 ]
 
 

@@ -74,6 +74,8 @@ def stage_shell(name):
 
 
 def stage_targets(name, models):
-    """The outputs of stage `name` for each model (for `rule all`)."""
+    """The outputs of stage `name` for each model (for `rule all`); a stage without wildcards has one set."""
     st = registry.stage(name)
+    if not st.wildcards:
+        return list(st.output_paths().values())
     return [path for model in models for path in st.output_paths(model=model).values()]

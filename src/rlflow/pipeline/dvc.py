@@ -3,7 +3,8 @@
     python -m rlflow.pipeline.dvc            # (re)write dvc.yaml at the repository root
     python -m rlflow.pipeline.dvc --check    # exit 1 if dvc.yaml differs from what the registry gives
 
-Each per-model stage is a ``foreach`` over ``models`` in config.yaml, so ``dvc repro`` builds the same models
+Each per-model stage is a ``foreach`` over ``models`` in config.yaml (a stage without wildcards, such as
+generate_rules, is a plain stage), so ``dvc repro`` builds the same models
 as ``snakemake`` (rule all) and dvc.yaml need not change when the model list does. ``params`` lists exactly
 the config.yaml keys the stage reads, so DVC reruns a stage only when one of those changes; ``deps`` are the
 stage's code and input files; ``outs`` are its declared outputs (cached by DVC, pushed to the remote).
@@ -32,8 +33,15 @@ ITEM = "${item}"
 
 
 def stage_entry(stage: Stage) -> dict:
+    if not stage.wildcards:  # one run in all (e.g. generate_rules): a plain stage
+        return {
+            "cmd": stage.dvc_cmd(),
+            "deps": [*stage.code_paths(), *stage.input_paths().values()],
+            "params": [{CONFIG_FILE: list(stage.config_keys().values())}],
+            "outs": list(stage.output_paths().values()),
+        }
     if tuple(stage.wildcards) != ("model",):
-        raise ValueError(f"stage {stage.name}: only per-model stages are supported so far")
+        raise ValueError(f"stage {stage.name}: only per-model and wildcard-free stages are supported so far")
     wc = {"model": ITEM}
     do = {
         "cmd": stage.dvc_cmd(ITEM),

@@ -73,7 +73,7 @@ class Stage:
     args: tuple[tuple[str, str], ...] = ()
     """Command-line flags after ``--config``: (flag, value pattern) with ``{model}``, ``{output.X}``, ``{input.X}``."""
     wildcards: tuple[str, ...] = ("model",)
-    """Wildcards in the path patterns; every stage so far is per model."""
+    """Wildcards in the path patterns: ``("model",)`` for a per-model stage, ``()`` for one run in all."""
     code: tuple[str, ...] = ()
     """Source paths (files or folders) the outputs depend on besides the stage module itself."""
     conda: str = DEFAULT_CONDA
@@ -94,10 +94,14 @@ class Stage:
 
     @property
     def log(self) -> str:
+        if not self.wildcards:
+            return f"results/logs/{self.name}.log"
         return f"results/logs/{self.name}/" + "-".join("{%s}" % w for w in self.wildcards) + ".log"
 
     @property
     def benchmark(self) -> str:
+        if not self.wildcards:
+            return f"results/benchmarks/{self.name}.tsv"
         return f"results/benchmarks/{self.name}/" + "-".join("{%s}" % w for w in self.wildcards) + ".tsv"
 
     # -- paths and keys for concrete wildcard values ------------------------------------------------------
@@ -202,6 +206,26 @@ STAGES: dict[str, Stage] = {
             },
             args=(("--model", "{model}"), ("--out", "{output.onnx}")),
             code=("src/rlflow/graph/zoo",),
+        ),
+        Stage(
+            name="generate_rules",
+            doc="Generate (TASO's method), verify and prune substitution rules; add the builtin rules.",
+            outputs={"rules": "results/rules/rules.json", "stats": "results/rules/stats.json"},
+            params={
+                "max_ops": "rules.max_ops",
+                "max_outputs": "rules.max_outputs",
+                "max_elements": "rules.max_elements",
+                "ops": "rules.ops",
+                "variables": "rules.variables",
+                "seed": "rules.seed",
+                "trials": "rules.trials",
+                "max_dim": "rules.max_dim",
+                "builtin": "rules.builtin",
+            },
+            args=(("--out", "{output.rules}"),),
+            wildcards=(),
+            code=("src/rlflow/rewrite/generator.py", "src/rlflow/rewrite/verify.py", "src/rlflow/rewrite/prune.py",
+                  "src/rlflow/rewrite/rule.py", "src/rlflow/rewrite/builtin.py", "src/rlflow/graph/ops.py"),
         ),
     ]
 }

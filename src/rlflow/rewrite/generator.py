@@ -2,13 +2,15 @@
 
 **Enumeration.** Every graph of 1..``max_ops`` operators is built depth-first over a fixed pool of *symbolic
 input* variables (TASO's shapes: 2-D activations ``x*`` 2x4, 2-D weights ``w*`` 4x4, 4-D activations ``a*``
-2x4x5x5, conv kernels ``k*`` 4x4x3x3, ``h*`` 4x4x1x3, ``v*`` 4x4x3x1, ``p*`` 4x4x1x1 and a 0-D scalar ``s*``)
-and the operator templates of :data:`TEMPLATES`. Each new operator takes its inputs from the pool and from the
-outputs of the operators before it, where the shapes fit; it is kept only when
+2x4x5x5, conv kernels ``k*`` 4x4x3x3, ``h*`` 4x4x1x3, ``v*`` 4x4x3x1, ``p*`` 4x4x1x1, a 0-D scalar ``s*``; and,
+beyond TASO, 3-D activations ``b*`` 2x3x4 for transformer MatMuls) and the operator templates of
+:data:`TEMPLATES`. Each new operator takes its inputs from the pool and from the outputs of the operators before
+it, where the shapes fit; it is kept only when
 
 - its output has at most ``max_elements`` (512) elements;
 - it is not a *duplicate op* (same op, attributes and inputs as an earlier one) -- inputs of commutative ops
-  (Add, Mul) are put in canonical order first;
+  (Add, Mul) are put in canonical order first -- and it does not read one value twice (``x + x``, ``concat(x,
+  x)``: their identities are scalings or specialisations of the general ones);
 - the operator sequence stays in *canonical topological order* (each graph is built in one order only: the
   smallest-key-first topological order, checked incrementally when an op is appended);
 - variables of each kind are used in index order (``x0`` before ``x1``): graphs equal up to renaming are built
@@ -16,7 +18,9 @@ outputs of the operators before it, where the shapes fit; it is kept only when
 
 An op whose output duplicates an existing tensor (e.g. the second Transpose of ``transpose(transpose(x))``) ends
 its branch: the graph is recorded (as a possible *source* of a substitution whose target is smaller) but never
-extended or used as a target.
+extended or used as a target. A graph is recorded when it is connected (through shared values), has 1 to
+``max_outputs`` outputs, and reads at least one activation (a graph of weights only computes a constant, which
+constant folding does after a search).
 
 **Fingerprint.** Each tensor is evaluated on random int64 data (numpy, wrapping arithmetic: a ring, so the
 polynomial identities that matter hold exactly and unequal polynomials differ with overwhelming probability).
@@ -24,31 +28,33 @@ ReLU is modelled by TASO's non-linear integer function ``x*(x+1)+1`` so it never
 average pooling by the window sum (its 1/9 scale is the same on both sides of any identity among these
 templates); max pooling exactly. A graph's fingerprint is the set of (shape, values) hashes of its outputs: the
 tensors no op of the graph consumes (at most ``max_outputs``, TASO's 2). Graphs with equal fingerprints under
-some renaming of their variables are *candidate substitutions*, in both directions; the empty graph (outputs =
-variables) is a target too, so ``split(concat(x, y)) -> x, y`` is found.
+some renaming of their variables are *candidate substitutions*, in both directions (a graph and a renaming of
+itself too: that is associativity); the empty graph (outputs = variables) is a target too, so
+``split(concat(x, y)) -> x, y`` and ``transpose(transpose(x)) -> x`` are found.
 
 **Shape-dependent attributes are expressions** over the pattern's values, never the symbolic sizes: a Split's
 sizes are ``[{"dim": [p, axis]}, {"dim": [q, axis]}]`` where ``p``/``q`` are the values the split boundary came
 from (a Concat's inputs, tracked through MatMul, Conv, element-wise ops and Transpose as TASO's split trees
 are), a Conv's padding is ``{"same_pads": w}`` and an Enlarge's target size ``{"kernel": w'}``. So a rule found
 on 2x4 tensors applies to graphs of any size; the verifier (:mod:`rlflow.rewrite.verify`) checks that at other
-shapes.
+sizes (each variable at the rank it was found at: ranks are part of a verified rule).
 
-**Constants** (TASO's identity matrix, identity kernel, pooling kernel, ones) are left out: the rule format can
-neither constrain a variable to a particular constant value nor make a non-scalar constant in a target, so a
-substitution such as ``x -> matmul(x, I)`` cannot be written as data here. The builtin rules
-(:mod:`rlflow.rewrite.builtin`) cover the transforms those constants serve (conv+pool, identity merges).
+**Constants.** TASO's identity matrix and identity kernel are left out: the rule format can neither constrain
+a source variable to a particular constant nor make a non-filled constant in a target, so ``x -> matmul(x, I)``
+cannot be written as data. Its pooling kernel and ones are filled tensors, which a target can make but a source
+cannot match; the substitutions TASO uses them for (average pooling as a convolution with the pooling kernel)
+are builtin rules (:mod:`rlflow.rewrite.builtin`).
 
 Variables that are weights (``w``, ``k``, ``h``, ``v``, ``p``, ``s``) are listed in ``constraints.const``: such a
-rule only matches constant weights, as TASO's weight tensors. Ops that model activations (Relu, pooling, a
-Conv's data input) only take values that depend on an activation; a Conv's kernel and an Enlarge's input only
-take weight-only values (what constant folding removes after a search).
+rule only matches constant (static) values, as TASO's weight tensors. Ops that model activations (Relu, pooling,
+a Conv's data input) only take values that depend on an activation; a Conv's kernel and an Enlarge's input only
+take weight-only values; a Concat joins two activations or two weights, not one of each.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -68,6 +74,7 @@ VARIABLE_KINDS: dict[str, tuple[tuple[int, ...], bool]] = {
     "v": ((4, 4, 3, 1), True),     # 3x1 conv kernel
     "p": ((4, 4, 1, 1), True),     # 1x1 conv kernel
     "s": ((), True),               # 0-D scalar
+    "b": ((2, 3, 4), False),       # 3-D activation (batch, sequence, hidden): transformer MatMuls
 }
 KIND_ORDER = {k: i for i, k in enumerate(VARIABLE_KINDS)}
 
@@ -75,8 +82,11 @@ KIND_ORDER = {k: i for i, k in enumerate(VARIABLE_KINDS)}
 TEMPLATES = ("MatMul", "Add", "Mul", "Conv", "ConvRelu", "AveragePool", "MaxPool", "Relu", "Concat", "Split",
              "Transpose", "ScalarMul", "Enlarge")
 COMMUTATIVE = frozenset({"Add", "Mul"})
+#: Concat / Split axes by rank: TASO's 0 and 1 for 2-D and 4-D; a 3-D (batch, sequence, hidden) value also
+#: on its hidden axis, where merged transformer MatMuls are split
+CONCAT_AXES = {2: (0, 1), 3: (0, 1, 2), 4: (0, 1)}
 
-DEFAULT_VARIABLES = {"x": 2, "w": 2, "a": 2, "k": 2, "h": 1, "v": 1, "p": 1, "s": 1}
+DEFAULT_VARIABLES = {"x": 3, "w": 2, "a": 3, "k": 2, "h": 1, "v": 1, "p": 1, "s": 1, "b": 2}
 
 
 @dataclass
@@ -95,14 +105,10 @@ class GeneratorConfig:
     """How many variables of each kind (:data:`VARIABLE_KINDS`) the graphs may use."""
     seed: int = 0
     """Seed of the fingerprint data."""
-    max_class: int = 24
-    """Fingerprint classes with more graphs than this pair only their ``max_class`` smallest members (bounds the
-    quadratic pairing on the large classes of data-movement shuffles); 0: no bound."""
 
     def to_json(self) -> dict:
         return {"max_ops": self.max_ops, "max_outputs": self.max_outputs, "max_elements": self.max_elements,
-                "ops": list(self.ops), "variables": dict(self.variables), "seed": self.seed,
-                "max_class": self.max_class}
+                "ops": list(self.ops), "variables": dict(self.variables), "seed": self.seed}
 
 
 # ================================================================================================ int64 semantics
@@ -158,14 +164,17 @@ def evaluate(op: str, nattrs: Mapping[str, Any], xs: Sequence[np.ndarray]) -> li
         a, b = np.split(xs[0], [n0], axis=nattrs["axis"])
         return [np.ascontiguousarray(a), np.ascontiguousarray(b)]
     if op == "Transpose":
-        return [np.ascontiguousarray(xs[0].T)]
+        return [np.ascontiguousarray(xs[0].transpose(nattrs["perm"]))]
     if op == "Enlarge":
         return [_enlarge(xs[0], nattrs["kernel"])]
     raise KeyError(op)
 
 
 def tensor_hash(a: np.ndarray) -> int:
-    return hash((a.shape, a.tobytes()))
+    """A deterministic 64-bit hash of a tensor's shape and values (the same in every process)."""
+    h = hashlib.blake2b(repr(a.shape).encode(), digest_size=8)
+    h.update(a.tobytes())
+    return int.from_bytes(h.digest(), "little")
 
 
 # ================================================================================================ graphs
@@ -267,11 +276,6 @@ def run_graph(ops: Sequence[GOp], env: dict[str, np.ndarray]) -> dict[str, np.nd
     return env
 
 
-def _norm_ref(r: str) -> str:
-    p = parse_ref(r)
-    return r if p is None else f"%{p[0]}.{p[1]}"
-
-
 # ================================================================================================ enumeration
 class _T:
     """A tensor during enumeration."""
@@ -323,22 +327,16 @@ class Enumerator:
         self.outs: list[list[_T]] = []       # per op, its output tensors
         self.next_var = {k: 0 for k in VARIABLE_KINDS}
         self.used_vars: list[_T] = []
-        self.hashes: set[int] = set()
         self._identity_graphs()
         self._dfs()
         return self.graphs
 
     def _identity_graphs(self) -> None:
         """The empty graphs: one or two variables as outputs (targets like ``split(concat(x, y)) -> x, y``)."""
-        firsts = [vs[0] for vs in self.kind_vars.values() if vs]
-        for t in firsts:
+        for t in self.pool:
             self.graphs.append(GGraph((), (t.ref,), (t.h,), (t.ref,), False))
         if self.cfg.max_outputs >= 2:
-            for vs in self.kind_vars.values():
-                if len(vs) >= 2:
-                    self.graphs.append(GGraph((), (vs[0].ref, vs[1].ref), (vs[0].h, vs[1].h),
-                                              (vs[0].ref, vs[1].ref), False))
-            for t, u in itertools.combinations(firsts, 2):
+            for t, u in itertools.combinations(self.pool, 2):
                 self.graphs.append(GGraph((), (t.ref, u.ref), (t.h, u.h), (t.ref, u.ref), False))
 
     def _available(self) -> list[_T]:
@@ -363,11 +361,11 @@ class Enumerator:
                     if i == self.next_var[kind]:
                         self.next_var[kind] = i + 1
                         self.used_vars.append(self.kind_vars[kind][i])
-            redundant = any(t.h in self.hashes for t in outs) or len({t.h for t in outs}) < len(outs)
+            existing = {t.h for t in self.used_vars}
+            existing.update(t.h for o in self.outs for t in o)
+            redundant = any(t.h in existing for t in outs) or len({t.h for t in outs}) < len(outs)
             self.ops.append(gop)
             self.outs.append(outs)
-            added = [t.h for t in outs if t.h not in self.hashes]
-            self.hashes.update(added)
             self.visited += 1
             if self.progress and self.visited % 2000 == 0:
                 self.progress(2000)
@@ -375,7 +373,6 @@ class Enumerator:
             if not redundant and depth + 1 < self.cfg.max_ops:
                 self._dfs()
             # undo
-            self.hashes.difference_update(added)
             self.ops.pop()
             self.outs.pop()
             del self.used_vars[n_used:]
@@ -407,6 +404,8 @@ class Enumerator:
                     hashes.append(t.h)
         if not outputs or len(outputs) > self.cfg.max_outputs:
             return
+        if not any(not VARIABLE_KINDS[v[0]][1] for v in input_vars):
+            return                                    # weights only: a constant, which folding computes
         if not self._connected():
             return
         self.graphs.append(GGraph(tuple(ops), tuple(outputs), tuple(hashes), tuple(input_vars), redundant))
@@ -463,7 +462,7 @@ class Enumerator:
         by_rank: dict[int, list[_T]] = {}
         for t in avail:
             by_rank.setdefault(len(t.shape), []).append(t)
-        r2, r4, r0 = by_rank.get(2, []), by_rank.get(4, []), by_rank.get(0, [])
+        r2, r3, r4, r0 = by_rank.get(2, []), by_rank.get(3, []), by_rank.get(4, []), by_rank.get(0, [])
 
         def emit(op, ins, pattrs, nattrs, n_out, out_meta):
             """Build the GOp (canonical checks) and evaluate it. out_meta: list of (shape, act, split)."""
@@ -499,20 +498,22 @@ class Enumerator:
             if res is not None:
                 out.append(res)
 
-        # ---- MatMul (2-D)
+        # ---- MatMul: 2-D @ 2-D, and batched (transformer) 3-D @ 2-D and 3-D @ 3-D with equal batch
         if "MatMul" in allowed:
-            for a in r2:
-                for b in r2:
-                    if a.shape[1] == b.shape[0]:
-                        shape = (a.shape[0], b.shape[1])
-                        add(emit("MatMul", (a, b), {}, {}, 1,
-                                 [(shape, a.act or b.act, (a.split[0], b.split[1]))]))
+            for a in r2 + r3:
+                for b in r2 + r3:
+                    if a is b or a.shape[-1] != b.shape[-2] or (len(b.shape) == 3 and (
+                            len(a.shape) != 3 or a.shape[0] != b.shape[0])):
+                        continue
+                    shape = a.shape[:-1] + (b.shape[-1],)
+                    split = a.split[:-1] + (b.split[-1],)      # rows (and batch) from a, columns from b
+                    add(emit("MatMul", (a, b), {}, {}, 1, [(shape, a.act or b.act, split)]))
         # ---- element-wise Add / Mul (same shapes; commutative: canonical input order)
         for op in ("Add", "Mul"):
             if op not in allowed:
                 continue
             for i, a in enumerate(avail):
-                for b in avail[i:]:
+                for b in avail[i + 1:]:
                     if a.shape != b.shape or a.shape == ():
                         continue
                     x, y = (a, b) if a.okey <= b.okey else (b, a)
@@ -548,13 +549,15 @@ class Enumerator:
                 if op == "AveragePool":
                     pattrs["count_include_pad"] = 1
                 add(emit(op, (x,), pattrs, dict(pattrs), 1, [(x.shape, True, x.split)]))
-        # ---- Concat of 2 (axis 0/1)
+        # ---- Concat of 2 (axis 0/1; a 3-D value also on its last axis 2)
         if "Concat" in allowed:
             for a in avail:
-                if len(a.shape) not in (2, 4):
+                if len(a.shape) not in CONCAT_AXES:
                     continue
                 for b in by_rank.get(len(a.shape), []):
-                    for ax in (0, 1):
+                    if a is b or a.act != b.act:      # an activation is not concatenated with a weight
+                        continue
+                    for ax in CONCAT_AXES[len(a.shape)]:
                         if any(da != db for i, (da, db) in enumerate(zip(a.shape, b.shape)) if i != ax):
                             continue
                         shape = a.shape[:ax] + (a.shape[ax] + b.shape[ax],) + a.shape[ax + 1:]
@@ -562,11 +565,11 @@ class Enumerator:
                         split[ax] = ({"dim": (a.ref, ax)}, {"dim": (b.ref, ax)}, a.shape[ax], b.shape[ax])
                         add(emit("Concat", (a, b), {"axis": ax}, {"axis": ax}, 1,
                                  [(shape, a.act or b.act, tuple(split))]))
-        # ---- Split in 2 at a tracked concat boundary (axis 0/1)
+        # ---- Split in 2 at a tracked concat boundary (the Concat axes)
         if "Split" in allowed:
             for x in avail:
-                for ax in (0, 1):
-                    if ax >= len(x.shape) or x.split[ax] is None:
+                for ax in CONCAT_AXES.get(len(x.shape), ()):
+                    if x.split[ax] is None:
                         continue
                     e0, e1, n0, n1 = x.split[ax]
                     s0 = x.shape[:ax] + (n0,) + x.shape[ax + 1:]
@@ -574,11 +577,12 @@ class Enumerator:
                     rest = tuple(None if i == ax else s for i, s in enumerate(x.split))
                     add(emit("Split", (x,), {"axis": ax, "split": (e0, e1)}, {"axis": ax, "split": (n0, n1)}, 2,
                              [(s0, x.act, rest), (s1, x.act, rest)]))
-        # ---- Transpose (2-D)
+        # ---- Transpose: 2-D (1, 0); 3-D (0, 2, 1), the transposed keys of attention
         if "Transpose" in allowed:
-            for x in r2:
-                add(emit("Transpose", (x,), {"perm": (1, 0)}, {"perm": (1, 0)}, 1,
-                         [((x.shape[1], x.shape[0]), x.act, (x.split[1], x.split[0]))]))
+            for x in r2 + r3:
+                perm = (1, 0) if len(x.shape) == 2 else (0, 2, 1)
+                add(emit("Transpose", (x,), {"perm": perm}, {"perm": perm}, 1,
+                         [(tuple(x.shape[i] for i in perm), x.act, tuple(x.split[i] for i in perm))]))
         # ---- ScalarMul (x * 0-D scalar variable)
         if "ScalarMul" in allowed:
             for s in r0:
@@ -660,7 +664,7 @@ def fingerprints(g: GGraph, data: Mapping[str, np.ndarray]) -> Iterator[tuple[tu
         yield tuple(sorted(hs)), m, hs
 
 
-def pair_candidates(graphs: Sequence[GGraph], data: Mapping[str, np.ndarray], max_class: int = 0,
+def pair_candidates(graphs: Sequence[GGraph], data: Mapping[str, np.ndarray],
                     progress: Callable[[int], None] | None = None) -> tuple[list[Candidate], dict]:
     """Group graphs by fingerprint (under every renaming) and pair them: each graph (as built, identity
     renaming) as a source with every other member of its class (under the renaming that makes them equal) as
@@ -675,29 +679,22 @@ def pair_candidates(graphs: Sequence[GGraph], data: Mapping[str, np.ndarray], ma
         if progress and gi % 1000 == 999:
             progress(1000)
     cands: list[Candidate] = []
-    classes = 0
-    capped = 0
-    seen_pairs: set[tuple[int, int]] = set()
     for si, s in enumerate(graphs):
         if not s.ops:
             continue
         members = table[own[si]]
         if len(members) < 2:
             continue
-        if max_class and len(members) > max_class:
-            capped += 1
-            members = sorted(members, key=lambda e: (graphs[e[0]].n_ops, e[0]))[:max_class]
-            if not any(e[0] == si for e in members):
-                continue
+        svars = set(s.variables)
         for di, m, hs in members:
-            if di == si or graphs[di].redundant or (si, di) in seen_pairs:
+            # the graph itself under a renaming is a target too (associativity: (x+y)+z -> (y+z)+x); under the
+            # identity, or an automorphism (caught by the "trivial" pruning step), it is not
+            if graphs[di].redundant or (di == si and all(k == v for k, v in m.items())):
                 continue
             d = graphs[di]
             # every variable the target reads (renamed) must be a source variable
-            svars = set(s.variables)
             if not {m[v] for v in d.variables} <= svars:
                 continue
-            seen_pairs.add((si, di))
             # map outputs by hash
             mapping = []
             used = set()
@@ -711,7 +708,7 @@ def pair_candidates(graphs: Sequence[GGraph], data: Mapping[str, np.ndarray], ma
                 continue
             cands.append(Candidate(s, d, tuple(sorted(m.items())), tuple(mapping)))
     classes = sum(1 for v in table.values() if len({e[0] for e in v}) > 1)
-    return cands, {"classes": classes, "capped_classes": capped}
+    return cands, {"classes": classes}
 
 
 # ================================================================================================ rules
@@ -759,6 +756,122 @@ def rule_name(c: Candidate) -> str:
     return f"{s}->{d}"
 
 
-def symbolic_shapes(variables: Sequence[str]) -> dict[str, list[int]]:
-    """The symbolic shape of each generator variable (``x0`` -> [2, 4])."""
-    return {v: list(VARIABLE_KINDS[v[0]][0]) for v in variables}
+def variable_class(v: str) -> str:
+    """What tells variables apart once a rule is data: weight (``constraints.const``) or not, and the rank it
+    was verified at (see :mod:`rlflow.rewrite.verify`). Sizes are not part of a rule, so ``conv(a, k0)`` and
+    ``conv(a, p0)`` (3x3 and 1x1 kernels) are the same rule; renaming-duplicate and specialisation pruning
+    compare variables by this class."""
+    shape, weight = VARIABLE_KINDS[v[0]]
+    return f"{'const' if weight else 'value'}{len(shape)}"
+
+
+def candidate_values(c: Candidate, data: Mapping[str, np.ndarray]) -> tuple[dict[str, int], dict[str, int]]:
+    """Value hashes (on the fingerprint data) of every reference of each side, in the rule's naming (the
+    target's variables renamed to the source's)."""
+    ren = dict(c.rename)
+    senv = run_graph(c.src.ops, {v: data[v] for v in c.src.variables})
+    denv = run_graph(c.dst.ops, {v: data[ren.get(v, v)] for v in c.dst.variables})
+    sv = {r: tensor_hash(a) for r, a in senv.items() if "." in r or parse_ref(r) is None}
+    dv = {(ren.get(r, r) if parse_ref(r) is None else r): tensor_hash(a) for r, a in denv.items()
+          if "." in r or parse_ref(r) is None}
+    return sv, dv
+
+
+def candidate_attr_values(c: Candidate) -> tuple[list, list]:
+    return [o.nattrs for o in c.src.ops], [o.nattrs for o in c.dst.ops]
+
+
+# ================================================================================================ the whole run
+@dataclass
+class Generated:
+    """The result of :func:`generate`: the verified, pruned rules (JSON, ids ``g0001``...) and the counts."""
+
+    rules: list[dict]
+    stats: dict
+
+
+def _bar(progress_factory, desc: str, total: int | None):
+    if progress_factory is None:
+        return None
+    return progress_factory(desc=desc, total=total)
+
+
+def generate(cfg: GeneratorConfig, trials: int = 5, max_dim: int = 4, verify_seed: int = 0,
+             progress_factory: Callable[..., Any] | None = None, id_prefix: str = "g") -> Generated:
+    """Enumerate, pair, prune, verify (see the module docstring and :mod:`rlflow.rewrite.prune`,
+    :mod:`rlflow.rewrite.verify`). ``progress_factory(desc=..., total=...)`` makes a progress bar (e.g. tqdm)
+    with ``update(n)`` and ``close()``; None: silent."""
+    import time
+
+    from rlflow.rewrite.prune import prune, prune_specialisations
+    from rlflow.rewrite.rule import rule_from_json
+    from rlflow.rewrite.verify import verify
+
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    bar = _bar(progress_factory, "enumerate graphs", None)
+    enum = Enumerator(cfg, progress=bar.update if bar is not None else None)
+    graphs = enum.run()
+    if bar is not None:
+        bar.close()
+    bar = _bar(progress_factory, "fingerprint + pair", len(graphs))
+    cands, pair_info = pair_candidates(graphs, enum.data, progress=bar.update if bar is not None else None)
+    if bar is not None:
+        bar.close()
+    seconds["enumerate"] = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
+    rules = [rule_from_json(candidate_to_json(c, f"c{i}"), "generator") for i, c in enumerate(cands)]
+    values = [candidate_values(c, enum.data) for c in cands]
+    attr_values = [candidate_attr_values(c) for c in cands]
+    bar = _bar(progress_factory, "prune", len(rules))
+    keep, counts = prune(rules, values, attr_values, kind_of=variable_class,
+                         progress=bar.update if bar is not None else None)
+    if bar is not None:
+        bar.update(len(rules) - bar.n)
+        bar.close()
+    seconds["prune"] = time.perf_counter() - t1
+
+    t2 = time.perf_counter()
+    bar = _bar(progress_factory, "verify", len(keep))
+    verified: list[tuple[int, dict]] = []
+    failed = 0
+    for i in keep:
+        rec = verify(rules[i], trials=trials, max_dim=max_dim, seed=verify_seed)
+        if rec is None:
+            failed += 1
+        else:
+            verified.append((i, rec))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    seconds["verify"] = time.perf_counter() - t2
+
+    t3 = time.perf_counter()
+    ver_rules = [rules[i] for i, _ in verified]
+    keep2 = prune_specialisations(ver_rules, variable_class)
+    counts_after = dict(counts)
+    counts_after["specialisation"] = len(keep2)
+    seconds["prune"] += time.perf_counter() - t3
+
+    out = []
+    width = max(4, len(str(len(keep2))))
+    for n, j in enumerate(keep2):
+        i, rec = verified[j]
+        raw = rules[i].to_json()
+        raw["id"] = f"{id_prefix}{n + 1:0{width}d}"
+        raw["verified"] = rec
+        out.append(raw)
+    stats = {
+        "graphs_enumerated": enum.visited,
+        "graphs_recorded": len(graphs),
+        "fingerprint_classes": pair_info["classes"],
+        "candidates": len(cands),
+        "after_each_pruning_step": counts_after,
+        "verified": len(verified),
+        "failed_verification": failed,
+        "generated_rules": len(out),
+        "seconds": {k: round(v, 2) for k, v in seconds.items()},
+    }
+    return Generated(out, stats)

@@ -80,6 +80,10 @@ class _Compiled:
             mapped.add((int(m.group(1)), int(m.group(2) or 0)))
         self.mapped = mapped
         self.const_vars = rule.const_vars
+        # a generated rule was verified only at its variables' recorded ranks (its symbolic inputs): bind only
+        # those (a literal axis may mean something else at another rank); builtins are written for any rank
+        ranks = rule.verified.get("ranks") if rule.origin == "generated" else None
+        self.var_ranks = {v: set(r) if isinstance(r, list) else {r} for v, r in (ranks or {}).items()}
 
     def _order(self, start: int) -> list[int]:
         order, done = [start], {start}
@@ -167,6 +171,8 @@ def _search(view: _View, c: _Compiled, start: int, start_nodes: Iterable[Node], 
                 have = vars_.get(ref[1])
                 if have is None:
                     if ref[1] in c.const_vars and val not in view.static:
+                        break
+                    if c.var_ranks and view.g.types[val].rank not in c.var_ranks.get(ref[1], ()):
                         break
                     vars_[ref[1]] = val
                     new_vars.append(ref[1])
@@ -385,7 +391,7 @@ def _apply(graph: Graph, match: Match) -> tuple[Graph, set[str], list[str]]:
                 return name
 
     dst_vals: dict[str, str] = {}
-    type_of = lambda r: types[dst_vals[r]] if r.startswith("%") else types[refs[r]]  # noqa: E731
+    type_of = lambda r: types[dst_vals[_norm(r)]] if r.startswith("%") else types[refs[r]]  # noqa: E731
     added: list[Node] = []
     for k, pn in enumerate(rule.dst):
         attrs = {a: eval_attr(e, type_of, params) for a, e in pn.attrs.items()}

@@ -30,7 +30,9 @@ makes a new 0-D float32 constant, e.g. BatchNormalization's epsilon when folding
 kernel of 1/9 that computes a 3x3 average pooling as a depthwise Conv.
 A node with several outputs says how many: ``"outputs": 2``. ``constraints.const`` lists variables that must be
 bound to static values: constants (weights) or values computed from constants only (a reshaped or concatenated
-weight), which are folded into constants after optimisation. ``verified`` records how the rule was checked (method, trials, sizes).
+weight), which are folded into constants after optimisation. ``verified`` records how the rule was checked; for
+a generated rule its ``ranks`` (variable -> rank, or list of ranks) are the only ranks the matcher binds, since
+the rule was verified at those alone (builtin rules are written, and tested, for every rank). ``verified`` records how the rule was checked (method, trials, sizes).
 """
 
 from __future__ import annotations

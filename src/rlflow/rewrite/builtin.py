@@ -1,0 +1,494 @@
+"""Hand-written ("builtin") rules: substitutions the generator cannot find, written as data in the rule format of
+:mod:`rlflow.rewrite.rule`.
+
+The generator enumerates small graphs over TASO-style operator templates (stride-1 "same" convolutions, no bias,
+no BatchNormalization, no Gemm), so it cannot produce the rules real exported models need most: fusing a ReLU or
+a BatchNormalization into the preceding convolution, folding a constant scale into conv weights, merging parallel
+convolutions or matmuls of any stride/padding, fusing MatMul+Add into Gemm, folding chains of constant
+additions, and average pooling as a convolution with a constant pooling kernel. Each rule here is
+parameterised (``$s`` strides, ``$p`` pads, ``$g`` group, ``$a`` activation, ...) so it applies to real models,
+and carries two or more example instantiations ``{"vars": {name: shape}, "params": {name: value}}`` that the
+verifier runs.
+
+The rules (``b-conv-bias-*`` is the same rule for a Conv with a bias input):
+
+- ``b-conv-relu``: Conv(activation none) + Relu -> Conv(activation relu);
+- ``b-conv-bn``: Conv + BatchNormalization -> Conv with w * s and (b - mean) * s + beta, s = scale/sqrt(var+eps),
+  computed by target ops on the constants (folded after a search);
+- ``b-conv-mul-c4`` / ``-c3`` / ``-scalar``: Conv * c, c of shape (1,O,1,1) / (O,1,1) / one element -> the scale
+  folded into the weights (and bias); ``b-conv-add-bias``: Conv + c, c (1,O,1,1) -> c as (added) bias;
+- ``b-conv-enlarge-merge``: two "same" convs of different kernel sizes on one input -> one conv (the smaller
+  kernel zero-padded by Enlarge) and a Split; ``b-conv-merge``: two convs with equal parameters -> one + Split;
+- ``b-matmul-merge``: x @ w0, x @ w1 -> Split(x @ Concat(w0, w1)); ``b-matmul-add-gemm[-l]``: MatMul + Add -> Gemm;
+- ``b-add-const-chain[-l]``, ``b-mul-const-chain[-l]``, ``b-add-const-pair``, ``b-add/mul-comm``,
+  ``b-add/mul-assoc``: element-wise chains (below);
+- ``b-avgpool-conv-3x3`` / ``-2x2`` (``-nopad``): AveragePool -> depthwise Conv with a constant pooling kernel.
+
+**Soundness over every binding.** The matcher binds a variable to any value and accepts a match when the target
+pattern's shape inference succeeds and its output types equal the source's. So each target is written to fail
+shape inference (or change an output type) for every binding where it would compute something else:
+
+- a constant that scales or shifts per output channel must have exactly shape ``(1,O,1,1)`` (or ``(O,1,1)``):
+  ``Split(c, axis=1, split=[O])`` pins ``c.shape[1] == O``, ``Enlarge(kernel=[1,1])`` pins rank 4 with unit
+  spatial dims, and ``Reshape(shape=[O,1,1,1])`` pins the element count (for ``(O,1,1)``: ``Transpose(perm=
+  [0,1,2])`` pins rank 3, ``Split`` axis 0, then the count), so e.g. a ``(O,)`` constant (which broadcasts along
+  the *width*) or an ``(N,1,1,1)`` one (along the batch) is never folded. These checks are shape-only
+  identities on constants: the search's final constant folding removes them;
+- weights are concatenated only with ``group`` literal 1 (concatenating grouped kernels would re-group channels);
+- a merged MatMul concatenates its weights and splits its product on their *last* axes, computed with ``rank``
+  expressions, so the rule is right for 1-D, 2-D, 3-D and batched operands alike;
+- average pooling becomes a depthwise conv with a constant ``1/(kh*kw)`` kernel only where every window divides by
+  ``kh*kw`` (``count_include_pad=1``, or no padding) and not in ceil mode;
+- Gemm's own shape inference requires 2-D operands, and a bias that would broadcast the output to a larger shape
+  changes the output type, so the match is rejected.
+
+**Element-wise chains.** ``Add(Add(x, c0), c1) -> Add(x, Add(c0, c1))`` (and the same with ``c0`` on the left,
+and for Mul) puts the two constants side by side, so the search's constant folding turns two runtime additions
+into one; ``Add(Add(x, c0), Add(y, c1)) -> Add(Add(x, y), Add(c0, c1))`` does the same for two branches that each
+add a constant before they meet (e.g. two biases before a residual sum): three runtime Adds become two.
+Broadcasting is associative and commutative, so the targets infer the same shape as the sources whenever the
+sources are valid. Plain commutativity and associativity of Add and Mul (``x + y -> y + x``,
+``(x + y) + z -> x + (y + z)``) are here too: the generator never emits commutativity (each side is the other up
+to a renaming of variables, which it prunes as a duplicate) and emits associativity only at its symbolic ranks
+(a generated rule binds only the ranks it was verified at); the matcher takes operands in order, so these are
+what lets a search bring operands of any rank into the order another rule's pattern expects.
+
+Verification: :func:`verified_builtin_rules` fills each rule's ``verified`` record with
+:func:`rlflow.rewrite.verify.verify` (every example must fit and agree in float64, plus random bindings drawn
+around them); :func:`check_rule` / :func:`compare` are the same check at given bindings, used by the tests (and
+by :func:`verified_builtin_rules` if the verifier module is absent). The pipeline's generate_rules stage
+verifies ``builtin_rules()`` itself with the verifier's default tolerance (1e-9), which every rule here meets:
+no target makes a constant that float32 cannot hold exactly (the 1/9 pooling kernel is ones / 9).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from rlflow.errors import RLFlowError
+from rlflow.graph.ir import Constant, Graph, TensorType
+from rlflow.rewrite.rule import Rule, instantiate, rule_from_json
+
+Example = dict  # {"vars": {name: [dims]}, "params": {name: value}}
+
+PENDING = {"method": "pending", "trials": 0}
+
+
+# ================================================================================================ pattern helpers
+def _n(op: str, inputs: Sequence[str], outputs: int = 1, **attrs: Any) -> dict:
+    d = {"op": op, "inputs": list(inputs), "attrs": attrs}
+    if outputs != 1:
+        d["outputs"] = outputs
+    return d
+
+
+def _conv(x: str, w: str, b: str | None = None, *, strides: Any = "$s", pads: Any = "$p", group: Any = "$g",
+          activation: Any = "none") -> dict:
+    return _n("Conv", [x, w] + ([b] if b else []), strides=strides, pads=pads, group=group, activation=activation)
+
+
+def _rule(rid: str, name: str, src: list, dst: list, outputs: list, const: Sequence[str] = (),
+          examples: Sequence[Example] = ()) -> tuple[Rule, list[Example]]:
+    raw = {"id": rid, "name": name, "origin": "builtin", "src": src, "dst": dst, "outputs": outputs,
+           "verified": dict(PENDING)}
+    if const:
+        raw["constraints"] = {"const": list(const)}
+    rule = rule_from_json(raw, "builtin rules")
+    if len(examples) < 2:
+        raise AssertionError(f"builtin rule {rid} needs at least two examples")
+    return rule, [dict(e) for e in examples]
+
+
+def _ex(params: Mapping[str, Any] | None = None, **shapes: Sequence[int]) -> Example:
+    return {"vars": {k: list(v) for k, v in shapes.items()}, "params": dict(params or {})}
+
+
+def _conv_params(s=(1, 1), p=(1, 1, 1, 1), g=1, **more) -> dict:
+    return {"s": list(s), "p": list(p), "g": g, **more}
+
+
+O = {"dim": ["w", 0]}  # the conv's output channels
+
+
+def _channel_scale_4d(c: str, base: int) -> tuple[list, str]:
+    """Target nodes that turn a (1,O,1,1) constant into (O,1,1,1), failing inference for any other shape.
+    ``base`` is the index of the first node added; returns (nodes, reference to the (O,1,1,1) value)."""
+    return ([_n("Split", [c], axis=1, split=[O]),                   # rank >= 2 and c.shape[1] == O
+             _n("Enlarge", [f"%{base}"], kernel=[1, 1]),            # rank 4, unit spatial dims
+             _n("Reshape", [f"%{base + 1}"], shape=[O, 1, 1, 1])],  # element count O, so c.shape[0] == 1
+            f"%{base + 2}")
+
+
+def _channel_scale_3d(c: str, base: int) -> tuple[list, str]:
+    """The same for a (O,1,1) constant (it broadcasts against (N,O,H,W) along the channel axis)."""
+    return ([_n("Transpose", [c], perm=[0, 1, 2]),                  # rank 3
+             _n("Split", [f"%{base}"], axis=0, split=[O]),          # c.shape[0] == O
+             _n("Reshape", [f"%{base + 1}"], shape=[O, 1, 1, 1])],  # element count O: the rest are 1
+            f"%{base + 2}")
+
+
+def _channel_scale_scalar(c: str, base: int) -> tuple[list, str]:
+    """A one-element constant of any rank (0-D included) as a 0-D scalar."""
+    return [_n("Reshape", [c], shape=[])], f"%{base}"
+
+
+# ================================================================================================ the rules
+def _conv_relu() -> list:
+    out = []
+    for bias in (False, True):
+        b = "b" if bias else None
+        ex = [_ex(_conv_params(), x=[1, 3, 6, 6], w=[4, 3, 3, 3], **({"b": [4]} if bias else {})),
+              _ex(_conv_params((2, 2), (0, 1, 1, 0), 2), x=[2, 4, 7, 5], w=[6, 2, 3, 1],
+                  **({"b": [6]} if bias else {}))]
+        out.append(_rule(
+            f"b-conv{'-bias' if bias else ''}-relu", "conv-relu-fuse",
+            [_conv("x", "w", b), _n("Relu", ["%0"])],
+            [_conv("x", "w", b, activation="relu")],
+            [["%1", "%0"]], examples=ex))
+    return out
+
+
+def _conv_bn() -> list:
+    out = []
+    for bias in (False, True):
+        b = "b" if bias else None
+        src = [_conv("x", "w", b), _n("BatchNormalization", ["%0", "scale", "bias", "mean", "var"], epsilon="$eps")]
+        dst = [_n("Constant", [], value="$eps"),
+               _n("Add", ["var", "%0"]),
+               _n("Sqrt", ["%1"]),
+               _n("Div", ["scale", "%2"]),                          # inv = scale / sqrt(var + eps), shape (O,)
+               _n("Reshape", ["%3"], shape=[O, 1, 1, 1]),
+               _n("Mul", ["w", "%4"])]                              # w' = w * inv per output channel
+        if bias:
+            dst += [_n("Sub", ["b", "mean"]), _n("Mul", ["%6", "%3"]), _n("Add", ["%7", "bias"]),  # (b-mean)*inv+bias
+                    _conv("x", "%5", "%8")]
+        else:
+            dst += [_n("Mul", ["mean", "%3"]), _n("Sub", ["bias", "%6"]),                           # bias-mean*inv
+                    _conv("x", "%5", "%7")]
+        bn = lambda o: {"scale": [o], "bias": [o], "mean": [o], "var": [o]}  # noqa: E731
+        ex = [_ex(_conv_params(eps=1e-5), x=[1, 3, 6, 6], w=[4, 3, 3, 3], **({"b": [4]} if bias else {}), **bn(4)),
+              _ex(_conv_params((2, 2), (0, 0, 1, 1), 3, eps=1e-3), x=[2, 6, 5, 7], w=[9, 2, 1, 3],
+                  **({"b": [9]} if bias else {}), **bn(9))]
+        out.append(_rule(
+            f"b-conv{'-bias' if bias else ''}-bn", "conv-bn-fold", src, dst, [["%1", f"%{len(dst) - 1}"]],
+            const=["w"] + (["b"] if bias else []) + ["scale", "bias", "mean", "var"], examples=ex))
+    return out
+
+
+def _conv_mul() -> list:
+    out = []
+    shapes = {"c4": (_channel_scale_4d, lambda o: [1, o, 1, 1]),
+              "c3": (_channel_scale_3d, lambda o: [o, 1, 1]),
+              "scalar": (_channel_scale_scalar, None)}
+    for kind, (check, cshape) in shapes.items():
+        for bias in (False, True):
+            b = "b" if bias else None
+            nodes, cref = check("c", 0)
+            k = len(nodes)
+            if kind == "scalar":
+                dst = nodes + [_n("ScalarMul", ["w", cref])]
+                if bias:
+                    dst += [_n("ScalarMul", ["b", cref])]
+            else:
+                dst = nodes + [_n("Mul", ["w", cref])]
+                if bias:
+                    dst += [_n("Reshape", [cref], shape=[O]), _n("Mul", ["b", f"%{k + 1}"])]
+            dst += [_conv("x", f"%{k}", f"%{len(dst) - 1}" if bias else None)]
+
+            def c_of(o, alt=False):
+                if cshape:
+                    return cshape(o)
+                return [1, 1, 1, 1] if alt else []
+
+            ex = [_ex(_conv_params(), x=[1, 3, 6, 6], w=[4, 3, 3, 3], c=c_of(4), **({"b": [4]} if bias else {})),
+                  _ex(_conv_params((2, 2), (1, 0, 0, 1), 2), x=[2, 4, 7, 6], w=[6, 2, 3, 2], c=c_of(6, True),
+                      **({"b": [6]} if bias else {}))]
+            out.append(_rule(
+                f"b-conv{'-bias' if bias else ''}-mul-{kind}", "conv-mul-fold",
+                [_conv("x", "w", b), _n("Mul", ["%0", "c"])], dst, [["%1", f"%{len(dst) - 1}"]],
+                const=["w"] + (["b"] if bias else []) + ["c"], examples=ex))
+    return out
+
+
+def _conv_add() -> list:
+    """Conv(x, w[, b]) + c with c of shape (1,O,1,1) -> Conv with that (added) bias."""
+    out = []
+    for bias in (False, True):
+        b = "b" if bias else None
+        nodes, cref = _channel_scale_4d("c", 0)
+        dst = nodes + [_n("Reshape", [cref], shape=[O])]
+        if bias:
+            dst += [_n("Add", ["b", "%3"])]
+        dst += [_conv("x", "w", f"%{len(dst) - 1}")]
+        ex = [_ex(_conv_params(), x=[1, 3, 6, 6], w=[4, 3, 3, 3], c=[1, 4, 1, 1], **({"b": [4]} if bias else {})),
+              _ex(_conv_params((2, 1), (0, 1, 0, 1), 3), x=[2, 6, 5, 5], w=[3, 2, 1, 3], c=[1, 3, 1, 1],
+                  **({"b": [3]} if bias else {}))]
+        out.append(_rule(
+            f"b-conv{'-bias' if bias else ''}-add-bias", "conv-add-bias-fold",
+            [_conv("x", "w", b), _n("Add", ["%0", "c"])], dst, [["%1", f"%{len(dst) - 1}"]],
+            const=["w"] + (["b"] if bias else []) + ["c"], examples=ex))
+    return out
+
+
+def _conv_enlarge_merge() -> list:
+    """Two "same"-padded convs of different kernel sizes on one input -> one conv with the smaller kernel
+    zero-padded (centred) to the larger, weights concatenated on the output-channel axis, output split."""
+    out = []
+    for bias in (False, True):
+        b1, b2 = ("b1", "b2") if bias else (None, None)
+        src = [_conv("x", "w1", b1, pads={"same_pads": "w1"}, group=1, activation="$a"),
+               _conv("x", "w2", b2, pads={"same_pads": "w2"}, group=1, activation="$a")]
+        dst = [_n("Enlarge", ["w2"], kernel={"kernel": "w1"}),
+               _n("Concat", ["w1", "%0"], axis=0)]
+        if bias:
+            dst += [_n("Concat", ["b1", "b2"], axis=0)]
+        dst += [_conv("x", "%1", "%2" if bias else None, pads={"same_pads": "w1"}, group=1, activation="$a")]
+        j = len(dst) - 1
+        dst += [_n("Split", [f"%{j}"], outputs=2, axis=1, split=[{"dim": ["w1", 0]}, {"dim": ["w2", 0]}])]
+        bb = lambda o1, o2: {"b1": [o1], "b2": [o2]} if bias else {}  # noqa: E731
+        ex = [_ex({"s": [1, 1], "a": "none"}, x=[1, 4, 6, 6], w1=[5, 4, 3, 3], w2=[3, 4, 1, 1], **bb(5, 3)),
+              _ex({"s": [2, 2], "a": "relu"}, x=[2, 3, 7, 8], w1=[4, 3, 3, 3], w2=[2, 3, 1, 3], **bb(4, 2)),
+              _ex({"s": [1, 2], "a": "relu"}, x=[1, 2, 9, 9], w1=[3, 2, 5, 5], w2=[4, 2, 3, 1], **bb(3, 4))]
+        out.append(_rule(
+            f"b-conv{'-bias' if bias else ''}-enlarge-merge", "conv-enlarge-merge", src, dst,
+            [["%0", f"%{j + 1}.0"], ["%1", f"%{j + 1}.1"]],
+            const=["w1", "w2"] + (["b1", "b2"] if bias else []), examples=ex))
+    return out
+
+
+def _conv_merge() -> list:
+    """Two convs with equal parameters (any strides/pads, group 1) on one input -> one conv, output split."""
+    out = []
+    for bias in (False, True):
+        b0, b1 = ("b0", "b1") if bias else (None, None)
+        src = [_conv("x", "w0", b0, group=1, activation="$a"), _conv("x", "w1", b1, group=1, activation="$a")]
+        dst = [_n("Concat", ["w0", "w1"], axis=0)]
+        if bias:
+            dst += [_n("Concat", ["b0", "b1"], axis=0)]
+        dst += [_conv("x", "%0", "%1" if bias else None, group=1, activation="$a")]
+        j = len(dst) - 1
+        dst += [_n("Split", [f"%{j}"], outputs=2, axis=1, split=[{"dim": ["w0", 0]}, {"dim": ["w1", 0]}])]
+        bb = lambda o1, o2: {"b0": [o1], "b1": [o2]} if bias else {}  # noqa: E731
+        ex = [_ex({"s": [1, 1], "p": [1, 1, 1, 1], "a": "none"}, x=[1, 4, 6, 6], w0=[5, 4, 3, 3], w1=[3, 4, 3, 3],
+                  **bb(5, 3)),
+              _ex({"s": [2, 1], "p": [0, 1, 1, 0], "a": "relu"}, x=[2, 3, 7, 8], w0=[4, 3, 2, 3], w1=[2, 3, 2, 3],
+                  **bb(4, 2))]
+        out.append(_rule(
+            f"b-conv{'-bias' if bias else ''}-merge", "conv-merge", src, dst,
+            [["%0", f"%{j + 1}.0"], ["%1", f"%{j + 1}.1"]],
+            const=["w0", "w1"] + (["b0", "b1"] if bias else []), examples=ex))
+    return out
+
+
+def _matmul_merge() -> list:
+    """x @ w0, x @ w1 -> split(x @ concat(w0, w1)): weights concatenated on their last axis, the product split on
+    its last axis (both computed from ranks, so one rule serves 2-D, 3-D (batch, sequence) and batched operands)."""
+    last = lambda r: {"sum": [{"rank": r}, -1]}  # noqa: E731
+    src = [_n("MatMul", ["x", "w0"]), _n("MatMul", ["x", "w1"])]
+    dst = [_n("Concat", ["w0", "w1"], axis=last("w0")),
+           _n("MatMul", ["x", "%0"]),
+           # (the product's rank; "%1.0", the explicit form of "%1", is what the applier's type lookup takes)
+           _n("Split", ["%1"], outputs=2, axis=last("%1.0"), split=[{"dim": ["w0", -1]}, {"dim": ["w1", -1]}])]
+    ex = [_ex(None, x=[3, 4], w0=[4, 6], w1=[4, 3]), _ex(None, x=[2, 3, 4], w0=[4, 2], w1=[4, 7]),
+          _ex(None, x=[4], w0=[4, 2], w1=[4, 3]), _ex(None, x=[3, 4], w0=[2, 4, 2], w1=[2, 4, 5])]
+    return [_rule("b-matmul-merge", "matmul-merge", src, dst, [["%0", "%2.0"], ["%1", "%2.1"]],
+                  const=["w0", "w1"], examples=ex)]
+
+
+def _avgpool_conv() -> list:
+    """AveragePool -> depthwise Conv with a constant kernel of 1/(kh*kw) (so it can merge with a parallel conv).
+    Exact when every window divides by kh*kw: count_include_pad=1, or no padding; never in ceil mode. The kernel
+    is ones / (kh*kw), two exactly representable constants divided (a static op, folded after a search), so the
+    rule is exact in float64 too; there is one rule per kernel size (a Constant's value is a literal)."""
+    out = []
+    for kh, kw in ((3, 3), (2, 2)):
+        for padded in (True, False):
+            pads, cip = ("$p", 1) if padded else ([0, 0, 0, 0], "$c")
+            src = [_n("AveragePool", ["x"], kernel=[kh, kw], strides="$s", pads=pads, ceil_mode=0,
+                      count_include_pad=cip)]
+            c = {"dim": ["x", 1]}
+            dst = [{"op": "Constant", "inputs": [], "attrs": {"value": 1.0, "shape": [c, 1, kh, kw]}},
+                   {"op": "Constant", "inputs": [], "attrs": {"value": float(kh * kw)}},
+                   _n("Div", ["%0", "%1"]),
+                   _conv("x", "%2", strides="$s", pads=pads, group=c)]
+            if padded:
+                ex = [_ex({"s": [1, 1], "p": [kh // 2, kw // 2, kh // 2, kw // 2]}, x=[1, 3, 6, 6]),
+                      _ex({"s": [2, 2], "p": [1, 0, 0, 1]}, x=[2, 4, 7, 5])]
+            else:
+                ex = [_ex({"s": [1, 1], "c": 0}, x=[1, 3, 6, 6]), _ex({"s": [2, 1], "c": 1}, x=[2, 4, 7, 5])]
+            out.append(_rule(f"b-avgpool-conv-{kh}x{kw}{'' if padded else '-nopad'}", "avgpool-as-conv",
+                             src, dst, [["%0", "%3"]], examples=ex))
+    return out
+
+
+def _gemm() -> list:
+    """MatMul(x, w) + b -> Gemm(x, w, b) for 2-D x and w, b broadcastable to the output (either Add order)."""
+    out = []
+    gemm = _n("Gemm", ["x", "w", "b"], alpha=1.0, beta=1.0, transA=0, transB=0)
+    for rid, add in (("b-matmul-add-gemm", ["%0", "b"]), ("b-matmul-add-gemm-l", ["b", "%0"])):
+        ex = [_ex(None, x=[3, 4], w=[4, 5], b=[5]), _ex(None, x=[2, 3], w=[3, 4], b=[2, 1]),
+              _ex(None, x=[2, 3], w=[3, 4], b=[2, 4]), _ex(None, x=[1, 3], w=[3, 2], b=[])]
+        out.append(_rule(rid, "matmul-add-gemm", [_n("MatMul", ["x", "w"]), _n("Add", add)], [gemm],
+                         [["%1", "%0"]], examples=ex))
+    return out
+
+
+def _elementwise_chains() -> list:
+    out = []
+    ex3 = [_ex(None, x=[2, 3, 4], c0=[4], c1=[3, 1]), _ex(None, x=[5], c0=[], c1=[5]),
+           _ex(None, x=[2, 1, 4], c0=[1, 3, 1], c1=[2, 3, 4])]
+    for op in ("Add", "Mul"):
+        lo = op.lower()
+        out.append(_rule(f"b-{lo}-const-chain", f"{lo}-const-fold",
+                         [_n(op, ["x", "c0"]), _n(op, ["%0", "c1"])],
+                         [_n(op, ["c0", "c1"]), _n(op, ["x", "%0"])], [["%1", "%1"]], const=["c0", "c1"],
+                         examples=ex3))
+        out.append(_rule(f"b-{lo}-const-chain-l", f"{lo}-const-fold",
+                         [_n(op, ["c0", "x"]), _n(op, ["%0", "c1"])],
+                         [_n(op, ["c0", "c1"]), _n(op, ["x", "%0"])], [["%1", "%1"]], const=["c0", "c1"],
+                         examples=[{"vars": {k: e["vars"][k] for k in ("c0", "x", "c1")}, "params": {}} for e in ex3]))
+    ex2 = [_ex(None, x=[2, 3], y=[2, 3]), _ex(None, x=[2, 1, 4], y=[3, 1]), _ex(None, x=[], y=[4])]
+    for op in ("Add", "Mul"):
+        lo = op.lower()
+        out.append(_rule(f"b-{lo}-comm", f"{lo}-commutativity", [_n(op, ["x", "y"])], [_n(op, ["y", "x"])],
+                         [["%0", "%0"]], examples=ex2))
+        out.append(_rule(f"b-{lo}-assoc", f"{lo}-associativity", [_n(op, ["x", "y"]), _n(op, ["%0", "z"])],
+                         [_n(op, ["y", "z"]), _n(op, ["x", "%0"])], [["%1", "%1"]],
+                         examples=[{"vars": {"x": e["vars"]["x"], "y": e["vars"]["c0"], "z": e["vars"]["c1"]},
+                                    "params": {}} for e in ex3]))
+    out.append(_rule("b-add-const-pair", "add-const-pair-fold",
+                     [_n("Add", ["x", "c0"]), _n("Add", ["y", "c1"]), _n("Add", ["%0", "%1"])],
+                     [_n("Add", ["x", "y"]), _n("Add", ["c0", "c1"]), _n("Add", ["%0", "%1"])],
+                     [["%2", "%2"]], const=["c0", "c1"],
+                     examples=[_ex(None, x=[2, 3], c0=[3], y=[2, 3], c1=[3]),
+                               _ex(None, x=[2, 1, 4], c0=[], y=[3, 1], c1=[1, 3, 4])]))
+    return out
+
+
+def builtin_rules() -> list[tuple[Rule, list[Example]]]:
+    """Every builtin rule (``verified`` still pending) with its example instantiations, in a fixed order."""
+    rules = (_conv_relu() + _conv_bn() + _conv_mul() + _conv_add() + _conv_enlarge_merge() + _conv_merge()
+             + _matmul_merge() + _gemm() + _elementwise_chains() + _avgpool_conv())
+    ids = [r.id for r, _ in rules]
+    assert len(ids) == len(set(ids)), ids
+    return rules
+
+
+# ================================================================================================ checking
+def _params(p: Mapping[str, Any]) -> dict:
+    """Example parameters as a matched graph would bind them: lists as tuples, floats at float32 precision (the
+    precision of ONNX float attributes, and of the 0-D float32 constants a target makes from them)."""
+    def conv(v):
+        if isinstance(v, (list, tuple)):
+            return tuple(conv(x) for x in v)
+        return float(np.float32(v)) if isinstance(v, float) else v
+    return {k: conv(v) for k, v in p.items()}
+
+
+def _as_float64(g: Graph) -> Graph:
+    """The same graph computing in float64 (inputs, constants and every value)."""
+    f64 = lambda t: TensorType(t.shape, "float64") if t.dtype == "float32" else t  # noqa: E731
+    consts = {k: Constant(np.asarray(c.array, np.float64) if c.array.dtype == np.float32 else c.array)
+              for k, c in g.constants.items()}
+    return Graph(inputs=g.inputs, outputs=g.outputs, nodes=g.nodes, types={k: f64(t) for k, t in g.types.items()},
+                 constants=consts, name=g.name, opset=g.opset)
+
+
+def positive_vars(rule: Rule) -> set[str]:
+    """Variables that must be positive in random tests: a BatchNormalization's variance (the target takes its
+    square root)."""
+    return {n.inputs[4] for n in rule.src if n.op == "BatchNormalization" and not n.inputs[4].startswith("%")}
+
+
+def random_feeds(rule: Rule, types: Mapping[str, TensorType], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    pos = positive_vars(rule)
+    feeds = {}
+    for v in rule.variables:
+        a = rng.standard_normal(types[v].shape)
+        feeds[v] = np.abs(a) + 0.1 if v in pos else a
+    return feeds
+
+
+def compare(rule: Rule, shapes: Mapping[str, Sequence[int]], params: Mapping[str, Any], trials: int = 2,
+            seed: int = 0) -> str | float:
+    """Run both sides of ``rule`` at one binding. Returns ``"no-match"`` when the source pattern itself does not
+    type-check there, ``"rejected"`` when the target fails shape inference or its output types differ (the
+    matcher then rejects the match), else the worst relative difference of the outputs (float64, random data)."""
+    from rlflow.graph.exec import get_runner, max_rel_diff
+
+    types = {v: TensorType(tuple(int(d) for d in s)) for v, s in shapes.items()}
+    params = _params(params)
+    try:
+        src = instantiate(rule, "src", types, params)
+    except RLFlowError:
+        return "no-match"
+    try:
+        dst = instantiate(rule, "dst", types, params)
+    except RLFlowError:
+        return "rejected"
+    if [src.types[v] for v in src.outputs] != [dst.types[v] for v in dst.outputs]:
+        return "rejected"
+    rs, rd = get_runner(_as_float64(src), "torch"), get_runner(_as_float64(dst), "torch")
+    rng = np.random.default_rng(seed)
+    worst = 0.0
+    for _ in range(trials):
+        feeds = random_feeds(rule, types, rng)
+        worst = max(worst, max_rel_diff(rs(feeds), rd(feeds)))
+    return worst
+
+
+def tolerance(rule: Rule) -> float:
+    """The largest relative difference :func:`check_rule` accepts: float64 rounding (1e-9), or float32 rounding
+    (1e-6) when the target makes a constant that float32 cannot hold exactly (a 1/9 pooling kernel: rules are
+    for float32 graphs, and ``Constant`` nodes are float32)."""
+    for n in rule.dst:
+        v = n.attrs.get("value") if n.op == "Constant" else None
+        if isinstance(v, float) and float(np.float32(v)) != v:
+            return 1e-6
+    return 1e-9
+
+
+def check_rule(rule: Rule, examples: Sequence[Example], trials: int = 3, seed: int = 0,
+               tol: float | None = None) -> dict:
+    """Verify ``rule`` at every example binding (each must match and agree); returns the ``verified`` record.
+    Raises RLFlowError naming the rule and the example that fails."""
+    tol = tolerance(rule) if tol is None else tol
+    worst = 0.0
+    for k, ex in enumerate(examples):
+        got = compare(rule, ex["vars"], ex.get("params", {}), trials, seed + k)
+        if isinstance(got, str):
+            raise RLFlowError(f"rule '{rule.id}': example {k} ({ex['vars']}): "
+                              + ("the source pattern does not type-check" if got == "no-match" else
+                                 "the target pattern fails shape inference or changes an output type"))
+        if not got <= tol:
+            raise RLFlowError(f"rule '{rule.id}': example {k} ({ex['vars']}): outputs differ "
+                              f"(max relative difference {got:.3g})")
+        worst = max(worst, got)
+    return {"method": "random-float64", "trials": trials * len(examples), "examples": [dict(e) for e in examples],
+            "max_rel_diff": worst}
+
+
+def verified_builtin_rules(trials: int = 3, seed: int = 0) -> list[Rule]:
+    """The builtin rules with their ``verified`` records filled in: every example must agree, plus ``trials``
+    more bindings drawn around them. Uses the project's verifier (:func:`rlflow.rewrite.verify.verify`) when it
+    is there, else :func:`check_rule` on the examples alone. A builtin rule that fails is a bug: RLFlowError."""
+    try:
+        from rlflow.rewrite.verify import verify
+    except ImportError:
+        verify = None
+    out = []
+    for rule, examples in builtin_rules():
+        if verify is not None:
+            record = verify(rule, trials=len(examples) + trials, seed=seed, examples=examples,
+                            rtol=tolerance(rule))
+            if record is None:
+                raise RLFlowError(f"builtin rule '{rule.id}' ({rule.name}) fails numeric verification")
+            record = {**record, "examples": [dict(e) for e in examples]}
+        else:
+            record = check_rule(rule, examples, trials, seed)
+        raw = rule.to_json()
+        raw["verified"] = record
+        out.append(rule_from_json(raw, "builtin rules"))
+    return out

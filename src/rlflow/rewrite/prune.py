@@ -1,0 +1,285 @@
+"""TASO's pruning of candidate substitutions, on rules in the rule format (:mod:`rlflow.rewrite.rule`).
+
+In order (each step keeps a count, see :func:`prune`):
+
+1. ``trivial``: the source and target are the same graph (the same canonical form: ops, attributes and wiring
+   up to the order of the ops and of a commutative op's inputs).
+2. ``renaming``: a substitution equal to an earlier one up to renaming its variables (within each class of
+   variable: for generated rules, weight or not and rank) is a duplicate; the first one is kept.
+3. ``common_subgraph``: an identical op on the same inputs in both graphs (an op of the source whose canonical
+   form, computed recursively from the variables, is also an op of the target): the substitution is a smaller
+   one applied in a context.
+4. ``common_supergraph``: for every mapped output the final ops are equal (op and attribute values) and differ in
+   at most one input (compared by value: the same variable, or equal values on the fingerprint data): the
+   substitution is a smaller one under a common final op.
+5. ``decomposable`` (not in TASO's list; same spirit): a two-output substitution whose outputs share no op on
+   either side is two independent one-output substitutions side by side.
+
+After verification, :func:`prune_specialisations` drops a rule that is another verified rule with some
+variables identified (``concat(concat(x, y), x)`` when ``concat(concat(x, y), z)`` is there): the matcher may
+bind two variables to one value, so the general rule already applies wherever the special one does.
+
+Canonical forms are strings, so every decision is deterministic (no per-process hash seed).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any, Callable, Mapping, Sequence
+
+from rlflow.rewrite.rule import PatternNode, Rule
+
+COMMUTATIVE = frozenset({"Add", "Mul"})
+STEPS = ("trivial", "renaming", "common_subgraph", "common_supergraph", "decomposable")
+
+#: (source value hashes, target value hashes): reference (``%k.j`` or variable) -> hash on the fingerprint data
+Values = tuple[Mapping[str, int], Mapping[str, int]]
+
+
+def _ref_parts(r: str) -> tuple[int, int] | None:
+    if not r.startswith("%"):
+        return None
+    k, _, j = r[1:].partition(".")
+    return int(k), int(j or 0)
+
+
+def _attr_form(v: Any, ref_form: Callable[[str], str]) -> str:
+    if isinstance(v, Mapping):
+        (key, arg), = v.items()
+        if key == "dim":
+            return f"dim({ref_form(arg[0])},{arg[1]})"
+        if key in ("kernel", "same_pads", "rank"):
+            return f"{key}({ref_form(arg)})"
+        return f"{key}(" + ",".join(_attr_form(e, ref_form) for e in arg) + ")"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_attr_form(e, ref_form) for e in v) + "]"
+    return json.dumps(v)
+
+
+def side_forms(nodes: Sequence[PatternNode], rename: Mapping[str, str] | None = None) -> list[str]:
+    """The canonical form of each node of one side: op, attributes (references inside expressions replaced by
+    their forms) and input forms (sorted for commutative ops), recursively down to the variables."""
+    rename = rename or {}
+    forms: list[str] = []
+
+    def ref_form(r: str) -> str:
+        p = _ref_parts(r)
+        if p is None:
+            return "$" + rename.get(r, r)
+        return forms[p[0]] + (f".{p[1]}" if nodes[p[0]].n_outputs > 1 else "")
+
+    for n in nodes:
+        ins = [ref_form(r) for r in n.inputs]
+        if n.op in COMMUTATIVE:
+            ins.sort()
+        attrs = ";".join(f"{a}={_attr_form(v, ref_form)}" for a, v in sorted(n.attrs.items()))
+        forms.append(f"{n.op}{{{attrs}}}(" + ",".join(ins) + ")")
+    return forms
+
+
+def _output_form(nodes: Sequence[PatternNode], forms: Sequence[str], r: str, rename: Mapping[str, str]) -> str:
+    p = _ref_parts(r)
+    if p is None:
+        return "$" + rename.get(r, r)
+    return forms[p[0]] + (f".{p[1]}" if nodes[p[0]].n_outputs > 1 else "")
+
+
+def pair_form(rule: Rule, rename: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(source form, target form): the mapped outputs in order, then the sorted op forms of each side."""
+    rename = rename or {}
+    sf, df = side_forms(rule.src, rename), side_forms(rule.dst, rename)
+    s = "|".join(_output_form(rule.src, sf, o, rename) for o, _ in rule.outputs) + "#" + "&".join(sorted(sf))
+    d = "|".join(_output_form(rule.dst, df, o, rename) for _, o in rule.outputs) + "#" + "&".join(sorted(df))
+    return s, d
+
+
+def is_trivial(rule: Rule) -> bool:
+    s, d = pair_form(rule)
+    return s == d
+
+
+def _default_kind(v: str) -> str:
+    """Generated variables are named kind + index (``x0``, ``k1``): rename only within a kind."""
+    return v.rstrip("0123456789") or v
+
+
+def renaming_key(rule: Rule, kind_of: Callable[[str], str] = _default_kind, max_perms: int = 720) -> tuple[str, str]:
+    """The smallest pair form over every renaming of the variables within each kind (a canonical key of the
+    substitution up to renaming). Beyond ``max_perms`` renamings only the identity is tried."""
+    by_kind: dict[str, list[str]] = {}
+    for v in rule.variables:
+        by_kind.setdefault(kind_of(v), []).append(v)
+    groups = list(by_kind.values())
+    total = 1
+    for g in groups:
+        for i in range(2, len(g) + 1):
+            total *= i
+    if total > max_perms:
+        return pair_form(rule, {v: f"{kind_of(v)}#{v}" for v in rule.variables})
+    kinds = list(by_kind)
+    best = None
+    for perms in itertools.product(*(itertools.permutations(g) for g in groups)):
+        m = {}                                     # each variable -> a canonical name of its kind
+        for kind, p in zip(kinds, perms):
+            m.update((v, f"{kind}#{i}") for i, v in enumerate(p))
+        key = pair_form(rule, m)
+        if best is None or key < best:
+            best = key
+    return best
+
+
+def has_common_subgraph(rule: Rule) -> bool:
+    """Some op of the source is also an op of the target: same op, attributes and (recursively) inputs."""
+    return bool(set(side_forms(rule.src)) & set(side_forms(rule.dst)))
+
+
+def _final_op(nodes: Sequence[PatternNode], r: str) -> PatternNode | None:
+    p = _ref_parts(r)
+    return None if p is None else nodes[p[0]]
+
+
+def has_common_supergraph(rule: Rule, values: Values, attr_values: tuple[Sequence[Any], Sequence[Any]]) -> bool:
+    """For every mapped output: the producing ops of source and target are the same op with the same attribute
+    values and their inputs differ (by value) in at most one position (as multisets for commutative ops).
+
+    ``values``: value hashes of every reference of each side; ``attr_values``: each node's concrete attributes
+    (per side, in node order), so expressions are compared by what they evaluate to."""
+    sv, dv = values
+    for s_ref, d_ref in rule.outputs:
+        ps, pd = _final_op(rule.src, s_ref), _final_op(rule.dst, d_ref)
+        if ps is None or pd is None or ps.op != pd.op or len(ps.inputs) != len(pd.inputs):
+            return False
+        ks, kd = _ref_parts(s_ref)[0], _ref_parts(d_ref)[0]
+        if attr_values[0][ks] != attr_values[1][kd]:
+            return False
+        a = [sv[_norm(r)] for r in ps.inputs]
+        b = [dv[_norm(r)] for r in pd.inputs]
+        if ps.op in COMMUTATIVE:
+            rest = list(b)
+            for h in a:
+                if h in rest:
+                    rest.remove(h)
+            differ = len(rest)
+        else:
+            differ = sum(x != y for x, y in zip(a, b))
+        if differ > 1:
+            return False
+    return True
+
+
+def _norm(r: str) -> str:
+    p = _ref_parts(r)
+    return r if p is None else f"%{p[0]}.{p[1]}"
+
+
+def _cone(nodes: Sequence[PatternNode], ref: str) -> set[int]:
+    """The ops a value depends on (itself included)."""
+    p = _ref_parts(ref)
+    if p is None:
+        return set()
+    out, todo = set(), [p[0]]
+    while todo:
+        k = todo.pop()
+        if k in out:
+            continue
+        out.add(k)
+        todo.extend(q[0] for q in map(_ref_parts, nodes[k].inputs) if q is not None)
+    return out
+
+
+def is_decomposable(rule: Rule) -> bool:
+    """A two-output substitution whose outputs share no op on either side: it is two independent one-output
+    substitutions side by side (each side computes each output on its own, so each pair of cones is itself a
+    valid, smaller substitution)."""
+    if len(rule.outputs) < 2:
+        return False
+    for side, k in ((rule.src, 0), (rule.dst, 1)):
+        cones = [_cone(side, pair[k]) for pair in rule.outputs]
+        for a, b in itertools.combinations(cones, 2):
+            if a & b:
+                return False
+    return True
+
+
+def _rename_value(v: Any, m: Mapping[str, str]) -> Any:
+    if isinstance(v, Mapping):
+        (key, arg), = v.items()
+        if key == "dim":
+            return {"dim": (m.get(arg[0], arg[0]), arg[1])}
+        if key in ("kernel", "same_pads", "rank"):
+            return {key: m.get(arg, arg)}
+        return {key: tuple(_rename_value(e, m) for e in arg)}
+    if isinstance(v, (list, tuple)):
+        return tuple(_rename_value(e, m) for e in v)
+    return v
+
+
+def substitute(rule: Rule, m: Mapping[str, str]) -> Rule:
+    """``rule`` with variables replaced by ``m`` (several may become one: a specialisation)."""
+    def nodes(ns):
+        return tuple(PatternNode(n.op, tuple(m.get(r, r) for r in n.inputs),
+                                 {a: _rename_value(v, m) for a, v in n.attrs.items()}, n.n_outputs) for n in ns)
+    const = sorted({m.get(v, v) for v in rule.constraints.get("const", ())})
+    return Rule(rule.id, rule.name, rule.origin, nodes(rule.src), nodes(rule.dst),
+                tuple((s, m.get(d, d)) for s, d in rule.outputs), {"const": const} if const else {}, rule.verified)
+
+
+def specialisations(rule: Rule, kind_of: Callable[[str], str] = _default_kind, depth: int = 2) -> set[tuple[str, str]]:
+    """Renaming keys of the rules made from ``rule`` by identifying two (then, with depth 2, three or two pairs
+    of) variables of the same kind."""
+    out: set[tuple[str, str]] = set()
+    frontier = [rule]
+    for _ in range(depth):
+        nxt = []
+        for r in frontier:
+            for u, v in itertools.combinations(r.variables, 2):
+                if kind_of(u) == kind_of(v):
+                    s = substitute(r, {v: u})
+                    out.add(renaming_key(s, kind_of))
+                    nxt.append(s)
+        frontier = nxt
+    return out
+
+
+def prune_specialisations(rules: Sequence[Rule], kind_of: Callable[[str], str] = _default_kind) -> list[int]:
+    """Indices of the rules that are not a specialisation of another rule of ``rules`` (the same substitution
+    with some variables identified: the general rule matches wherever it does, since variables may bind the
+    same value)."""
+    special: set[tuple[str, str]] = set()
+    for r in rules:
+        special |= specialisations(r, kind_of)
+    return [i for i, r in enumerate(rules) if renaming_key(r, kind_of) not in special]
+
+
+def prune(rules: Sequence[Rule], values: Sequence[Values | None] | None = None,
+          attr_values: Sequence[tuple[Sequence[Any], Sequence[Any]] | None] | None = None,
+          kind_of: Callable[[str], str] = _default_kind,
+          progress: Callable[[int], None] | None = None) -> tuple[list[int], dict[str, int]]:
+    """Apply the steps of :data:`STEPS` in order. Returns the indices of the kept rules (in input order) and
+    the number left after each step (``{"trivial": n1, "renaming": n2, ...}``); the common-supergraph step
+    is skipped for rules without ``values``."""
+    counts: dict[str, int] = {}
+    keep = list(range(len(rules)))
+    keep = [i for i in keep if not is_trivial(rules[i])]
+    counts["trivial"] = len(keep)
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for n, i in enumerate(keep):
+        key = renaming_key(rules[i], kind_of)
+        if key not in seen:
+            seen.add(key)
+            out.append(i)
+        if progress and n % 1000 == 999:
+            progress(1000)
+    keep = out
+    counts["renaming"] = len(keep)
+    keep = [i for i in keep if not has_common_subgraph(rules[i])]
+    counts["common_subgraph"] = len(keep)
+    if values is not None and attr_values is not None:
+        keep = [i for i in keep if values[i] is None or attr_values[i] is None
+                or not has_common_supergraph(rules[i], values[i], attr_values[i])]
+    counts["common_supergraph"] = len(keep)
+    keep = [i for i in keep if not is_decomposable(rules[i])]
+    counts["decomposable"] = len(keep)
+    return keep, counts
