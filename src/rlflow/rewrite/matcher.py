@@ -358,7 +358,7 @@ def apply(graph: Graph, match: Match) -> Graph:
 
 
 def _apply(graph: Graph, match: Match) -> tuple[Graph, set[str], list[str]]:
-    """(new graph, removed node names, added node names)."""
+    """(new graph, removed node names, added node names). ``new.next_id`` has advanced."""
     rule = match.rule
     removed = set(match.nodes)
     by_name = {n.name: n for n in graph.nodes}
@@ -474,13 +474,21 @@ class MatchIndex:
         view = _View(new)
         region = _region(view, self.view, removed, added)
         region_nodes = [view.by_name[n] for n in region if n in view.by_name]
+        region_ops = {n.op for n in region_nodes}
         stale = removed | region
+        # the kept matches keep their relative order unless the apply had to re-sort the graph's nodes
+        seq = [self.view.pos[n.name] for n in new.nodes if n.name in self.view.pos]
+        resorted = any(a > b for a, b in zip(seq, seq[1:]))
         # a kept match can only become cyclic through a new path via the added nodes, which needs an added node
         # strictly inside the match's window of topological positions
         added_pos = sorted(view.pos[n] for n in added)
         matches = []
         for rule, old in zip(self.rules, self.matches):
             c = _compiled(rule)
+            search = not c.ops.isdisjoint(region_ops) and all(op in view.by_op for op in c.ops)
+            if not old and not search:
+                matches.append(old)
+                continue
             keep = []
             for m in old:
                 if not stale.isdisjoint(m.nodes):
@@ -491,13 +499,15 @@ class MatchIndex:
                             _creates_cycle(view, set(m.nodes), dict(m.bindings).values()):
                         continue
                 keep.append(m)
+            if not search:
+                matches.append(_sorted(view, keep) if resorted else keep)
+                continue
             found: dict = {(m.nodes, m.bindings): m for m in keep}
-            if not any(op not in view.by_op for op in c.ops):
-                for start in range(c.n):
-                    starts = [n for n in region_nodes if n.op == c.src[start].op]
-                    if starts:
-                        _search(view, c, start, starts, found)
-            matches.append(_sorted(view, found.values()))
+            for start in range(c.n):
+                starts = [n for n in region_nodes if n.op == c.src[start].op]
+                if starts:
+                    _search(view, c, start, starts, found)
+            matches.append(_sorted(view, found.values()) if len(found) != len(keep) or resorted else keep)
         idx = MatchIndex.__new__(MatchIndex)
         idx.graph, idx.rules, idx.view, idx.matches = new, self.rules, view, matches
         return idx
