@@ -201,3 +201,17 @@ def test_target_attributes_may_refer_to_target_nodes_as_percent_k():
     g = b.build([b.op("Relu", [b.input("x", (2, 3))])])
     h = apply(g, find_matches(g, rule)[0])
     assert h.op_counts() == {"Relu": 1, "Reshape": 1} and outputs_equal(g, h)
+
+
+def test_incremental_index_sees_readers_rewired_to_a_variable():
+    """split(concat(x, y)) -> x, y rewires the split's readers to x and y: their matches change too."""
+    relu_rule = rule_from_json({"id": "relu-id", "name": "relu", "origin": "builtin", "src": [node("Relu", ["x"])],
+                                "dst": [node("Relu", ["x"])], "outputs": [["%0", "%0"]], "verified": V})
+    b = GraphBuilder()
+    x, y = b.input("x", (2, 3, 4, 4)), b.input("y", (2, 5, 4, 4))
+    p, q = b.op("Split", [b.op("Concat", [x, y], axis=1)], n_outputs=2, axis=1, split=(3, 5))
+    g = b.build([b.op("Relu", [p]), b.op("Relu", [q])])
+    idx = MatchIndex(g, [SPLIT_CONCAT, relu_rule]).apply(0, 0)
+    scratch = MatchIndex(idx.graph, idx.rules)
+    assert [[m.bindings for m in ms] for ms in idx.matches] == [[m.bindings for m in ms] for ms in scratch.matches]
+    assert {dict(m.bindings)["x"] for m in idx.matches[1]} == {"x", "y"}

@@ -358,7 +358,8 @@ def apply(graph: Graph, match: Match) -> Graph:
 
 
 def _apply(graph: Graph, match: Match) -> tuple[Graph, set[str], list[str]]:
-    """(new graph, removed node names, added node names). ``new.next_id`` has advanced."""
+    """(new graph, removed node names, changed node names: the added nodes and the readers rewired to a
+    replacement value). ``new.next_id`` has advanced."""
     rule = match.rule
     removed = set(match.nodes)
     by_name = {n.name: n for n in graph.nodes}
@@ -413,6 +414,7 @@ def _apply(graph: Graph, match: Match) -> tuple[Graph, set[str], list[str]]:
     for sv, d in list(rename.items()):
         rename[sv] = dst_vals[d] if d.startswith("%") else refs[d]
     added_block = list(added)
+    rewired: list[str] = []  # readers whose input now names the replacement value: changed nodes too
     nodes = []
     first = None
     for i, n in enumerate(graph.nodes):
@@ -423,6 +425,7 @@ def _apply(graph: Graph, match: Match) -> tuple[Graph, set[str], list[str]]:
             continue
         if rename and any(v in rename for v in n.inputs):
             n = Node(n.name, n.op, tuple(rename.get(v, v) for v in n.inputs), n.outputs, n.attrs)
+            rewired.append(n.name)
         nodes.append(n)
     outputs = list(graph.outputs)
     if rename:
@@ -444,7 +447,7 @@ def _apply(graph: Graph, match: Match) -> tuple[Graph, set[str], list[str]]:
         if any(v in defined for n in added_block for v in n.inputs):
             new = new.toposorted()
             new.next_id = counter[0]
-    return new, removed, [n.name for n in added]
+    return new, removed, [n.name for n in added] + rewired
 
 
 # ============================================================================================ incremental index
