@@ -275,6 +275,26 @@ def _verify(rule: Rule, trials: int, max_dim: int, seed: int, examples: Sequence
         bases = [{"vars": dict(e["vars"]), "params": dict(e.get("params", {}))} for e in examples]
     else:
         bases = default_bases(rule)
+
+    def agrees(shapes: dict, base: dict) -> bool:
+        """Check one drawn binding: False if the two sides disagree on it; True if they agree (it is recorded)
+        or if it is no binding of this rule (the shapes do not fit, or were drawn before)."""
+        nonlocal worst
+        params = _params(base.get("params", {}))
+        k = _key(shapes, params)
+        if k in seen:
+            return True
+        seen.add(k)
+        got = check_binding(rule, shapes, params, rng)
+        if isinstance(got, str):
+            return True
+        if not got <= rtol:
+            return False
+        worst = max(worst, got)
+        passed.append({"vars": {v: list(s) for v, s in shapes.items()},
+                       **({"params": dict(base["params"])} if base.get("params") else {})})
+        return True
+
     # Plain, perturbed and broadcasting draws in turn, until 4 x `trials` bindings passed: a rule true only for
     # equal shapes (e.g. pooling distributed over a broadcasting Add) cannot slip through on plain draws alone.
     attempts = attempts if attempts is not None else 40 * trials
@@ -285,59 +305,25 @@ def _verify(rule: Rule, trials: int, max_dim: int, seed: int, examples: Sequence
         kind = n % 3
         shapes = _remap(base["vars"], rng, max_dim, 0.3 if kind == 1 else 0.0, ranks=rank_draws and n % 4 == 3,
                         ones=0.3 if kind == 2 else 0.0)
-        params = _params(base.get("params", {}))
-        k = _key(shapes, params)
-        if k in seen:
-            continue
-        seen.add(k)
-        got = check_binding(rule, shapes, params, rng)
-        if isinstance(got, str):
-            continue
-        if not got <= rtol:
+        if not agrees(shapes, base):
             return None
-        worst = max(worst, got)
-        passed.append({"vars": {v: list(s) for v, s in shapes.items()},
-                       **({"params": dict(base["params"])} if base.get("params") else {})})
-    # hidden equalities: dimensions that share a size in the base may be equal only by accident of the symbolic
-    # shapes; give one or two of them another size. A rule that needs the equality (two concatenations split at
-    # the same point, say) fails on such a binding wherever it still type-checks
     for base in bases:
-        for shapes in _split_equal_sizes(base["vars"], rng, max_dim):
-            params = _params(base.get("params", {}))
-            k = _key(shapes, params)
-            if k in seen:
-                continue
-            seen.add(k)
-            got = check_binding(rule, shapes, params, rng)
-            if isinstance(got, str):
-                continue
-            if not got <= rtol:
+        # hidden equalities: dimensions that share a size in the base may be equal only by accident of the
+        # symbolic shapes; give one or two of them another size. A rule that needs the equality (two
+        # concatenations split at the same point, say) fails on such a binding wherever it still type-checks.
+        # Then systematic broadcasting: each variable with one dimension set to 1.
+        for shapes in [*_split_equal_sizes(base["vars"], rng, max_dim), *_one_axis_broadcasts(base["vars"], rng,
+                                                                                              max_dim)]:
+            if not agrees(shapes, base):
                 return None
-            worst = max(worst, got)
-    # systematic broadcasting: each variable with one dimension set to 1, every other size >= 2
-    for base in bases:
-        for shapes in _one_axis_broadcasts(base["vars"], rng, max_dim):
-            params = _params(base.get("params", {}))
-            k = _key(shapes, params)
-            if k in seen:
-                continue
-            seen.add(k)
-            got = check_binding(rule, shapes, params, rng)
-            if isinstance(got, str):
-                continue
-            if not got <= rtol:
-                return None
-            worst = max(worst, got)
-            passed.append({"vars": {v: list(s) for v, s in shapes.items()},
-                           **({"params": dict(base["params"])} if base.get("params") else {})})
     if len(passed) < trials:
         return None
     checked = len(passed)
-    passed = passed[:max(trials, 8)]  # the record keeps a sample of the bindings
     rank = max((len(s) for p in passed for s in p["vars"].values()), default=0)
     max_dims = [max((s[i] for p in passed for s in p["vars"].values() if len(s) > i), default=0)
                 for i in range(rank)]
     ranks = {v: sorted({len(p["vars"][v]) for p in passed if v in p["vars"]}) for v in rule.variables}
+    passed = passed[:max(trials, 8)]  # the record keeps a sample of the bindings
     return {"method": METHOD, "trials": checked, "max_dims": max_dims, "seed": seed, "rtol": rtol,
             "max_rel_diff": float(f"{worst:.3g}"),
             "ranks": {v: r[0] if len(r) == 1 else r for v, r in ranks.items()}, "shapes": passed}
