@@ -367,10 +367,21 @@ def _elementwise_chains() -> list:
     return out
 
 
+def _scalar_mul() -> list[tuple[Rule, list[Example]]]:
+    """Mul by a 0-D constant <-> TASO's ScalarMul. Imported models spell a scalar product ``Mul(x, c)``; the
+    generated ScalarMul rules match only ``ScalarMul``, so these two rules connect them. ScalarMul's shape
+    inference demands a 0-D scalar, so a Mul by anything else is never converted."""
+    ex = [_ex(None, x=[2, 3], s=[]), _ex(None, x=[1, 4, 3, 3], s=[]), _ex(None, x=[5], s=[])]
+    return [_rule("b-mul-to-scalarmul", "mul-by-0d-constant-as-scalarmul", [_n("Mul", ["x", "s"])],
+                  [_n("ScalarMul", ["x", "s"])], [["%0", "%0"]], const=["s"], examples=ex),
+            _rule("b-scalarmul-to-mul", "scalarmul-as-mul", [_n("ScalarMul", ["x", "s"])],
+                  [_n("Mul", ["x", "s"])], [["%0", "%0"]], examples=ex)]
+
+
 def builtin_rules() -> list[tuple[Rule, list[Example]]]:
     """Every builtin rule (``verified`` still pending) with its example instantiations, in a fixed order."""
     rules = (_conv_relu() + _conv_bn() + _conv_mul() + _conv_add() + _conv_enlarge_merge() + _conv_merge()
-             + _matmul_merge() + _gemm() + _elementwise_chains() + _avgpool_conv())
+             + _matmul_merge() + _gemm() + _elementwise_chains() + _avgpool_conv() + _scalar_mul())
     ids = [r.id for r, _ in rules]
     assert len(ids) == len(set(ids)), ids
     return rules
