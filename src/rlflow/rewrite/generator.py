@@ -62,6 +62,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from rlflow.rewrite.rule import expr_refs
+
 # ================================================================================================ configuration
 #: variable kinds: prefix -> (symbolic shape, is a weight). TASO's symbolic inputs (4x1x3x3 left out: no
 #: grouped convolutions among the templates).
@@ -235,20 +237,6 @@ def parse_ref(r: str) -> tuple[int, int] | None:
         got = None
     _REF_CACHE[r] = got
     return got
-
-
-def expr_refs(v: Any) -> list[str]:
-    """References inside an attribute expression (``dim``, ``kernel``, ``same_pads``, ``sum``)."""
-    if isinstance(v, dict):
-        (key, arg), = v.items()
-        if key == "dim":
-            return [arg[0]]
-        if key in ("kernel", "same_pads", "rank"):
-            return [arg]
-        return [r for e in arg for r in expr_refs(e)]
-    if isinstance(v, (list, tuple)):
-        return [r for e in v for r in expr_refs(e)]
-    return []
 
 
 def rename_expr(v: Any, f: Callable[[str], str]) -> Any:

@@ -214,16 +214,17 @@ def _check_expr(v: Any, where: str) -> None:
         raise RLFlowError(f"{where}: value {v!r} is not a literal, parameter or expression")
 
 
-def _expr_refs(v: Any) -> list[str]:
+def expr_refs(v: Any) -> list[str]:
+    """The references inside an attribute expression (``dim``, ``rank``, ``kernel``, ``same_pads``, ``sum``)."""
     if isinstance(v, Mapping):
         (key, arg), = v.items()
         if key == "dim":
             return [arg[0]]
         if key in ("rank", "kernel", "same_pads"):
             return [arg]
-        return [r for e in arg for r in _expr_refs(e)]
+        return [r for e in arg for r in expr_refs(e)]
     if isinstance(v, (list, tuple)):
-        return [r for e in v for r in _expr_refs(e)]
+        return [r for e in v for r in expr_refs(e)]
     return []
 
 
@@ -258,7 +259,7 @@ def _check_refs(nodes: Sequence[PatternNode], side: str, variables: set[str], wh
         for r in n.inputs:
             check(r, k, "input")
         for a, v in n.attrs.items():
-            for r in _expr_refs(v):
+            for r in expr_refs(v):
                 check(r, k, f"attribute '{a}' reference")
 
 
