@@ -1,4 +1,4 @@
-# make run   set up .venv (once) and run the pipeline as far as it goes (the paper-size BERT export)
+# make run   set up .venv (once) and run the pipeline as far as it goes (rule all: the paper-size BERT export and the rule set)
 # make test  set up .venv (once) and run the test suite (the project's one test command; CI runs it)
 #
 # Setup: python3 -m venv .venv, then torch==2.13.0 FIRST in its own pip call (an unpinned torch, or one pulled
@@ -16,7 +16,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 .PHONY: run test setup lint dvc-yaml clean
 
 run: $(STAMP)
-	$(BIN)/snakemake --cores 8 results/bert/model.onnx
+	$(BIN)/snakemake --cores 8
 
 test: $(STAMP)
 	$(BIN)/pytest -q
