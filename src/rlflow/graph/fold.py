@@ -14,15 +14,21 @@ from rlflow.graph.ir import Constant, Graph
 from rlflow.graph.ops import OPS
 
 
-def static_nodes(graph: Graph) -> list[int]:
-    """Indices of the nodes that read only constants or outputs of such nodes."""
+def static_values(graph: Graph) -> tuple[set[str], list[int]]:
+    """(static values, indices of static nodes): a static node reads only constants or outputs of static nodes
+    (a weight reshaped, two weights concatenated); its outputs and the constants are the static values."""
     static = set(graph.constants)
     out = []
     for i, n in enumerate(graph.nodes):
         if n.op != "Opaque" and n.inputs and all(v in static for v in n.inputs if v):
             static.update(n.outputs)
             out.append(i)
-    return out
+    return static, out
+
+
+def static_nodes(graph: Graph) -> list[int]:
+    """Indices of the nodes that read only constants or outputs of such nodes."""
+    return static_values(graph)[1]
 
 
 def fold_constants(graph: Graph) -> Graph:

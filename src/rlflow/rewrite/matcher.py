@@ -25,6 +25,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from rlflow.errors import RLFlowError
+from rlflow.graph.fold import static_values
 from rlflow.graph.ir import Constant, Graph, Node, TensorType
 from rlflow.graph.ops import infer_types
 from rlflow.rewrite.rule import Rule, attr_equal, constant_array, eval_attr, is_param
@@ -138,10 +139,7 @@ class _View:
         self.graph_outputs = set(g.outputs)
         # static values: constants, and outputs of nodes that read static values only (weights being reshaped,
         # concatenated, enlarged...: computable ahead of time, folded after a search)
-        self.static = set(g.constants)
-        for n in g.nodes:
-            if n.op != "Opaque" and n.inputs and all(v in self.static for v in n.inputs):
-                self.static.update(n.outputs)
+        self.static = static_values(g)[0]
 
 
 # ============================================================================================ matching
