@@ -1,5 +1,5 @@
 # RLFlow experiment pipeline (see README.md, "Pipeline").
-#   snakemake --cores 2                           build every model in config["models"]
+#   snakemake --cores 2                           rule all: every model in config["models"], and the rule set
 #   snakemake results/vit/model.onnx --cores 2    build one file
 #   snakemake --cores 2 --configfile tests/configs/tiny.yaml     tiny sizes, merged over config.yaml
 # (Put targets BEFORE --configfile/--config: those options take every word that follows them.)
