@@ -22,6 +22,9 @@ wildcard_constraints:
 
 include: "workflow/rules/export.smk"
 include: "workflow/rules/rules.smk"
+include: "workflow/rules/costs.smk"
+include: "workflow/rules/search.smk"
+include: "workflow/rules/rollouts.smk"
 
 
 rule all:

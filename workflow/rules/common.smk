@@ -37,14 +37,16 @@ WILDCARD_PATTERNS = {
 
 
 def stage_input(name):
-    """Named inputs: the stage's input files and, as `code`, the source files its outputs depend on."""
+    """Named inputs: the stage's input files (a list where the stage expands over a config list, e.g. the
+    rollout shards) and, as `code`, the source files its outputs depend on."""
     st = registry.stage(name)
     code = st.code_files(workflow.basedir)
-    return lambda wildcards: {**st.input_paths(**wildcards), "code": code}
+    return lambda wildcards: {**st.input_paths(config, device=config["device"], **wildcards), "code": code}
 
 
 def stage_output(name):
-    return dict(registry.stage(name).outputs)
+    """Output patterns; config fields (`{device}`) filled in, wildcards (`{model}`, `{shard}`) kept."""
+    return registry.stage(name).output_paths(device=config["device"])
 
 
 def stage_params(name):
@@ -74,8 +76,11 @@ def stage_shell(name):
 
 
 def stage_targets(name, models):
-    """The outputs of stage `name` for each model (for `rule all`); a stage without wildcards has one set."""
+    """The outputs of stage `name` for each model (and each shard id in config, for a sharded stage), for
+    `rule all`; a stage without wildcards has one set."""
     st = registry.stage(name)
-    if not st.wildcards:
-        return list(st.output_paths().values())
-    return [path for model in models for path in st.output_paths(model=model).values()]
+    combos = [{}]
+    for w in st.wildcards:
+        values = models if w == "model" else registry.get(config, registry.WILDCARD_CONFIG[w])
+        combos = [{**c, w: v} for c in combos for v in values]
+    return [path for c in combos for path in st.output_paths(device=config["device"], **c).values()]

@@ -3,9 +3,10 @@
     python -m rlflow.pipeline.dvc            # (re)write dvc.yaml at the repository root
     python -m rlflow.pipeline.dvc --check    # exit 1 if dvc.yaml differs from what the registry gives
 
-Each per-model stage is a ``foreach`` over ``models`` in config.yaml (a stage without wildcards, such as
-generate_rules, is a plain stage), so ``dvc repro`` builds the same models
-as ``snakemake`` (rule all) and dvc.yaml need not change when the model list does. ``params`` lists exactly
+Each per-model stage is a ``foreach`` over ``models`` in config.yaml, a per-model-and-shard stage a ``matrix``
+over ``models`` and ``rollouts.shards`` (a stage without wildcards, such as generate_rules, is a plain stage), and
+paths use ``${device}`` from config.yaml, so ``dvc repro`` builds the same jobs as ``snakemake`` (rule all) and
+dvc.yaml need not change when the model list does. ``params`` lists exactly
 the config.yaml keys the stage reads, so DVC reruns a stage only when one of those changes; ``deps`` are the
 stage's code and input files; ``outs`` are its declared outputs (cached by DVC, pushed to the remote).
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from rlflow.pipeline.registry import CONFIG_FILE, STAGES, Stage
+from rlflow.pipeline.registry import CONFIG_FIELDS, CONFIG_FILE, STAGES, WILDCARD_CONFIG, Stage
 
 HEADER = """\
 # GENERATED from src/rlflow/pipeline/registry.py by `python -m rlflow.pipeline.dvc` -- do not edit by hand.
@@ -29,32 +30,34 @@ HEADER = """\
 #   dvc push / pull    share results/ through the default remote (see .dvc/config)
 """
 
-ITEM = "${item}"
+def _deps(stage: Stage, values: dict) -> list[str]:
+    deps = list(stage.code_paths())
+    for pattern in stage.input_paths(**values).values():
+        if any("{%s}" % f in pattern for f in stage.expand):  # a list of files DVC cannot expand: their folder
+            pattern = pattern.rsplit("/", 1)[0]
+        deps.append(pattern)
+    return deps
 
 
 def stage_entry(stage: Stage) -> dict:
-    if not stage.wildcards:  # one run in all (e.g. generate_rules): a plain stage
-        return {
-            "cmd": stage.dvc_cmd(),
-            "deps": [*stage.code_paths(), *stage.input_paths().values()],
-            "params": [{CONFIG_FILE: list(stage.config_keys().values())}],
-            "outs": list(stage.output_paths().values()),
-        }
-    if tuple(stage.wildcards) != ("model",):
-        raise ValueError(f"stage {stage.name}: only per-model and wildcard-free stages are supported so far")
-    wc = {"model": ITEM}
-    do = {
-        "cmd": stage.dvc_cmd(ITEM),
-        "deps": [*stage.code_paths(), *stage.input_paths(**wc).values()],
-        "params": [{CONFIG_FILE: list(stage.config_keys(**wc).values())}],
-        "outs": list(stage.output_paths(**wc).values()),
+    values = stage.dvc_values()
+    body = {
+        "cmd": stage.dvc_cmd(),
+        "deps": _deps(stage, values),
+        "params": [{CONFIG_FILE: list(stage.config_keys(**values).values())}],
+        "outs": list(stage.output_paths(**values).values()),
     }
-    return {"foreach": "${models}", "do": do}
+    if not stage.wildcards:  # one run in all (e.g. generate_rules): a plain stage
+        return body
+    if len(stage.wildcards) == 1:
+        return {"foreach": "${%s}" % WILDCARD_CONFIG[stage.wildcards[0]], "do": body}
+    return {"matrix": {w: "${%s}" % WILDCARD_CONFIG[w] for w in stage.wildcards}, **body}
 
 
 def render() -> str:
+    tops = sorted({k.split(".")[0] for k in [*WILDCARD_CONFIG.values(), *CONFIG_FIELDS.values()]})
     doc = {
-        "vars": [f"{CONFIG_FILE}:models"],
+        "vars": [f"{CONFIG_FILE}:{','.join(tops)}"],
         "stages": {name: stage_entry(stage) for name, stage in STAGES.items()},
     }
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=120)

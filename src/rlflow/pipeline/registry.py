@@ -51,9 +51,26 @@ def model_names() -> tuple[str, ...]:
     return tuple(load_schema()["properties"]["models"]["items"]["enum"])
 
 
-#: the values each wildcard may take (Snakemake wildcard_constraints; DVC foreach items)
+#: the values each wildcard may take (Snakemake wildcard_constraints); ``shard`` ids are config values
 def wildcard_values() -> dict[str, tuple[str, ...]]:
-    return {"model": model_names()}
+    return {"model": model_names(), "shard": (r"\d+",)}
+
+
+#: path fields filled from a config value rather than a wildcard (DVC: ``${device}`` from config.yaml)
+CONFIG_FIELDS = {"device": "device"}
+#: the config list each wildcard ranges over in DVC (``foreach`` / ``matrix`` over config.yaml values)
+WILDCARD_CONFIG = {"model": "models", "shard": "rollouts.shards"}
+
+
+class _Partial(dict):
+    """``pattern.format_map(_Partial(...))`` fills the given fields and leaves the others as ``{field}``."""
+
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def fill(pattern: str, **values: Any) -> str:
+    return pattern.format_map(_Partial({k: v for k, v in values.items()}))
 
 
 @dataclass(frozen=True)
@@ -71,9 +88,12 @@ class Stage:
     params: Mapping[str, str] = field(default_factory=dict)
     """Every config value the stage reads: rule param name -> dotted config key (may contain wildcards)."""
     args: tuple[tuple[str, str], ...] = ()
-    """Command-line flags after ``--config``: (flag, value pattern) with ``{model}``, ``{output.X}``, ``{input.X}``."""
+    """Command-line flags after ``--config``: (flag, value pattern) with wildcards, ``{output.X}``, ``{input.X}``."""
     wildcards: tuple[str, ...] = ("model",)
     """Wildcards in the path patterns: ``("model",)`` for a per-model stage, ``()`` for one run in all."""
+    expand: Mapping[str, str] = field(default_factory=dict)
+    """Inputs that are lists: field -> config list key (e.g. ``shard`` -> ``rollouts.shards``): an input pattern
+    using the field is one file per list value. DVC, which cannot expand, depends on their folder instead."""
     code: tuple[str, ...] = ()
     """Source paths (files or folders) the outputs depend on besides the stage module itself."""
     conda: str = DEFAULT_CONDA
@@ -104,16 +124,28 @@ class Stage:
             return f"results/benchmarks/{self.name}.tsv"
         return f"results/benchmarks/{self.name}/" + "-".join("{%s}" % w for w in self.wildcards) + ".tsv"
 
-    # -- paths and keys for concrete wildcard values ------------------------------------------------------
-    def output_paths(self, **wildcards: str) -> dict[str, str]:
-        return {k: v.format(**wildcards) for k, v in self.outputs.items()}
+    # -- paths and keys for concrete values ----------------------------------------------------------------
+    def output_paths(self, **values: Any) -> dict[str, str]:
+        """Output paths with the given wildcard / config-field values filled in (others stay ``{field}``)."""
+        return {k: fill(v, **values) for k, v in self.outputs.items()}
 
-    def input_paths(self, **wildcards: str) -> dict[str, str]:
-        return {k: v.format(**wildcards) for k, v in self.inputs.items()}
+    def input_paths(self, config: Mapping | None = None, **values: Any) -> dict[str, Any]:
+        """Input paths with the given values filled in; an ``expand`` input becomes a list over its config list
+        (``config`` needed), or stays a pattern when no config is given."""
+        out: dict[str, Any] = {}
+        for k, v in self.inputs.items():
+            pattern = fill(v, **values)
+            lists = [f for f in self.expand if "{%s}" % f in pattern]
+            if lists and config is not None:
+                (f,) = lists
+                out[k] = [fill(pattern, **{f: x}) for x in get(dict(config), self.expand[f])]
+            else:
+                out[k] = pattern
+        return out
 
     def config_keys(self, **wildcards: str) -> dict[str, str]:
         """param name -> dotted config key, wildcards filled in (``zoo.{model}`` -> ``zoo.bert``)."""
-        return {k: v.format(**wildcards) for k, v in self.params.items()}
+        return {k: fill(v, **wildcards) for k, v in self.params.items()}
 
     def code_paths(self) -> list[str]:
         """The stage module and its other code paths, as DVC deps (folders stay folders)."""
@@ -132,25 +164,34 @@ class Stage:
         return files
 
     # -- command lines --------------------------------------------------------------------------------------
-    def _render_args(self, model: str, output: Any, input: Any) -> list[str]:
-        return [f"{flag} {value.format(model=model, output=output, input=input)}" for flag, value in self.args]
+    def _render_args(self, values: Mapping[str, str], output: Any, input: Any) -> list[str]:
+        return [f"{flag} {fill(value, **values, output=output, input=input)}" for flag, value in self.args]
 
-    def dvc_cmd(self, item: str = "${item}") -> str:
+    def dvc_values(self) -> dict[str, str]:
+        """DVC's interpolation for each wildcard and config field: ``${item}`` (foreach over one list),
+        ``${item.model}`` (matrix over several), ``${device}`` (a config value)."""
+        if len(self.wildcards) == 1:
+            values = {self.wildcards[0]: "${item}"}
+        else:
+            values = {w: "${item.%s}" % w for w in self.wildcards}
+        return {**values, **{f: "${%s}" % key for f, key in CONFIG_FIELDS.items()}}
+
+    def dvc_cmd(self) -> str:
         """The command DVC runs: ``rlflow export-model --config config.yaml --model ${item} --out ...``."""
-        wc = {w: item for w in self.wildcards}
-        output = SimpleNamespace(**self.output_paths(**wc))
-        input = SimpleNamespace(**self.input_paths(**wc))
-        return " ".join([self.command, "--config", CONFIG_FILE, *self._render_args(item, output, input)])
+        values = self.dvc_values()
+        output = SimpleNamespace(**self.output_paths(**values))
+        input = SimpleNamespace(**self.input_paths(**values))
+        return " ".join([self.command, "--config", CONFIG_FILE, *self._render_args(values, output, input)])
 
     def snakemake_shell(self) -> str:
         """The rule's shell command: the values come from the rule's params (``--set KEY=VALUE``), the log
         collects stdout and stderr."""
         output = SimpleNamespace(**{k: "{output.%s:q}" % k for k in self.outputs})
         input = SimpleNamespace(**{k: "{input.%s:q}" % k for k in self.inputs})
-        parts = [self.command, *self._render_args("{wildcards.model}", output, input)]
+        values = {w: "{wildcards.%s}" % w for w in self.wildcards}
+        parts = [self.command, *self._render_args(values, output, input)]
         for pname, key in self.params.items():
-            key = key.format(**{w: "{wildcards.%s}" % w for w in self.wildcards})
-            parts.append(f"--set {key}={{params.{pname}:q}}")
+            parts.append(f"--set {fill(key, **values)}={{params.{pname}:q}}")
         return " ".join(parts) + " > {log:q} 2>&1"
 
     def param_values(self, config: Mapping, **wildcards: str) -> dict[str, str]:
@@ -183,7 +224,7 @@ def _check(stage: Stage) -> Stage:
     """Catch registry typos at import time: every format field a pattern uses must be declared."""
     fields = {f for pat in [*stage.outputs.values(), *stage.inputs.values(), *stage.params.values()]
               for _, f, _, _ in string.Formatter().parse(pat) if f}
-    unknown = fields - set(stage.wildcards)
+    unknown = fields - set(stage.wildcards) - set(CONFIG_FIELDS) - set(stage.expand)
     if unknown:
         raise ValueError(f"stage {stage.name}: unknown wildcard(s) {sorted(unknown)}")
     if not re.fullmatch(r"[a-z][a-z0-9_]*", stage.name):
@@ -226,6 +267,88 @@ STAGES: dict[str, Stage] = {
             wildcards=(),
             code=("src/rlflow/rewrite/generator.py", "src/rlflow/rewrite/verify.py", "src/rlflow/rewrite/prune.py",
                   "src/rlflow/rewrite/rule.py", "src/rlflow/rewrite/builtin.py", "src/rlflow/graph/ops.py"),
+        ),
+        Stage(
+            name="measure_costs",
+            doc="Time every op signature of the model and of graphs a few rewrites away (the measured cost model).",
+            inputs={"onnx": "results/{model}/model.onnx", "rules": "results/rules/rules.json"},
+            outputs={"costs": "results/costs/{device}/{model}.json"},
+            params={
+                "seed": "seed",
+                "device": "device",
+                "warmup": "cost.warmup",
+                "repeats": "cost.repeats",
+                "explore_steps": "cost.explore_steps",
+            },
+            args=(("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--rules", "{input.rules}"),
+                  ("--out", "{output.costs}")),
+            code=("src/rlflow/cost",),
+        ),
+        Stage(
+            name="search_taso",
+            doc="TASO's cost-based backtracking search over the rules; the optimised graph (verified) and its trace.",
+            inputs={"onnx": "results/{model}/model.onnx", "rules": "results/rules/rules.json",
+                    "costs": "results/costs/{device}/{model}.json"},
+            outputs={"onnx": "results/{model}/taso/model.onnx", "trace": "results/{model}/taso/trace.json"},
+            params={
+                "seed": "seed",
+                "device": "device",
+                "cost_model": "cost.model",
+                "peak": "cost.peak",
+                "alpha": "search.alpha",
+                "budget": "search.budget",
+                "time_limit_s": "search.time_limit_s",
+            },
+            args=(("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--rules", "{input.rules}"),
+                  ("--costs", "{input.costs}"), ("--out", "{output.onnx}"), ("--trace", "{output.trace}")),
+            code=("src/rlflow/search", "src/rlflow/cost"),
+        ),
+        Stage(
+            name="search_greedy",
+            doc="Greedy search: apply the best cost-improving rewrite until none improves; verified graph and trace.",
+            inputs={"onnx": "results/{model}/model.onnx", "rules": "results/rules/rules.json",
+                    "costs": "results/costs/{device}/{model}.json"},
+            outputs={"onnx": "results/{model}/greedy/model.onnx", "trace": "results/{model}/greedy/trace.json"},
+            params={
+                "seed": "seed",
+                "device": "device",
+                "cost_model": "cost.model",
+                "peak": "cost.peak",
+                "time_limit_s": "search.time_limit_s",
+            },
+            args=(("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--rules", "{input.rules}"),
+                  ("--costs", "{input.costs}"), ("--out", "{output.onnx}"), ("--trace", "{output.trace}")),
+            code=("src/rlflow/search", "src/rlflow/cost"),
+        ),
+        Stage(
+            name="collect_rollouts",
+            doc="One shard of random-agent episodes in the rewrite environment (actions, metrics, location counts).",
+            inputs={"onnx": "results/{model}/model.onnx", "rules": "results/rules/rules.json",
+                    "costs": "results/costs/{device}/{model}.json"},
+            outputs={"episodes": "results/{model}/rollouts/shard-{shard}.json"},
+            params={
+                "seed": "seed",
+                "device": "device",
+                "cost_model": "cost.model",
+                "peak": "cost.peak",
+                "max_steps": "env.max_steps",
+                "max_locations": "env.max_locations",
+                "episodes": "rollouts.episodes",
+                "stop_prob": "rollouts.stop_prob",
+            },
+            args=(("--model", "{model}"), ("--shard", "{shard}"), ("--onnx", "{input.onnx}"),
+                  ("--rules", "{input.rules}"), ("--costs", "{input.costs}"), ("--out", "{output.episodes}")),
+            wildcards=("model", "shard"),
+            code=("src/rlflow/env", "src/rlflow/agents/random_agent.py", "src/rlflow/cost"),
+        ),
+        Stage(
+            name="merge_rollouts",
+            doc="Join a model's rollout shards into one file (episodes in shard order) with summary statistics.",
+            inputs={"shards": "results/{model}/rollouts/shard-{shard}.json"},
+            outputs={"rollouts": "results/{model}/rollouts.json"},
+            params={"shards": "rollouts.shards"},
+            args=(("--model", "{model}"), ("--shards-dir", "results/{model}/rollouts"), ("--out", "{output.rollouts}")),
+            expand={"shard": "rollouts.shards"},
         ),
     ]
 }

@@ -143,9 +143,9 @@ class _View:
 
 
 # ============================================================================================ matching
-def _search(view: _View, c: _Compiled, start: int, start_nodes: Iterable[Node], out: dict) -> None:
-    """Backtracking search with pattern node ``start`` bound to each of ``start_nodes``; adds matches to ``out``."""
-    order = c.orders[start]
+def _search(view: _View, c: _Compiled, starts: Iterable[tuple[int, Iterable[Node]]], out: dict) -> None:
+    """Backtracking search, for each ``(start, start_nodes)``, with pattern node ``start`` bound to each of
+    ``start_nodes``; adds matches to ``out``."""
     src = c.src
     bound: list[Node | None] = [None] * c.n
     used: set[str] = set()
@@ -212,7 +212,7 @@ def _search(view: _View, c: _Compiled, start: int, start_nodes: Iterable[Node], 
                 return [n for n in view.consumers.get(val, ()) if pos < len(n.inputs) and n.inputs[pos] == val]
         return view.by_op.get(src[k].op, ())
 
-    def rec(i: int) -> None:
+    def rec(order: list[int], i: int, start_nodes: Iterable[Node]) -> None:
         if i == len(order):
             m = _finish(view, c, bound, vars_, params)
             if m is not None:
@@ -225,7 +225,7 @@ def _search(view: _View, c: _Compiled, start: int, start_nodes: Iterable[Node], 
                 continue
             bound[k] = node
             used.add(node.name)
-            rec(i + 1)
+            rec(order, i + 1, start_nodes)
             bound[k] = None
             used.discard(node.name)
             for v in undo[0]:
@@ -233,7 +233,8 @@ def _search(view: _View, c: _Compiled, start: int, start_nodes: Iterable[Node], 
             for p in undo[1]:
                 del params[p]
 
-    rec(0)
+    for start, start_nodes in starts:
+        rec(c.orders[start], 0, start_nodes)
 
 
 _MISSING = object()
@@ -344,7 +345,7 @@ def find_matches(graph: Graph, rule: Rule, _view: _View | None = None) -> list[M
         return []
     start = min(range(c.n), key=lambda k: (len(view.by_op[c.src[k].op]), -k))  # the rarest op first
     out: dict = {}
-    _search(view, c, start, view.by_op[c.src[start].op], out)
+    _search(view, c, [(start, view.by_op[c.src[start].op])], out)
     return _sorted(view, out.values())
 
 
@@ -465,6 +466,7 @@ class MatchIndex:
         if _matches is None:
             _matches = [find_matches(graph, r, self.view) for r in self.rules]
         self.matches = _matches
+        self._rules = _RuleSet.of(self.rules)
 
     def counts(self) -> list[int]:
         return [len(m) for m in self.matches]
@@ -474,8 +476,11 @@ class MatchIndex:
         new, removed, added = _apply(self.graph, match)
         view = _View(new)
         region = _region(view, self.view, removed, added)
-        region_nodes = [view.by_name[n] for n in region if n in view.by_name]
-        region_ops = {n.op for n in region_nodes}
+        region_by_op: dict[str, list[Node]] = {}
+        for name in region:
+            n = view.by_name.get(name)
+            if n is not None:
+                region_by_op.setdefault(n.op, []).append(n)
         stale = removed | region
         # the kept matches keep their relative order unless the apply had to re-sort the graph's nodes
         seq = [self.view.pos[n.name] for n in new.nodes if n.name in self.view.pos]
@@ -483,13 +488,14 @@ class MatchIndex:
         # a kept match can only become cyclic through a new path via the added nodes, which needs an added node
         # strictly inside the match's window of topological positions
         added_pos = sorted(view.pos[n] for n in added)
-        matches = []
-        for rule, old in zip(self.rules, self.matches):
-            c = _compiled(rule)
-            search = not c.ops.isdisjoint(region_ops) and all(op in view.by_op for op in c.ops)
-            if not old and not search:
-                matches.append(old)
-                continue
+        rs = self._rules
+        # only rules with matches (to drop stale ones) and rules using an op of the region (to search) change
+        present = view.by_op.keys()
+        search = {k for op in region_by_op for k in rs.by_op.get(op, ()) if rs.opsets[k] <= present}
+        visit = sorted(search.union(k for k, m in enumerate(self.matches) if m))
+        matches = list(self.matches)
+        for k in visit:
+            c, old = rs.compiled[k], self.matches[k]
             keep = []
             for m in old:
                 if not stale.isdisjoint(m.nodes):
@@ -500,18 +506,38 @@ class MatchIndex:
                             _creates_cycle(view, set(m.nodes), dict(m.bindings).values()):
                         continue
                 keep.append(m)
-            if not search:
-                matches.append(_sorted(view, keep) if resorted else keep)
+            if k not in search:
+                matches[k] = _sorted(view, keep) if resorted else keep
                 continue
             found: dict = {(m.nodes, m.bindings): m for m in keep}
-            for start in range(c.n):
-                starts = [n for n in region_nodes if n.op == c.src[start].op]
-                if starts:
-                    _search(view, c, start, starts, found)
-            matches.append(_sorted(view, found.values()) if len(found) != len(keep) or resorted else keep)
+            starts = [(start, region_by_op[pn.op]) for start, pn in enumerate(c.src) if pn.op in region_by_op]
+            _search(view, c, starts, found)
+            matches[k] = _sorted(view, found.values()) if len(found) != len(keep) or resorted else keep
         idx = MatchIndex.__new__(MatchIndex)
-        idx.graph, idx.rules, idx.view, idx.matches = new, self.rules, view, matches
+        idx.graph, idx.rules, idx.view, idx.matches, idx._rules = new, self.rules, view, matches, rs
         return idx
+
+
+class _RuleSet:
+    """A rule list's compiled patterns and, per op, the rules whose source uses it (shared by every index)."""
+
+    _last: "_RuleSet | None" = None
+
+    def __init__(self, rules: list[Rule]):
+        self.rules = rules
+        self.compiled = [_compiled(r) for r in rules]
+        self.opsets = [frozenset(c.ops) for c in self.compiled]
+        self.by_op: dict[str, list[int]] = {}
+        for k, c in enumerate(self.compiled):
+            for op in c.ops:
+                self.by_op.setdefault(op, []).append(k)
+
+    @classmethod
+    def of(cls, rules: list[Rule]) -> "_RuleSet":
+        last = cls._last
+        if last is None or len(last.rules) != len(rules) or any(a is not b for a, b in zip(last.rules, rules)):
+            last = cls._last = cls(rules)
+        return last
 
 
 def _region(view: _View, old: _View, removed: set[str], added: list[str]) -> set[str]:

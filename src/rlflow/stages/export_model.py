@@ -26,6 +26,7 @@ from pathlib import Path
 
 from rlflow.config import get, load_config
 from rlflow.errors import RLFlowError
+from rlflow.stages.common import add_config_arguments
 from rlflow.pipeline.registry import model_names
 
 NAME = "export-model"
@@ -33,10 +34,7 @@ HELP = "export a zoo model to ONNX at its configured sizes (pipeline stage expor
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="YAML", action="append", default=None,
-                        help="config file; repeat to merge several, later ones win (default: schema defaults)")
-    parser.add_argument("--set", metavar="KEY=VALUE", dest="overrides", action="append", default=[],
-                        help="override one config key after the files, e.g. --set zoo.bert.layers=2 (repeatable)")
+    add_config_arguments(parser, "zoo.bert.layers=2")
     parser.add_argument("name", nargs="?", metavar="NAME", help="zoo model (same as --model)")
     parser.add_argument("--model", metavar="NAME", help="zoo model: " + ", ".join(model_names()))
     parser.add_argument("--out", required=True, metavar="ONNX", type=Path,

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from rlflow.config import get, load_config
 from rlflow.errors import RLFlowError
+from rlflow.stages.common import add_config_arguments
 
 NAME = "generate-rules"
 HELP = "generate, verify and prune substitution rules (pipeline stage generate_rules)"
@@ -35,10 +36,7 @@ STATS_FORMAT = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="YAML", action="append", default=None,
-                        help="config file; repeat to merge several, later ones win (default: schema defaults)")
-    parser.add_argument("--set", metavar="KEY=VALUE", dest="overrides", action="append", default=[],
-                        help="override one config key after the files, e.g. --set rules.max_ops=2 (repeatable)")
+    add_config_arguments(parser, "rules.max_ops=2")
     parser.add_argument("--out", required=True, metavar="JSON", type=Path,
                         help="rules file to write; stats.json is written beside it (parent folders are created)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -1,0 +1,263 @@
+"""Cost models: per-op metrics summed over the graph (TASO's cost function: graph cost = sum of op costs).
+
+- :class:`AnalyticCost` -- a roofline estimate per op, ``max(flops / peak, bytes / bandwidth) + launch``, from
+  device peak figures in config. Deterministic: tests and CI use it.
+- :class:`MeasuredCost` -- each distinct op signature (op, attributes, input types) timed once on the device
+  (torch; CUDA events on a GPU), as TASO times each operator with cuDNN, and cached in a JSON file reused
+  across models and stages. An op the cache lacks is estimated from the roofline scaled by the measured/roofline
+  ratio of its op type (so a graph's cost never depends on when its ops happened to be timed);
+  :meth:`MeasuredCost.measure` times the missing ones.
+
+Both share :class:`CostModel`: per-node metrics cached per node object (rewrites share unchanged nodes between
+graphs, so summing a rewritten graph only computes the new nodes), weight-only nodes free (they are folded).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from rlflow.cost.metrics import Metrics
+from rlflow.errors import RLFlowError
+from rlflow.graph.ir import Graph, Node, TensorType
+from rlflow.graph.ops import OPS, node_bytes, node_flops
+
+COSTS_FORMAT = "rlflow.costs/1"
+
+#: roofline figures used when the config gives none (rough: a 2-core AVX2 CPU; an H100-class GPU, fp32)
+DEFAULT_PEAKS = {
+    "cpu": {"gflops": 100.0, "gbps": 20.0, "launch_us": 5.0},
+    "cuda": {"gflops": 50000.0, "gbps": 2500.0, "launch_us": 5.0},
+}
+
+NodeCost = tuple[float, float, float, float]  # runtime_ms, flops, bytes, launches
+
+
+def signature(node: Node, in_types: Iterable[TensorType]) -> str:
+    """What an op's runtime depends on: op, attributes and input types (not names, not weight values)."""
+    return f"{node.op_type_name()}{node.attr_key()}({', '.join(str(t) for t in in_types)})"
+
+
+def launches_of(node: Node) -> int:
+    return 0 if node.op != "Opaque" and OPS[node.op].view else 1
+
+
+class CostModel:
+    """Base class: subclasses give :meth:`_runtime`; this class caches and sums."""
+
+    name = "base"
+
+    def __init__(self, device: str, peak: Mapping[str, float] | None = None):
+        self.device = device
+        self.peak = dict(peak or DEFAULT_PEAKS.get(device, DEFAULT_PEAKS["cpu"]))
+        self._by_node: dict[int, tuple[Node, NodeCost]] = {}
+
+    # ------------------------------------------------------------------ per op
+    def roofline_ms(self, flops: float, nbytes: float) -> float:
+        """Roofline time of ``flops`` and ``nbytes`` at the device's peak figures, in ms (no launch cost)."""
+        return max(flops / (self.peak["gflops"] * 1e9), nbytes / (self.peak["gbps"] * 1e9)) * 1e3
+
+    def _runtime(self, node: Node, in_types: list[TensorType], flops: float, nbytes: float) -> float:
+        raise NotImplementedError
+
+    def node_cost(self, node: Node, types: Mapping[str, TensorType]) -> NodeCost:
+        """(runtime_ms, flops, bytes, launches) of one node (cached per node object)."""
+        hit = self._by_node.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        ins = [types[v] for v in node.inputs if v]
+        outs = [types[v] for v in node.outputs]
+        flops, nbytes, launches = float(node_flops(node, ins, outs)), float(node_bytes(node, ins, outs)), launches_of(node)
+        runtime = self._runtime(node, ins, flops, nbytes) if launches else 0.0
+        cost = (runtime, flops, nbytes, float(launches))
+        if len(self._by_node) > 500_000:  # bound the cache on very long runs (it holds the nodes alive)
+            self._by_node.clear()
+        self._by_node[id(node)] = (node, cost)
+        return cost
+
+    # ------------------------------------------------------------------ per graph
+    def node_costs(self, graph: Graph) -> list[NodeCost]:
+        """Per node, in graph order; weight-only nodes (folded before running) cost nothing."""
+        static = set(graph.constants)
+        zero = (0.0, 0.0, 0.0, 0.0)
+        types = graph.types
+        out = []
+        for n in graph.nodes:
+            if n.op != "Opaque" and n.inputs and all(v in static for v in n.inputs if v):
+                static.update(n.outputs)
+                out.append(zero)
+            else:
+                out.append(self.node_cost(n, types))
+        return out
+
+    def graph_metrics(self, graph: Graph) -> Metrics:
+        rt = fl = by = la = 0.0
+        for r, f, b, l in self.node_costs(graph):
+            rt += r
+            fl += f
+            by += b
+            la += l
+        return Metrics(rt, fl, by, la)
+
+    def roofline_bound_ms(self, metrics: Metrics) -> float:
+        """The whole graph's roofline lower bound: all flops at peak compute or all bytes at peak bandwidth."""
+        return self.roofline_ms(metrics.flops, metrics.bytes)
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": self.name, "device": self.device, "peak": self.peak}
+
+
+class AnalyticCost(CostModel):
+    """Roofline per op plus a fixed launch overhead per kernel."""
+
+    name = "analytic"
+
+    def _runtime(self, node, in_types, flops, nbytes):
+        return self.roofline_ms(flops, nbytes) + self.peak["launch_us"] * 1e-3
+
+
+class MeasuredCost(CostModel):
+    """Measured per-signature runtimes (a cache file), roofline x op-type calibration for the rest."""
+
+    name = "measured"
+
+    def __init__(self, device: str, peak: Mapping[str, float] | None = None, table: Mapping[str, dict] | None = None,
+                 warmup: int = 8, repeats: int = 32, hardware: str | None = None):
+        super().__init__(device, peak)
+        self.table: dict[str, dict] = dict(table or {})
+        self.warmup, self.repeats = warmup, repeats
+        self.hardware = hardware or describe_hardware(device)
+        self._calibrate()
+
+    # -- calibration: measured / roofline per op type, for signatures not in the table
+    def _calibrate(self) -> None:
+        ratios: dict[str, list[float]] = {}
+        for e in self.table.values():
+            base = self.roofline_ms(e["flops"], e["bytes"]) + self.peak["launch_us"] * 1e-3
+            if base > 0:  # (zero only for an op moving nothing with launch_us 0)
+                ratios.setdefault(e["op"], []).append(e["runtime_ms"] / base)
+        self.ratio = {op: statistics.median(r) for op, r in ratios.items()}
+        every = [x for r in ratios.values() for x in r]
+        self.default_ratio = statistics.median(every) if every else 1.0
+        self._by_node.clear()
+
+    def _runtime(self, node, in_types, flops, nbytes):
+        e = self.table.get(signature(node, in_types))
+        if e is not None:
+            return e["runtime_ms"]
+        base = self.roofline_ms(flops, nbytes) + self.peak["launch_us"] * 1e-3
+        return base * self.ratio.get(node.op_type_name(), self.default_ratio)
+
+    def missing(self, graphs: Iterable[Graph]) -> dict[str, tuple[Graph, Node]]:
+        """Signatures of the graphs' non-static, non-view nodes that the table lacks (first occurrence each)."""
+        want: dict[str, tuple[Graph, Node]] = {}
+        seen: dict[int, Node] = {}  # nodes already looked at (rewritten graphs share most of their nodes)
+        for g in graphs:
+            for n, c in zip(g.nodes, self.node_costs(g)):
+                if not c[3] or seen.get(id(n)) is n:
+                    continue
+                seen[id(n)] = n
+                sig = signature(n, [g.types[v] for v in n.inputs if v])
+                if sig not in self.table and sig not in want:
+                    want[sig] = (g, n)
+        return want
+
+    def measure(self, graphs: Iterable[Graph], progress: bool = False) -> int:
+        """Time every missing signature of ``graphs`` on the device; returns how many were measured."""
+        from rlflow.cost.measure import time_node
+
+        want = self.missing(graphs)
+        items = want.items()
+        if progress:
+            from tqdm import tqdm
+
+            items = tqdm(items, desc="measuring ops", unit="op", file=sys.stderr, leave=False, mininterval=1.0)
+        for sig, (g, n) in items:
+            ins = [g.types[v] for v in n.inputs if v]
+            outs = [g.types[v] for v in n.outputs]
+            self.table[sig] = {
+                "op": n.op_type_name(),
+                "runtime_ms": time_node(g, n, self.device, self.warmup, self.repeats),
+                "flops": float(node_flops(n, ins, outs)),
+                "bytes": float(node_bytes(n, ins, outs)),
+            }
+        if want:
+            self._calibrate()
+        return len(want)
+
+    # -- the cache file
+    def to_json(self) -> dict:
+        return {"format": COSTS_FORMAT, "device": self.device, "hardware": self.hardware,
+                "warmup": self.warmup, "repeats": self.repeats, "peak": self.peak,
+                "ops": dict(sorted(self.table.items()))}
+
+    def save(self, path: str | Path) -> None:
+        from rlflow.atomic import write_text
+
+        write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path, device: str, peak: Mapping[str, float] | None = None,
+             warmup: int = 8, repeats: int = 32) -> "MeasuredCost":
+        """Read a cache file; a missing file gives an empty table. A cache measured on another device kind
+        (cpu/cuda) is a one-line error, rather than mixing devices; one measured on other hardware of the same
+        kind (another CPU or GPU model) is used, with a one-line warning on stderr."""
+        p = Path(path)
+        if not p.exists():
+            return cls(device, peak, warmup=warmup, repeats=repeats)
+        if p.is_dir():
+            raise RLFlowError(f"{p}: is a folder, expected a cost cache (.json)")
+        try:
+            data = json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            raise RLFlowError(f"{p}: not a cost cache ({e.__class__.__name__})") from None
+        if not isinstance(data, dict) or data.get("format") != COSTS_FORMAT or not isinstance(data.get("ops"), dict):
+            raise RLFlowError(f"{p}: not a cost cache (expected format '{COSTS_FORMAT}')")
+        for sig, e in data["ops"].items():
+            if not (isinstance(e, dict) and isinstance(e.get("op"), str)
+                    and all(isinstance(e.get(k), (int, float)) and not isinstance(e.get(k), bool) and e[k] >= 0
+                            for k in ("runtime_ms", "flops", "bytes"))):
+                raise RLFlowError(f"{p}: malformed entry for op signature '{sig}' (needs 'op', and 'runtime_ms', "
+                                  f"'flops', 'bytes' >= 0)")
+        if data.get("device") != device:
+            raise RLFlowError(f"{p}: measured on '{data.get('device')}', but the device is '{device}' "
+                              f"(re-run `rlflow measure-costs` on this device)")
+        here = describe_hardware(device)
+        if data.get("hardware") not in (None, here):
+            print(f"rlflow: warning: {p} was measured on '{data.get('hardware')}', this machine is '{here}'",
+                  file=sys.stderr)
+        return cls(device, peak, data["ops"], warmup, repeats, hardware=data.get("hardware"))
+
+
+def describe_hardware(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def make_cost_model(config: Mapping, device: str, costs_path: str | Path | None = None,
+                    kind: str | None = None) -> CostModel:
+    """The cost model the config asks for (``cost.model``, or ``kind``) on ``device`` (cpu|cuda)."""
+    cost = dict(config.get("cost", {}))
+    kind = kind or cost.get("model", "measured")
+    peak = (cost.get("peak") or {}).get(device)
+    if kind == "analytic":
+        return AnalyticCost(device, peak)
+    if kind == "measured":
+        warmup, repeats = cost.get("warmup", 8), cost.get("repeats", 32)
+        if costs_path is None:
+            return MeasuredCost(device, peak, warmup=warmup, repeats=repeats)
+        return MeasuredCost.load(costs_path, device, peak, warmup, repeats)
+    raise RLFlowError(f"unknown cost model '{kind}' (choose from analytic, measured)")

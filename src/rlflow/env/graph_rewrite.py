@@ -1,0 +1,170 @@
+"""``rlflow/GraphRewrite-v0``: rewrite a computation graph by applying verified substitution rules.
+
+Action ``(xfer_id, location)``: apply rule ``xfer_id`` at its ``location``-th match (matches are ordered
+deterministically by their nodes' positions in the graph). ``xfer_id == N`` (the number of rules) is the NO-OP:
+it ends the episode. An action the masks forbid (a rule with no match, a location past the rule's matches) is
+invalid: it earns the reward's ``invalid_penalty`` and leaves the graph unchanged. After ``max_steps`` steps the
+episode is truncated.
+
+Observation (a dict, as in the RLFlow paper):
+  ``graph``          the graph (``gymnasium.spaces.Graph``, see :mod:`rlflow.env.observation`)
+  ``global``         the graph's metrics [runtime_ms, flops, bytes, launches]
+  ``xfer_mask``      (N+1,) int8: 1 where the rule has a match; the NO-OP is always valid
+  ``location_mask``  (N+1, L) int8: row k has 1 at the first min(matches of k, L) locations; L = max_locations
+
+``info`` holds the new graph's metrics (``runtime_ms``, ``flops``, ``bytes``, ``launches``, and ``latency_ms``
+when the reward measures real latency), ``counts`` (matches per rule, not truncated at L), ``valid``, ``noop``,
+``rule`` (the id applied) and ``step``, so a recorded episode can be re-scored with any reward.
+
+The environment is deterministic: the same actions give the same graphs (structural hash) and metrics.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from rlflow.cost import METRIC_NAMES, AnalyticCost, CostModel
+from rlflow.env.observation import MAX_RANK, NODE_FEATURES, graph_features
+from rlflow.env.rewards import Reward, make_reward
+from rlflow.graph.ir import Graph
+from rlflow.rewrite.matcher import MatchIndex
+from rlflow.rewrite.rule import Rule
+
+
+class GraphRewriteEnv(gym.Env):
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(self, graph: Graph | str | Path, rules: Sequence[Rule] | str | Path,
+                 cost_model: CostModel | None = None, reward: Reward | dict | str | None = None,
+                 max_steps: int = 50, max_locations: int = 200, render_mode: str | None = None,
+                 latency_device: str = "cpu", latency_warmup: int = 2, latency_repeats: int = 10):
+        if isinstance(graph, (str, Path)):
+            from rlflow.graph.onnx_io import load_onnx
+
+            graph = load_onnx(graph)
+        if isinstance(rules, (str, Path)):
+            from rlflow.rewrite.rule import load_rules
+
+            rules = load_rules(rules)
+        if max_steps < 1 or max_locations < 1:
+            raise ValueError("max_steps and max_locations must be >= 1")
+        self.rules = list(rules)
+        self.n_xfers = len(self.rules)
+        self.noop = self.n_xfers
+        self.cost = cost_model or AnalyticCost("cpu")
+        self.reward_fn = make_reward(reward)
+        self.max_steps, self.max_locations = int(max_steps), int(max_locations)
+        self.render_mode = render_mode
+        self.latency = (latency_device, latency_warmup, latency_repeats)
+
+        self.initial_index = MatchIndex(graph, self.rules)
+        self.initial_metrics = self._metrics(graph, measure=self.reward_fn.needs_latency)
+        self._initial_node_costs = self._node_costs
+        self.action_space = spaces.MultiDiscrete([self.n_xfers + 1, self.max_locations])
+        self.observation_space = spaces.Dict({
+            "graph": spaces.Graph(node_space=spaces.Box(0.0, np.inf, (NODE_FEATURES,), np.float32),
+                                  edge_space=spaces.Box(0.0, np.inf, (MAX_RANK,), np.float32)),
+            "global": spaces.Box(0.0, np.inf, (len(METRIC_NAMES),), np.float64),
+            "xfer_mask": spaces.MultiBinary(self.n_xfers + 1),
+            "location_mask": spaces.MultiBinary((self.n_xfers + 1, self.max_locations)),
+        })
+        self._loc_range = np.arange(self.max_locations)
+        self.index = self.initial_index
+        self.metrics = self.initial_metrics
+        self.steps = 0
+        self._stale_latency = False
+
+    # ------------------------------------------------------------------ state
+    @property
+    def graph(self) -> Graph:
+        return self.index.graph
+
+    def counts(self) -> np.ndarray:
+        """Matches per rule on the current graph, (N,) int64 (not truncated at max_locations)."""
+        return np.array(list(map(len, self.index.matches)), np.int64)
+
+    def masks(self, counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(xfer_mask (N+1,), location_mask (N+1, L)) as int8, from the match counts."""
+        counts = self.counts() if counts is None else counts
+        full = np.append(np.minimum(counts, self.max_locations), 1)  # NO-OP: one location (0)
+        loc = (self._loc_range[None, :] < full[:, None]).astype(np.int8)
+        return (full > 0).astype(np.int8), loc
+
+    def _metrics(self, graph: Graph, measure: bool) -> dict[str, float]:
+        self._node_costs = self.cost.node_costs(graph)  # reused by the observation
+        m = dict(zip(METRIC_NAMES, map(sum, zip(*self._node_costs)))) if self._node_costs else \
+            dict.fromkeys(METRIC_NAMES, 0.0)
+        if self.reward_fn.needs_latency:
+            m["latency_ms"] = self._measure_latency(graph) if measure else self.metrics["latency_ms"]
+        return m
+
+    def _measure_latency(self, graph: Graph) -> float:
+        from rlflow.graph.exec import get_runner, make_inputs, time_runner
+
+        device, warmup, repeats = self.latency
+        runner = get_runner(graph, self.reward_fn.backend, device)
+        return time_runner(runner, make_inputs(graph), warmup, repeats)["median_ms"]
+
+    def _observation(self, counts: np.ndarray) -> dict[str, Any]:
+        runtimes = [c[0] for c in self._node_costs]
+        nodes, edges, links = graph_features(self.graph, runtimes)
+        xfer_mask, loc_mask = self.masks(counts)
+        return {
+            "graph": spaces.GraphInstance(nodes, edges, links),
+            "global": np.array([self.metrics[k] for k in METRIC_NAMES], np.float64),
+            "xfer_mask": xfer_mask,
+            "location_mask": loc_mask,
+        }
+
+    def _info(self, counts: np.ndarray, **extra: Any) -> dict[str, Any]:
+        return {**self.metrics, "counts": counts, "step": self.steps, **extra}
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.index = self.initial_index
+        self.metrics = self.initial_metrics
+        self._node_costs = self._initial_node_costs
+        self.steps = 0
+        self._stale_latency = False
+        counts = self.counts()
+        return self._observation(counts), self._info(counts, valid=True, noop=False, rule=None)
+
+    def step(self, action):
+        xfer, loc = int(action[0]), int(action[1])
+        self.steps += 1
+        truncated = self.steps >= self.max_steps
+        counts = self.counts()
+        prev = self.metrics
+        if xfer == self.noop:
+            extra = {"valid": True, "noop": True, "rule": None}
+            terminated, reward = True, 0.0
+            if self._stale_latency:  # e2e: the episode ends; score the changes since the last measurement
+                self.metrics = {**prev, "latency_ms": self._measure_latency(self.graph)}
+                reward = float(self.reward_fn(prev, self.metrics, self.initial_metrics))
+        elif not (0 <= xfer < self.n_xfers and 0 <= loc < min(counts[xfer], self.max_locations)):
+            extra = {"valid": False, "noop": False, "rule": None}
+            terminated, reward = False, self.reward_fn.invalid_penalty
+        else:
+            self.index = self.index.apply(xfer, loc)
+            counts = self.counts()
+            terminated = False
+            measure = self.reward_fn.needs_latency and (truncated or self.steps % self.reward_fn.every == 0)
+            self.metrics = self._metrics(self.graph, measure)
+            self._stale_latency = self.reward_fn.needs_latency and not measure
+            reward = float(self.reward_fn(prev, self.metrics, self.initial_metrics))
+            extra = {"valid": True, "noop": False, "rule": self.rules[xfer].id}
+        return (self._observation(counts), reward, terminated, truncated and not terminated,
+                self._info(counts, **extra))
+
+    def render(self):
+        if self.render_mode == "ansi":
+            m = self.metrics
+            return (f"step {self.steps}: {len(self.graph)} nodes, runtime {m['runtime_ms']:.3f} ms, "
+                    f"{m['flops'] / 1e9:.3f} GFLOPs, {m['bytes'] / 1e6:.1f} MB, {int(m['launches'])} launches")
+        return None
