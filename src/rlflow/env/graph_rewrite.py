@@ -36,6 +36,9 @@ from rlflow.rewrite.matcher import MatchIndex
 from rlflow.rewrite.rule import Rule
 
 
+F32_MAX = float(np.finfo(np.float32).max)  # features are non-negative and finite (not inf: env_checker)
+
+
 class GraphRewriteEnv(gym.Env):
     metadata = {"render_modes": ["ansi"]}
 
@@ -67,9 +70,9 @@ class GraphRewriteEnv(gym.Env):
         self._initial_node_costs = self._node_costs
         self.action_space = spaces.MultiDiscrete([self.n_xfers + 1, self.max_locations])
         self.observation_space = spaces.Dict({
-            "graph": spaces.Graph(node_space=spaces.Box(0.0, np.inf, (NODE_FEATURES,), np.float32),
-                                  edge_space=spaces.Box(0.0, np.inf, (MAX_RANK,), np.float32)),
-            "global": spaces.Box(0.0, np.inf, (len(METRIC_NAMES),), np.float64),
+            "graph": spaces.Graph(node_space=spaces.Box(0.0, F32_MAX, (NODE_FEATURES,), np.float32),
+                                  edge_space=spaces.Box(0.0, F32_MAX, (MAX_RANK,), np.float32)),
+            "global": spaces.Box(0.0, F32_MAX, (len(METRIC_NAMES),), np.float64),
             "xfer_mask": spaces.MultiBinary(self.n_xfers + 1),
             "location_mask": spaces.MultiBinary((self.n_xfers + 1, self.max_locations)),
         })

@@ -339,7 +339,8 @@ STAGES: dict[str, Stage] = {
             args=(("--model", "{model}"), ("--shard", "{shard}"), ("--onnx", "{input.onnx}"),
                   ("--rules", "{input.rules}"), ("--costs", "{input.costs}"), ("--out", "{output.episodes}")),
             wildcards=("model", "shard"),
-            code=("src/rlflow/env", "src/rlflow/agents/random_agent.py", "src/rlflow/cost"),
+            code=("src/rlflow/env", "src/rlflow/agents/random_agent.py", "src/rlflow/agents/rollouts.py",
+                  "src/rlflow/cost"),
         ),
         Stage(
             name="merge_rollouts",
@@ -349,6 +350,7 @@ STAGES: dict[str, Stage] = {
             params={"shards": "rollouts.shards"},
             args=(("--model", "{model}"), ("--shards-dir", "results/{model}/rollouts"), ("--out", "{output.rollouts}")),
             expand={"shard": "rollouts.shards"},
+            code=("src/rlflow/agents/rollouts.py",),
         ),
     ]
 }

@@ -1,0 +1,1 @@
+"""Agents: the random agent (rollouts); later PPO, world-model and controller training."""

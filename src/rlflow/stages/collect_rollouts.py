@@ -1,0 +1,81 @@
+"""Collect one shard of random-agent episodes in the rewrite environment (pipeline stage ``collect_rollouts``;
+also ``rlflow rollouts``).
+
+The random agent stops (NO-OP) with probability rollouts.stop_prob at each step, otherwise picks a rule with a
+match uniformly, then one of its locations uniformly. Per episode the file keeps the actions, the metrics of
+every graph, the match counts per rule and done flags -- not graphs, and not rewards (format: see
+rlflow/agents/rollouts.py). Shard K's episodes depend only on K, seed, rollouts.episodes, rollouts.stop_prob,
+env.max_steps, env.max_locations and the cost model, so shards run in parallel and adding shards leaves the
+others alone. Reward settings (env.reward) are not read.
+
+Examples:
+  rlflow rollouts --config config.yaml --model bert --shard 0 --onnx results/bert/model.onnx \\
+      --rules results/rules/rules.json --costs results/costs/auto/bert.json --out results/bert/rollouts/shard-0.json
+  rlflow collect-rollouts ... --set rollouts.episodes=20 --set cost.model=analytic      (no cost cache needed)
+
+Pipeline: Snakemake rule collect_rollouts (workflow/rules/rollouts.smk), one job per model and shard id in
+rollouts.shards, and the dvc.yaml stage of the same name (a matrix); both come from
+rlflow.pipeline.registry.STAGES["collect_rollouts"]. merge_rollouts joins the shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from rlflow.config import get
+from rlflow.errors import RLFlowError
+from rlflow.stages.common import add_config_arguments, add_problem_arguments, load_problem
+
+NAME = "collect-rollouts"
+ALIASES = ["rollouts"]
+HELP = "collect one shard of random-agent episodes (pipeline stage collect_rollouts)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, "rollouts.episodes=20")
+    add_problem_arguments(parser)
+    parser.add_argument("--shard", required=True, type=int, metavar="K", help="shard id (seeds its episodes)")
+    parser.add_argument("--out", required=True, type=Path, metavar="JSON", help="episodes file to write")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlflow.agents.rollouts import FORMAT, collect, rules_digest, summarise
+    from rlflow.env import make_env
+
+    if args.shard < 0:
+        raise RLFlowError("--shard must be >= 0")
+    problem = load_problem(args)
+    config = problem.config
+    seed, episodes, stop_prob = get(config, "seed"), get(config, "rollouts.episodes"), get(config, "rollouts.stop_prob")
+    env = make_env(config, problem.graph, problem.rules, problem.cost, reward=False, device=problem.device)
+    print(f"collect_rollouts: {args.model} shard {args.shard}: {episodes} episodes, {len(problem.rules)} rules, "
+          f"max_steps={env.max_steps}, stop_prob={stop_prob}, cost model {problem.cost.name}", flush=True)
+    t0 = time.perf_counter()
+    eps = collect(env, episodes, stop_prob, seed=[seed, args.shard], progress=not args.no_progress)
+    seconds = time.perf_counter() - t0
+    for e in eps:
+        e["shard"] = args.shard
+    stats = summarise(eps, seconds)
+    doc = {
+        "format": FORMAT,
+        "model": args.model,
+        "shards": [args.shard],
+        "seed": seed,
+        "rules": rules_digest(problem.rules),
+        "env": {"max_steps": env.max_steps, "max_locations": env.max_locations},
+        "cost": problem.cost.describe(),
+        "metric_names": ["runtime_ms", "flops", "bytes", "launches"],
+        "stop_prob": stop_prob,
+        "stats": stats,
+        "episodes": eps,
+    }
+    from rlflow.atomic import write_text
+
+    write_text(args.out, json.dumps(doc, separators=(",", ":")) + "\n")
+    print(f"collect_rollouts: wrote {args.out}: {stats['episodes']} episodes, {stats['steps']} steps in "
+          f"{seconds:.1f} s ({stats['episodes_per_second']:.1f} episodes/s); best runtime "
+          f"{stats['best_runtime_ms']:.3f} ms ({stats['best_improvement_pct']:.2f}% below the original)", flush=True)
+    return 0

@@ -1,0 +1,235 @@
+"""The rewrite environment rlflow/GraphRewrite-v0, its rewards, the random agent and the rollout files."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import rlflow.env  # noqa: F401  (registers the env id)
+from rlflow.agents.random_agent import RandomAgent
+from rlflow.agents.rollouts import collect, replay
+from rlflow.cost import AnalyticCost
+from rlflow.env import ENV_ID, GraphRewriteEnv, make_reward
+from rlflow.env.rewards import DeltaReward, EndToEndReward, NormalisedReward, WeightedReward
+from rlflow.errors import RLFlowError
+from rlflow.graph import load_onnx
+from rlflow.rewrite import load_rules
+from rlflow.rewrite.matcher import find_matches
+
+
+@pytest.fixture(scope="module")
+def bert(tiny_zoo):
+    return load_onnx(tiny_zoo["bert"])
+
+
+@pytest.fixture(scope="module")
+def rules(rules_file):
+    return load_rules(rules_file)
+
+
+def make(graph, rules, **kw):
+    kw.setdefault("reward", {"name": "delta"})
+    return GraphRewriteEnv(graph, rules, AnalyticCost("cpu"), **kw)
+
+
+def random_actions(env, n, seed=0):
+    """n valid rewriting actions (no NO-OP) from a fresh episode, recorded while stepping."""
+    agent = RandomAgent(0.0, np.random.default_rng(seed))
+    obs, _ = env.reset()
+    actions = []
+    for _ in range(n):
+        a = agent.act(obs["xfer_mask"], obs["location_mask"])
+        if a[0] == env.noop:
+            break
+        obs, *_ = env.step(a)
+        actions.append(a)
+    return actions
+
+
+# ------------------------------------------------------------------------------------------------ rewards
+PREV = {"runtime_ms": 10.0, "flops": 100.0, "bytes": 5e6, "launches": 7, "latency_ms": 8.0}
+CUR = {"runtime_ms": 9.0, "flops": 100.0, "bytes": 3e6, "launches": 6, "latency_ms": 6.0}
+FIRST = {"runtime_ms": 20.0, "flops": 100.0, "bytes": 6e6, "launches": 9, "latency_ms": 16.0}
+
+
+def test_delta_reward():
+    assert DeltaReward()(PREV, CUR, FIRST) == pytest.approx(1.0)
+    assert DeltaReward()(CUR, PREV, FIRST) == pytest.approx(-1.0)
+
+
+def test_weighted_reward():
+    # 0.8 x (10 - 9) ms + 0.2 x (5e6 - 3e6) bytes / 1e6 = 0.8 + 0.4
+    assert WeightedReward(0.8, 0.2)(PREV, CUR, FIRST) == pytest.approx(1.2)
+    assert WeightedReward(1.0, 0.0)(PREV, CUR, FIRST) == pytest.approx(1.0)
+
+
+def test_normalised_reward():
+    assert NormalisedReward()(PREV, CUR, FIRST) == pytest.approx(5.0)  # 1 ms of 20 ms = 5 %
+
+
+def test_e2e_reward():
+    assert EndToEndReward(every=5)(PREV, CUR, FIRST) == pytest.approx(12.5)  # 2 ms of 16 ms
+
+
+def test_make_reward_from_config():
+    r = make_reward({"name": "weighted", "alpha": 0.5, "beta": 0.5, "invalid_penalty": -7})
+    assert isinstance(r, WeightedReward) and (r.alpha, r.beta, r.invalid_penalty) == (0.5, 0.5, -7.0)
+    assert make_reward({"name": "e2e", "e2e_every": 3}).every == 3
+    with pytest.raises(RLFlowError, match="unknown reward"):
+        make_reward({"name": "nope"})
+
+
+# ------------------------------------------------------------------------------------------------ the env
+def test_env_checker_passes(bert, rules):
+    env = make(bert, rules, max_steps=5, max_locations=16)
+    check_env(env, skip_render_check=True)
+    env = gym.make(ENV_ID, graph=bert, rules=rules, cost_model=AnalyticCost("cpu"), max_steps=5, max_locations=16)
+    check_env(env.unwrapped, skip_render_check=True)
+
+
+def test_masks_match_find_matches(bert, rules):
+    env = make(bert, rules, max_locations=4)
+    actions = random_actions(env, 6, seed=1)
+    assert len(actions) == 6
+    obs, _ = env.reset()
+    for a in [None, *actions]:
+        if a is not None:
+            obs, _, _, _, info = env.step(a)
+        expect = np.array([len(find_matches(env.graph, r)) for r in rules])
+        assert np.array_equal(env.counts(), expect)
+        assert np.array_equal(obs["xfer_mask"][:-1], (expect > 0).astype(np.int8)) and obs["xfer_mask"][-1] == 1
+        rows = obs["location_mask"][:-1]
+        assert np.array_equal(rows.sum(axis=1), np.minimum(expect, 4))
+        assert all(rows[k, :min(c, 4)].all() for k, c in enumerate(expect))  # the first locations, in order
+        assert obs["location_mask"][-1].tolist() == [1, 0, 0, 0]
+
+
+def test_step_applies_the_chosen_match_and_reports_metrics(bert, rules):
+    from rlflow.rewrite.matcher import apply
+
+    env = make(bert, rules)
+    obs, info = env.reset()
+    k = int(np.flatnonzero(obs["xfer_mask"][:-1])[0])
+    want = apply(bert, find_matches(bert, rules[k])[0])
+    obs, reward, terminated, truncated, info = env.step((k, 0))
+    assert env.graph.structural_hash() == want.structural_hash()
+    m = AnalyticCost("cpu").graph_metrics(want)
+    assert info["runtime_ms"] == pytest.approx(m.runtime_ms) and info["flops"] == m.flops
+    assert info["valid"] and info["rule"] == rules[k].id and not terminated and not truncated
+    assert reward == pytest.approx(env.initial_metrics["runtime_ms"] - m.runtime_ms)
+    assert obs["global"][0] == pytest.approx(m.runtime_ms)
+    g = obs["graph"]
+    n_values = len(want.inputs) + len(want.constants) + len(want.nodes)
+    assert g.nodes.shape[0] == n_values and g.edge_links.shape == (g.edges.shape[0], 2)
+    assert g.edge_links.max() < n_values
+
+
+def test_invalid_actions_get_the_penalty_and_leave_the_graph(bert, rules):
+    env = make(bert, rules, reward={"name": "delta", "invalid_penalty": -42}, max_locations=8)
+    obs, _ = env.reset()
+    before = env.graph.structural_hash()
+    unmatched = int(np.flatnonzero(obs["xfer_mask"][:-1] == 0)[0])
+    matched = int(np.flatnonzero(obs["xfer_mask"][:-1])[0])
+    past = int(obs["location_mask"][matched].sum())  # one past its last location
+    for action in [(unmatched, 0), (matched, past)] if past < 8 else [(unmatched, 0)]:
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert reward == -42 and not info["valid"] and not terminated
+        assert env.graph.structural_hash() == before
+        assert info["runtime_ms"] == env.initial_metrics["runtime_ms"]
+
+
+def test_noop_ends_the_episode_and_max_steps_truncates(bert, rules):
+    env = make(bert, rules, max_steps=3)
+    env.reset()
+    _, reward, terminated, truncated, info = env.step((env.noop, 0))
+    assert terminated and not truncated and reward == 0 and info["noop"]
+    env.reset()
+    actions = random_actions(env, 3)
+    assert len(actions) == 3
+    env.reset()
+    flags = [env.step(a)[2:4] for a in actions]
+    assert flags == [(False, False), (False, False), (False, True)]
+
+
+def test_same_actions_same_graph_and_metrics(bert, rules):
+    a, b = make(bert, rules), make(bert, rules)
+    actions = random_actions(a, 12, seed=3)
+    assert len(actions) == 12
+    for env in (a, b):  # b is a fresh instance; a replays after a reset
+        env.reset()
+        trace = []
+        for act in actions:
+            _, r, *_, info = env.step(act)
+            trace.append((r, info["runtime_ms"], info["bytes"], tuple(info["counts"])))
+        env.trace, env.hash = trace, env.graph.structural_hash()
+    assert a.trace == b.trace and a.hash == b.hash
+
+
+def test_vector_env(bert, rules):
+    envs = gym.make_vec(ENV_ID, num_envs=2, vectorization_mode="sync", graph=bert, rules=rules,
+                        cost_model=AnalyticCost("cpu"), max_steps=4, max_locations=8)
+    obs, info = envs.reset(seed=0)
+    assert obs["xfer_mask"].shape == (2, len(rules) + 1)
+    assert obs["location_mask"].shape == (2, len(rules) + 1, 8)
+    assert len(obs["graph"]) == 2
+    k = int(np.flatnonzero(obs["xfer_mask"][0, :-1])[0])
+    obs, reward, terminated, truncated, info = envs.step(np.array([[k, 0], [len(rules), 0]]))
+    assert terminated.tolist() == [False, True]
+    assert info["valid"].tolist() == [True, True]
+    envs.close()
+
+
+def test_e2e_reward_measures_every_n_steps(bert, rules):
+    env = make(bert, rules, reward={"name": "e2e", "e2e_every": 2}, latency_repeats=2, latency_warmup=0)
+    actions = random_actions(make(bert, rules), 3, seed=4)
+    obs, info = env.reset()
+    assert info["latency_ms"] > 0
+    first = info["latency_ms"]
+    _, r1, *_, i1 = env.step(actions[0])
+    assert r1 == 0.0 and i1["latency_ms"] == first             # not measured at step 1
+    _, r2, *_, i2 = env.step(actions[1])
+    assert r2 == pytest.approx((first - i2["latency_ms"]) / first * 100)   # measured at step 2
+
+
+# ------------------------------------------------------------------------------------------------ rollouts
+def test_rollouts_replay_to_the_same_graphs(bert, rules):
+    env = make(bert, rules, max_steps=6)
+    eps = collect(env, 4, stop_prob=0.1, seed=[0, 1])
+    assert len(eps) == 4 and all(e["done"][-1] and not any(e["done"][:-1]) for e in eps)
+    assert eps == collect(make(bert, rules, max_steps=6), 4, stop_prob=0.1, seed=[0, 1])  # seeded
+    cost = AnalyticCost("cpu")
+    for e in eps:
+        assert len(e["metrics"]) == len(e["counts"]) == len(e["actions"]) + 1
+        graphs = list(replay(env, e["actions"]))
+        for g, m, c in zip(graphs, e["metrics"], e["counts"]):
+            assert list(cost.graph_metrics(g).as_tuple()) == pytest.approx(m)
+            assert [[k, n] for k, n in enumerate(len(find_matches(g, r)) for r in rules) if n] == c
+        assert graphs[-1].structural_hash() == e["final_hash"]
+
+
+def test_rollout_stages_end_to_end(tiny_zoo, rules_file, tmp_path, root):
+    from rlflow.cli import main
+
+    base = ["--config", str(root / "config.yaml"), "--set", "cost.model=analytic", "--set", "rollouts.episodes=3",
+            "--set", "env.max_steps=4"]
+    for k in (0, 1):
+        assert main(["rollouts", *base, "--model", "bert", "--shard", str(k), "--onnx", str(tiny_zoo["bert"]),
+                     "--rules", str(rules_file), "--out", str(tmp_path / f"shard-{k}.json"), "--no-progress"]) == 0
+    shards = [json.loads((tmp_path / f"shard-{k}.json").read_text()) for k in (0, 1)]
+    assert shards[0]["episodes"] != shards[1]["episodes"]  # shards are seeded apart
+    out = tmp_path / "rollouts.json"
+    assert main(["merge-rollouts", *base, "--set", "rollouts.shards=[0,1]", "--model", "bert",
+                 "--shards-dir", str(tmp_path), "--out", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert merged["stats"]["episodes"] == 6 and merged["shards"] == [0, 1]
+    assert merged["episodes"] == shards[0]["episodes"] + shards[1]["episodes"]
+    assert merged["format"] == "rlflow.rollouts/1" and merged["rules"]["count"] == len(load_rules(rules_file))
+    # a missing shard is a one-line error and no output
+    out2 = tmp_path / "again.json"
+    assert main(["merge-rollouts", *base, "--set", "rollouts.shards=[0,1,2]", "--model", "bert",
+                 "--shards-dir", str(tmp_path), "--out", str(out2)]) == 2
+    assert not out2.exists()
