@@ -6,7 +6,6 @@
 # --configfile (e.g. tests/configs/tiny.yaml), then --config KEY=VALUE. Each config key a stage reads becomes
 # a rule param and is passed to the job as `--set KEY=VALUE`, so the job sees exactly the merged, validated
 # values, reads no undeclared file, and the `params` rerun-trigger fires when one of them changes.
-import re
 import sys
 from pathlib import Path
 
@@ -29,11 +28,8 @@ except RLFlowError as e:
 validate(config, "../schemas/config.schema.yaml")
 
 MODELS = registry.model_names()
-# Wildcard values allowed (the Snakefile applies them to every rule): model is a zoo model name.
-WILDCARD_PATTERNS = {
-    wildcard: "|".join(re.escape(v) for v in values)
-    for wildcard, values in registry.wildcard_values().items()
-}
+# Wildcard values allowed (the Snakefile applies them to every rule): model is a zoo model name, shard an integer.
+WILDCARD_PATTERNS = registry.wildcard_patterns()
 
 
 def stage_input(name):

@@ -51,9 +51,10 @@ def model_names() -> tuple[str, ...]:
     return tuple(load_schema()["properties"]["models"]["items"]["enum"])
 
 
-#: the values each wildcard may take (Snakemake wildcard_constraints); ``shard`` ids are config values
-def wildcard_values() -> dict[str, tuple[str, ...]]:
-    return {"model": model_names(), "shard": (r"\d+",)}
+def wildcard_patterns() -> dict[str, str]:
+    """The regular expression each wildcard must match (Snakemake ``wildcard_constraints``): a zoo model's
+    name; a shard id (a non-negative integer)."""
+    return {"model": "|".join(re.escape(v) for v in model_names()), "shard": r"\d+"}
 
 
 #: path fields filled from a config value rather than a wildcard (DVC: ``${device}`` from config.yaml)
