@@ -58,7 +58,7 @@ def test_snakemake_tiny_end_to_end_and_partial_reruns(tmp_path):
     targets = [ROLLOUT_TARGET, *SEARCH_TARGETS]
     r = sh(snakemake, *targets, "--cores", "2", "--configfile", "tests/configs/tiny.yaml", cwd=tmp_path, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert job_counts(r.stdout) == {"export_model": 1, "generate_rules": 1, "measure_costs": 1, "search_taso": 1,
+    assert job_counts(r.stdout + r.stderr) == {"export_model": 1, "generate_rules": 1, "measure_costs": 1, "search_taso": 1,
                                     "search_greedy": 1, "collect_rollouts": 2, "merge_rollouts": 1}
     merged = json.loads((tmp_path / ROLLOUT_TARGET).read_text())
     assert merged["stats"]["episodes"] == 6 and merged["shards"] == [0, 1]

@@ -17,10 +17,17 @@ from rlflow.errors import RLFlowError
 COMMAND_MODULES = [
     "rlflow.stages.export_model",
     "rlflow.stages.generate_rules",
+    "rlflow.stages.collect_rollouts",
+    "rlflow.stages.merge_rollouts",
+    "rlflow.stages.measure_costs",
+    "rlflow.stages.search_taso",
+    "rlflow.stages.search_greedy",
     "rlflow.commands.inspect",
     "rlflow.commands.run",
     "rlflow.commands.convert",
     "rlflow.commands.rules",
+    "rlflow.commands.optimize",
+    "rlflow.commands.cost",
 ]
 
 
@@ -34,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for modname in COMMAND_MODULES:
         mod = importlib.import_module(modname)
-        p = sub.add_parser(mod.NAME, help=mod.HELP, description=(mod.__doc__ or mod.HELP).strip(),
+        p = sub.add_parser(mod.NAME, help=mod.HELP, aliases=getattr(mod, "ALIASES", []), description=(mod.__doc__ or mod.HELP).strip(),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)

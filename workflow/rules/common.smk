@@ -67,6 +67,11 @@ def stage_conda(name):
     return str(Path("../..") / registry.stage(name).conda)
 
 
+def stage_threads(name):
+    """Every core for a stage that times ops (nothing runs beside it), else one."""
+    return workflow.cores if registry.stage(name).all_cores else 1
+
+
 def stage_shell(name):
     return registry.stage(name).snakemake_shell()
 

@@ -9,6 +9,7 @@ rule measure_costs:
         unpack(stage_input("measure_costs")),
     output:
         **stage_output("measure_costs"),
+    threads: stage_threads("measure_costs")
     params:
         **stage_params("measure_costs"),
     log:

@@ -37,9 +37,17 @@ DEFAULT_PEAKS = {
 NodeCost = tuple[float, float, float, float]  # runtime_ms, flops, bytes, launches
 
 
+#: ops whose operands can be swapped: their signature lists input types sorted, so ``Add(b, x)`` after a
+#: commutativity rewrite is the measured ``Add(x, b)``, not an estimate (which a search would exploit)
+COMMUTATIVE = frozenset({"Add", "Mul"})
+
+
 def signature(node: Node, in_types: Iterable[TensorType]) -> str:
     """What an op's runtime depends on: op, attributes and input types (not names, not weight values)."""
-    return f"{node.op_type_name()}{node.attr_key()}({', '.join(str(t) for t in in_types)})"
+    types = [str(t) for t in in_types]
+    if node.op in COMMUTATIVE:
+        types.sort()
+    return f"{node.op_type_name()}{node.attr_key()}({', '.join(types)})"
 
 
 def launches_of(node: Node) -> int:

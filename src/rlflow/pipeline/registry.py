@@ -99,6 +99,8 @@ class Stage:
     """Source paths (files or folders) the outputs depend on besides the stage module itself."""
     conda: str = DEFAULT_CONDA
     """Conda env file (repository-relative) for ``snakemake --use-conda``."""
+    all_cores: bool = False
+    """The stage times things: Snakemake gives it every core, so no other job runs beside it and skews them."""
 
     # -- names ---------------------------------------------------------------------------------------------
     @property
@@ -284,6 +286,7 @@ STAGES: dict[str, Stage] = {
             args=(("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--rules", "{input.rules}"),
                   ("--out", "{output.costs}")),
             code=("src/rlflow/cost",),
+            all_cores=True,
         ),
         Stage(
             name="search_taso",
@@ -302,7 +305,7 @@ STAGES: dict[str, Stage] = {
             },
             args=(("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--rules", "{input.rules}"),
                   ("--costs", "{input.costs}"), ("--out", "{output.onnx}"), ("--trace", "{output.trace}")),
-            code=("src/rlflow/search", "src/rlflow/cost"),
+            code=("src/rlflow/stages/search_common.py", "src/rlflow/search", "src/rlflow/cost"),
         ),
         Stage(
             name="search_greedy",
@@ -319,7 +322,7 @@ STAGES: dict[str, Stage] = {
             },
             args=(("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--rules", "{input.rules}"),
                   ("--costs", "{input.costs}"), ("--out", "{output.onnx}"), ("--trace", "{output.trace}")),
-            code=("src/rlflow/search", "src/rlflow/cost"),
+            code=("src/rlflow/stages/search_common.py", "src/rlflow/search", "src/rlflow/cost"),
         ),
         Stage(
             name="collect_rollouts",

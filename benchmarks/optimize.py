@@ -1,0 +1,117 @@
+"""TASO search on the zoo models: estimated cost and measured onnxruntime latency before and after.
+
+For each model: export it (or reuse results/<model>/model.onnx at the default sizes), time its ops on the CPU
+(MeasuredCost.measure), run taso_search with the measured cost model, check the result equal to the original
+under onnxruntime, and time both graphs end to end under onnxruntime (run.warmup / run.repeats of the schema
+defaults; --rounds rounds alternating original and optimised, the median of the rounds' medians). The table
+comes last.
+
+  python benchmarks/optimize.py --sizes tiny                       # quick check, all 8 models
+  python benchmarks/optimize.py --models bert resnet18 squeezenet  # paper sizes, budget 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from rlflow.config import load_config  # noqa: E402
+from rlflow.cost import MeasuredCost  # noqa: E402
+from rlflow.graph import load_onnx, zoo  # noqa: E402
+from rlflow.graph.exec import get_runner, make_inputs, time_runner  # noqa: E402
+from rlflow.graph.exec.check import check_equal  # noqa: E402
+from rlflow.rewrite import load_rules  # noqa: E402
+from rlflow.search import taso_search  # noqa: E402
+
+
+def bench_model(name: str, path: Path, rules, args, cfg) -> dict:
+    g = load_onnx(path)
+    cost = MeasuredCost("cpu", cfg["cost"]["peak"]["cpu"], warmup=cfg["cost"]["warmup"], repeats=cfg["cost"]["repeats"])
+    t0 = time.perf_counter()
+    if args.explore is None:
+        measured = cost.measure([g])
+    else:  # as the measure_costs stage does: also the graphs one rewrite away and on random rewrite walks
+        from rlflow.stages.measure_costs import explore
+
+        measured = cost.measure(explore(g, rules, args.explore, cfg["seed"]))
+    t_measure = time.perf_counter() - t0
+    r = taso_search(g, rules, cost, alpha=args.alpha, budget=args.budget, time_limit_s=args.time_limit,
+                    progress=args.progress)
+    diff = check_equal(g, r.graph)
+    feeds = make_inputs(g)
+    warm, reps = cfg["run"]["warmup"], cfg["run"]["repeats"]
+    runners = get_runner(g, "ort"), get_runner(r.graph, "ort")
+    rounds: list[list[float]] = [[], []]
+    for _ in range(args.rounds):  # alternate, so that load from elsewhere on the machine hits both alike
+        for k, run in enumerate(runners):
+            rounds[k].append(time_runner(run, feeds, warm, reps)["median_ms"])
+    before, after = (statistics.median(x) for x in rounds)
+    return {"model": name, "nodes_before": r.nodes_before, "nodes_after": r.nodes_after,
+            "cost_before_ms": r.initial.runtime_ms, "cost_after_ms": r.final.runtime_ms,
+            "ort_before_ms": before, "ort_after_ms": after, "rules_applied": len(r.trace),
+            "rules": [s.rule_name for s in r.trace], "expansions": r.expansions, "generated": r.generated,
+            "kept": r.kept, "search_s": r.seconds, "ms_per_expansion": r.ms_per_expansion,
+            "stop": r.stop_reason, "max_rel_diff": diff, "ops_measured": measured, "measure_s": t_measure}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=list(zoo.MODEL_NAMES), choices=zoo.MODEL_NAMES)
+    ap.add_argument("--sizes", choices=("tiny", "default"), default="default")
+    ap.add_argument("--budget", type=int, default=1000)
+    ap.add_argument("--alpha", type=float, default=None, help="default: search.alpha of the schema (1.05)")
+    ap.add_argument("--time-limit", type=float, default=0, help="seconds per search (0: none)")
+    ap.add_argument("--rules", type=Path, default=ROOT / "results/rules/rules.json")
+    ap.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    ap.add_argument("--explore", type=int, metavar="STEPS",
+                    help="also time the ops of every graph one rewrite away and of STEPS random rewrites (as the "
+                         "measure_costs stage does); default: only the model's own ops")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="latency rounds, original and optimised alternating (median of the rounds' medians)")
+    ap.add_argument("--progress", action="store_true", help="search progress bar on stderr")
+    args = ap.parse_args()
+    cfg = load_config(None)
+    args.alpha = cfg["search"]["alpha"] if args.alpha is None else args.alpha
+    rules = load_rules(args.rules)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            cached = ROOT / "results" / name / "model.onnx"
+            if args.sizes == "default" and cached.is_file():
+                path = cached
+            else:
+                path = Path(tmp) / f"{name}.onnx"
+                zoo.export_model(name, path, zoo.TINY_SIZES[name] if args.sizes == "tiny" else None)
+            row = bench_model(name, path, rules, args, cfg)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"\nmachine: {platform.machine()}, {os.cpu_count()}-core CPU ({platform.processor() or 'cpu'}), "
+          f"python {platform.python_version()}; {len(rules)} rules; sizes: {args.sizes}; taso alpha {args.alpha}, "
+          f"budget {args.budget}; cost: measured per op on the CPU "
+          f"({'model ops only' if args.explore is None else f'model + neighbours + {args.explore} walk steps'}); "
+          f"ort latency: median of {args.rounds} "
+          f"alternating rounds, each the median of {cfg['run']['repeats']} runs")
+    head = (f"{'model':<12}{'nodes':>11}{'cost ms':>20}{'ort ms':>18}{'rules':>6}{'exp.':>6}{'search s':>9}"
+            f"{'ms/exp':>8}{'max diff':>10}")
+    print(head)
+    for r in rows:
+        print(f"{r['model']:<12}{r['nodes_before']:>5} -> {r['nodes_after']:<4}"
+              f"{r['cost_before_ms']:>9.3f} -> {r['cost_after_ms']:<8.3f}"
+              f"{r['ort_before_ms']:>8.3f} -> {r['ort_after_ms']:<7.3f}{r['rules_applied']:>5}{r['expansions']:>6}"
+              f"{r['search_s']:>9.1f}{r['ms_per_expansion']:>8.1f}{r['max_rel_diff']:>10.1e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Optimise an ONNX model with the verified rewrite rules and write the result.
+
+Methods: taso (TASO's cost-based backtracking search: --alpha, --budget) and greedy (apply the best
+cost-lowering rewrite until none lowers the cost). The optimised graph, weight-only nodes folded, is checked
+equal to the original under onnxruntime on random inputs (largest relative difference <= --tolerance) before
+OUT.onnx is written; if the check fails nothing is written.
+
+Cost model (--cost-model, default: the config's cost.model, whose default is measured):
+  measured  each distinct op of the model is timed once on the device (a few seconds; cached in --costs if
+            given, and read from it next time); ops the rewrites create are estimated from the roofline
+            scaled by their op type's measured/roofline ratio
+  analytic  roofline per op from the config's peak figures (cost.peak); no timing, fully deterministic
+
+Defaults without --config are the schema defaults (alpha 1.05, budget 1000, no time limit, device auto, seed
+0). The rules default to results/rules/rules.json (made by `snakemake results/rules/rules.json`).
+
+  rlflow optimize bert.onnx --out bert.opt.onnx
+  rlflow optimize model.onnx --out fast.onnx --method greedy --cost-model analytic --trace trace.json
+  rlflow optimize bert.onnx --out opt.onnx --input-shape input_ids=1x128 --budget 200 --time-limit 60 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rlflow.commands.common import add_model_arguments
+
+NAME = "optimize"
+HELP = "optimise an ONNX model with TASO search or greedy search over the verified rules"
+#: search methods of --method (rlflow, the learned agent, joins them later)
+METHODS = ("taso", "greedy")
+DEFAULT_RULES = Path("results/rules/rules.json")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from rlflow.stages.common import add_config_arguments
+
+    add_model_arguments(p)
+    p.add_argument("--out", required=True, type=Path, metavar="OUT.onnx", help="where to write the optimised model")
+    p.add_argument("--method", choices=METHODS, default="taso", help="search method (default: taso)")
+    add_config_arguments(p, "search.alpha=1.0")
+    p.add_argument("--rules", type=Path, metavar="JSON",
+                   help=f"rules file (default: {DEFAULT_RULES}, in the current folder or the rlflow checkout)")
+    p.add_argument("--costs", type=Path, metavar="JSON",
+                   help="measured cost cache to read and extend (created if missing; only with the measured model)")
+    p.add_argument("--cost-model", choices=("measured", "analytic"),
+                   help="cost model (default: cost.model of the config; schema default measured)")
+    p.add_argument("--alpha", type=float, help="taso: keep candidates cheaper than alpha x best (default: search.alpha)")
+    p.add_argument("--budget", type=int, help="taso: graphs to expand (default: search.budget)")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS",
+                   help="stop the search after this many seconds (default: search.time_limit_s; 0 = none)")
+    p.add_argument("--tolerance", type=float, default=1e-4,
+                   help="largest allowed output difference, relative to output magnitude (default: 1e-4)")
+    p.add_argument("--trace", type=Path, metavar="JSON", help="also write the search trace (rules applied, costs)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+
+
+def find_rules(path: Path | None) -> Path:
+    if path is not None:
+        if not path.is_file():
+            raise _err(f"{path}: rules file not found")
+        return path
+    checkout = Path(__file__).resolve().parents[3] / DEFAULT_RULES
+    for p in (DEFAULT_RULES, checkout):
+        if p.is_file():
+            return p
+    raise _err(f"no rules file at {DEFAULT_RULES}: make it with `snakemake results/rules/rules.json` "
+               "(in the rlflow checkout) or give --rules")
+
+
+def _err(msg: str):
+    from rlflow.errors import RLFlowError
+
+    return RLFlowError(msg)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+    import time
+
+    from rlflow.config import get, load_config, resolve_device
+    from rlflow.cost import make_cost_model
+    from rlflow.graph import load_onnx
+    from rlflow.rewrite.rule import load_rules
+    from rlflow.search.output import run_method, summary, verify_and_write
+    from rlflow.stages.search_common import config_used
+
+    t0 = time.perf_counter()
+    config = load_config(args.config, args.overrides)
+    alpha = get(config, "search.alpha") if args.alpha is None else args.alpha
+    budget = get(config, "search.budget") if args.budget is None else args.budget
+    limit = get(config, "search.time_limit_s") if args.time_limit is None else args.time_limit
+    if alpha < 1.0 or budget < 1 or limit < 0 or not args.tolerance >= 0:
+        raise _err("need --alpha >= 1, --budget >= 1, --time-limit >= 0 and --tolerance >= 0")
+    for p in (args.out, args.trace):
+        if p is not None and p.is_dir():
+            raise _err(f"{p}: is a folder, expected a file path")
+    rules_path = find_rules(args.rules)
+    kind = args.cost_model or get(config, "cost.model")
+    if args.costs is not None and kind != "measured":
+        raise _err("--costs is a measured cost cache: use it with --cost-model measured")
+    seed = get(config, "seed")
+    device = resolve_device(config)
+    graph = load_onnx(args.model, args.input_shape)
+    rules = load_rules(rules_path)
+    progress = not args.no_progress and not args.json
+    cost = make_cost_model(config, device, args.costs if args.costs is not None and args.costs.exists() else None,
+                           kind=kind)
+    measured = 0
+    if kind == "measured":
+        measured = cost.measure([graph], progress=progress)
+        if args.costs is not None and measured:
+            cost.save(args.costs)
+    result = run_method(args.method, graph, rules, cost, alpha=alpha, budget=budget, time_limit_s=limit,
+                        progress=progress)
+    used = config_used(config, args.method, alpha, budget, limit)
+    used["cost.model"] = kind
+    extra = {"model": str(args.model), "rules": str(rules_path), "num_rules": len(rules), "device": device,
+             "cost_model": cost.name, "cost": cost.describe(), "config": used}
+    diff, doc = verify_and_write(graph, result, args.out, args.trace, extra, seed=seed, device=device,
+                                 tol=args.tolerance)
+    if args.json:
+        doc = {k: v for k, v in doc.items() if k != "steps"}
+        doc.update(out=str(args.out), trace=None if args.trace is None else str(args.trace), ops_measured=measured,
+                   rule_names=[s.rule_name for s in result.trace], total_seconds=time.perf_counter() - t0)
+        print(json.dumps(doc, indent=2))
+    else:
+        print(summary(result, diff, args.method))
+        print(f"wrote {args.out}" + (f" and {args.trace}" if args.trace else "")
+              + f" ({time.perf_counter() - t0:.1f} s in all)")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,63 @@
+"""Greedy search: apply the (rule, location) that lowers the estimated cost the most, and repeat until no
+rewrite lowers it. Ties go to the first in rule order, then location order, so the result is deterministic.
+Every step strictly lowers the cost, so the search ends; ``time_limit_s`` (0: none) also stops it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from rlflow.cost.model import CostModel
+from rlflow.graph.ir import Graph
+from rlflow.rewrite.matcher import MatchIndex
+from rlflow.rewrite.rule import Rule
+from rlflow.search.common import QUANTUM_MS, Scorer, finish, progress_bar
+from rlflow.search.result import SearchResult, TraceStep
+
+
+def greedy_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, time_limit_s: float = 0,
+                  progress: bool = False) -> SearchResult:
+    if time_limit_s < 0:
+        raise ValueError("greedy_search: need time_limit_s >= 0")
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit_s if time_limit_s else 0.0
+    rules = list(rules)
+    scorer = Scorer(cost_model)
+    initial = cost_model.graph_metrics(graph)
+    cost = scorer.graph_cost(graph)
+    index = MatchIndex(graph, rules)
+    trace: list[TraceStep] = []
+    expansions = generated = 0
+    stop = "converged"
+    bar = progress_bar(progress, None, "greedy search")
+    try:
+        while True:
+            if deadline and time.perf_counter() > deadline:
+                stop = "time_limit"
+                break
+            expansions += 1
+            best = None
+            for k, j, m, _child, c, _first in scorer.children(index, cost, deadline):
+                generated += 1
+                if c < (best[0] if best else cost):
+                    best = (c, k, j, m)
+            if best is None:
+                break
+            cost, k, j, m = best
+            index = index.apply(k, j)
+            trace.append(TraceStep(rules[k].id, rules[k].name, j, tuple(m.nodes),
+                                   cost_model.graph_metrics(index.graph)))
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(cost_ms=f"{cost * QUANTUM_MS:.3f}", refresh=False)
+    finally:
+        if bar is not None:
+            bar.close()
+    final_graph, final = finish(index.graph, cost_model)
+    return SearchResult(
+        method="greedy", graph=final_graph, initial=initial, final=final, trace=trace, expansions=expansions,
+        seconds=time.perf_counter() - t0, generated=generated, kept=len(trace), stop_reason=stop,
+        nodes_before=len(graph.nodes), nodes_after=len(final_graph.nodes),
+        settings={"time_limit_s": time_limit_s},
+        stats={"scored_incrementally": scorer.delta_sums, "scored_from_scratch": scorer.full_sums})

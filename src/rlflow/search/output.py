@@ -1,0 +1,72 @@
+"""Running a search method and writing its result, shared by the stages ``search-taso`` / ``search-greedy`` and
+the user command ``rlflow optimize``: the optimised graph is checked equal to the original under onnxruntime
+before anything is written; then the ONNX file and the trace JSON are each written atomically."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from rlflow.errors import RLFlowError
+from rlflow.graph.ir import Graph
+from rlflow.search.result import SearchResult
+
+#: largest allowed output difference (relative to the output's magnitude) between original and optimised graph
+TOLERANCE = 1e-4
+
+
+def run_method(method: str, graph: Graph, rules: Sequence, cost, alpha: float = 1.05, budget: int = 1000,
+               time_limit_s: float = 0, progress: bool = False) -> SearchResult:
+    """``taso`` or ``greedy`` on ``graph`` (greedy ignores alpha and budget)."""
+    if method == "taso":
+        from rlflow.search.taso import taso_search
+
+        return taso_search(graph, rules, cost, alpha=alpha, budget=budget, time_limit_s=time_limit_s,
+                           progress=progress)
+    if method == "greedy":
+        from rlflow.search.greedy import greedy_search
+
+        return greedy_search(graph, rules, cost, time_limit_s=time_limit_s, progress=progress)
+    raise RLFlowError(f"unknown search method '{method}' (choose from taso, greedy)")
+
+
+def verify_and_write(original: Graph, result: SearchResult, out: Path, trace: Path | None, extra: dict[str, Any],
+                     seed: int = 0, device: str = "cpu", tol: float = TOLERANCE) -> tuple[float, dict]:
+    """Check ``result.graph`` against ``original`` (nothing is written if it differs), then write ``out`` and,
+    if given, ``trace`` (``result.to_json(**extra)`` plus ``max_rel_diff``). Returns (difference, trace doc)."""
+    from rlflow.atomic import write_text
+    from rlflow.graph.exec.check import check_equal
+    from rlflow.graph.onnx_io import save_onnx
+
+    for p in (out, trace):
+        if p is not None and p.is_dir():
+            raise RLFlowError(f"{p}: is a folder, expected a file path")
+    try:
+        diff = check_equal(original, result.graph, seed=seed, tol=tol, device=device)
+    except RLFlowError as e:
+        raise RLFlowError(f"{e}; {out} not written") from None
+    doc = result.to_json(**extra)
+    doc["max_rel_diff"] = diff
+    doc["tolerance"] = tol
+    save_onnx(result.graph, out)
+    if trace is not None:
+        write_text(trace, json.dumps(doc, indent=1) + "\n")
+    return diff, doc
+
+
+def summary(result: SearchResult, diff: float, label: str) -> str:
+    """A few lines for the terminal."""
+    r = result
+    lines = [
+        f"{label}: cost {r.initial.runtime_ms:.4f} -> {r.final.runtime_ms:.4f} ms ({r.speedup:.3f}x), "
+        f"nodes {r.nodes_before} -> {r.nodes_after}, {len(r.trace)} rewrites applied",
+        f"{label}: {r.expansions} graphs expanded, {r.generated} candidates ({r.kept} kept) in {r.seconds:.1f} s "
+        f"({r.ms_per_expansion:.1f} ms per expansion; stopped: {r.stop_reason}); max output difference {diff:.2e}",
+    ]
+    if r.trace:
+        names: dict[str, int] = {}
+        for s in r.trace:
+            names[s.rule_name] = names.get(s.rule_name, 0) + 1
+        lines.append(f"{label}: rules: " + ", ".join(f"{n} x{c}" if c > 1 else n for n, c in names.items()))
+    return "\n".join(lines)

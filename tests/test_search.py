@@ -1,0 +1,236 @@
+"""The search baselines (TASO backtracking search, greedy), the output check, the search stages and
+`rlflow optimize`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rlflow.cli import main
+from rlflow.cost import AnalyticCost
+from rlflow.errors import RLFlowError
+from rlflow.graph import load_onnx
+from rlflow.graph.builder import GraphBuilder
+from rlflow.graph.exec import make_inputs, max_rel_diff
+from rlflow.graph.exec.check import check_equal
+from rlflow.rewrite import MatchIndex, load_rules
+from rlflow.rewrite.builtin import builtin_rules
+from rlflow.search import TRACE_FORMAT, greedy_search, taso_search
+from rlflow.search.common import QUANTUM_MS, Scorer, quantize
+
+BUILTIN = [r for r, _ in builtin_rules()]
+
+
+@pytest.fixture(scope="module")
+def rules(rules_file):
+    return load_rules(rules_file)
+
+
+def conv_relu_graph():
+    """Conv (no activation) -> Relu -> Conv -> Relu: conv-relu-fuse applies twice and lowers the cost."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("convs")
+    x = b.input("x", (1, 3, 8, 8))
+    conv = dict(strides=(1, 1), pads=(1, 1, 1, 1), group=1, activation="none")
+    y = b.op("Relu", [b.op("Conv", [x, b.const("w0", rng.standard_normal((4, 3, 3, 3)).astype(np.float32))], **conv)])
+    y = b.op("Relu", [b.op("Conv", [y, b.const("w1", rng.standard_normal((4, 4, 3, 3)).astype(np.float32))], **conv)])
+    return b.build([y])
+
+
+def ort_outputs(path, feeds):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+# ------------------------------------------------------------------ the searches
+@pytest.mark.parametrize("method", ["taso", "greedy"])
+def test_known_improvement_is_found_and_named(method):
+    g = conv_relu_graph()
+    cost = AnalyticCost("cpu")
+    r = taso_search(g, BUILTIN, cost, budget=50) if method == "taso" else greedy_search(g, BUILTIN, cost)
+    assert r.final.runtime_ms < r.initial.runtime_ms
+    assert [s.rule_name for s in r.trace].count("conv-relu-fuse") == 2
+    assert [n.op for n in r.graph.nodes] == ["Conv", "Conv"]
+    assert all(n.attrs["activation"] == "relu" for n in r.graph.nodes)
+    assert r.trace[-1].metrics.runtime_ms == pytest.approx(r.final.runtime_ms)
+    assert check_equal(g, r.graph) <= 1e-5
+    doc = r.to_json(model="convs")
+    assert doc["format"] == TRACE_FORMAT and doc["method"] == method and doc["model"] == "convs"
+    assert [s["rule_name"] for s in doc["steps"]] == [s.rule_name for s in r.trace]
+    json.dumps(doc)
+
+
+@pytest.mark.parametrize("model", ["bert", "resnet18", "squeezenet", "inceptionv3"])
+def test_taso_never_costlier_and_outputs_equal(tiny_zoo, rules, model):
+    g = load_onnx(tiny_zoo[model])
+    r = taso_search(g, rules, AnalyticCost("cpu"), budget=30)
+    assert r.final.runtime_ms <= r.initial.runtime_ms
+    assert r.expansions <= 30 and r.kept <= r.generated
+    r.graph.validate()
+    assert check_equal(g, r.graph) <= 1e-4
+    # the trace replays: each step's cost is the graph's after it, non-increasing overall
+    if r.trace:
+        assert r.trace[-1].metrics.runtime_ms == pytest.approx(r.final.runtime_ms)
+
+
+def test_greedy_never_costlier_and_each_step_lowers_the_cost(tiny_zoo, rules):
+    g = load_onnx(tiny_zoo["resnet50"])
+    r = greedy_search(g, rules, AnalyticCost("cpu"))
+    assert r.trace and r.stop_reason == "converged"
+    costs = [r.initial.runtime_ms] + [s.metrics.runtime_ms for s in r.trace]
+    assert all(a > b for a, b in zip(costs, costs[1:]))
+    assert check_equal(g, r.graph) <= 1e-4
+
+
+def test_taso_is_deterministic(tiny_zoo, rules):
+    g = load_onnx(tiny_zoo["bert"])
+    a = taso_search(g, rules, AnalyticCost("cpu"), budget=40)
+    b = taso_search(g, rules, AnalyticCost("cpu"), budget=40)
+    assert a.graph.structural_hash() == b.graph.structural_hash()
+    assert [(s.rule_id, s.location, s.nodes) for s in a.trace] == [(s.rule_id, s.location, s.nodes) for s in b.trace]
+    assert (a.expansions, a.generated, a.kept) == (b.expansions, b.generated, b.kept)
+    assert a.final == b.final
+
+
+def test_budget_and_time_limit_are_respected(tiny_zoo, rules):
+    g = load_onnx(tiny_zoo["inceptionv3"])
+    r = taso_search(g, rules, AnalyticCost("cpu"), budget=5)
+    assert r.expansions == 5 and r.stop_reason == "budget"
+    r = taso_search(g, rules, AnalyticCost("cpu"), budget=1000, time_limit_s=1e-6)
+    assert r.expansions <= 1 and r.stop_reason == "time_limit"
+    assert r.final.runtime_ms <= r.initial.runtime_ms
+    # an exhausted queue: nothing applies to a lone Relu
+    b = GraphBuilder("relu")
+    lone = b.build([b.op("Relu", [b.input("x", (2, 3))])])
+    r = taso_search(lone, BUILTIN, AnalyticCost("cpu"), budget=10)
+    assert (r.expansions, r.stop_reason, r.trace) == (1, "exhausted", [])
+
+
+@pytest.mark.parametrize("model", ["bert", "resnet18", "inceptionv3", "taso-bert"])
+def test_incremental_cost_and_hash_equal_from_scratch(tiny_zoo, rules, model):
+    """The search scores a child from its parent (cost delta, hash from the first changed node): two levels of
+    children agree exactly with the cost summed from scratch, and their hashes with structural_hash."""
+    g = load_onnx(tiny_zoo[model])
+    cost = AnalyticCost("cpu")
+    scorer = Scorer(cost)
+    index = MatchIndex(g, rules)
+    classes: dict[int, set[str]] = {}
+    root = scorer.graph_cost(g)
+    assert root == quantize(cost.graph_metrics(g).runtime_ms) or abs(root * QUANTUM_MS - cost.graph_metrics(
+        g).runtime_ms) < 1e-6
+    for k, j, _m, child, c, first in scorer.children(index, root):
+        assert c == scorer.graph_cost(child)
+        classes.setdefault(scorer.child_hash(g, child, first), set()).add(child.structural_hash())
+        if j == 0:  # one child per rule: its own children too
+            sub = idx = index.apply(k, j)
+            for _k, _j, _m2, c2, cc2, f2 in scorer.children(idx, c):
+                assert cc2 == scorer.graph_cost(c2)
+                classes.setdefault(scorer.child_hash(sub.graph, c2, f2), set()).add(c2.structural_hash())
+    assert classes and all(len(v) == 1 for v in classes.values())
+    owners = [h for v in classes.values() for h in v]
+    assert len(owners) == len(set(owners))  # and distinct structural hashes never share an int hash
+
+
+# ------------------------------------------------------------------ the output check
+def test_check_equal_raises_on_a_wrong_graph():
+    g = conv_relu_graph()
+    assert check_equal(g, g) == 0.0
+    wrong = g.copy()
+    wrong.constants = dict(g.constants)
+    from rlflow.graph.ir import Constant
+
+    wrong.constants["w1"] = Constant(np.asarray(g.constants["w1"].array) * 1.01)
+    with pytest.raises(RLFlowError, match=r"output '.*' differs from the original's by .*tolerance 0.0001"):
+        check_equal(g, wrong)
+    assert check_equal(g, wrong, tol=1.0) > 1e-4
+    b = GraphBuilder("other")
+    other = b.build([b.op("Relu", [b.input("y", (1, 3, 8, 8))])])
+    with pytest.raises(RLFlowError, match="inputs"):
+        check_equal(g, other)
+
+
+# ------------------------------------------------------------------ rlflow optimize
+def test_optimize_end_to_end(tiny_zoo, rules_file, tmp_path, capsys):
+    src = tiny_zoo["resnet18"]
+    out, trace = tmp_path / "opt.onnx", tmp_path / "trace.json"
+    code = main(["optimize", str(src), "--out", str(out), "--rules", str(rules_file), "--cost-model", "analytic",
+                 "--budget", "20", "--trace", str(trace), "--no-progress"])
+    assert code == 0 and out.is_file() and trace.is_file()
+    text = capsys.readouterr().out
+    assert "taso: cost" in text and f"wrote {out}" in text
+    g = load_onnx(src)
+    feeds = make_inputs(g)
+    assert max_rel_diff(ort_outputs(src, feeds), ort_outputs(out, feeds)) <= 1e-4
+    doc = json.loads(trace.read_text())
+    assert doc["format"] == TRACE_FORMAT and doc["method"] == "taso" and doc["cost_model"] == "analytic"
+    assert doc["config"]["search.budget"] == 20 and doc["max_rel_diff"] <= 1e-4
+    assert doc["final"]["runtime_ms"] < doc["initial"]["runtime_ms"] and doc["steps"]
+
+    code = main(["optimize", str(src), "--out", str(tmp_path / "g.onnx"), "--method", "greedy", "--rules",
+                 str(rules_file), "--cost-model", "analytic", "--json"])
+    assert code == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["method"] == "greedy" and res["out"] == str(tmp_path / "g.onnx") and res["rule_names"]
+
+
+def test_optimize_bad_input_is_one_line_and_writes_nothing(tmp_path, rules_file, capsys):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    out = tmp_path / "out.onnx"
+    code = main(["optimize", str(bad), "--out", str(out), "--rules", str(rules_file), "--cost-model", "analytic"])
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert err.startswith("rlflow: error: ") and err.count("\n") == 1 and str(bad) in err
+    code = main(["optimize", str(bad), "--out", str(out), "--rules", str(tmp_path / "none.json")])
+    assert code == 2 and "rules file not found" in capsys.readouterr().err
+
+
+def test_optimize_writes_nothing_when_the_check_fails(tiny_zoo, rules_file, tmp_path, monkeypatch, capsys):
+    import rlflow.search.output as output
+
+    real = output.run_method
+
+    def broken(*a, **kw):  # a search that returns a wrong graph
+        r = real(*a, **kw)
+        g = r.graph.copy()
+        name = next(iter(g.constants))
+        from rlflow.graph.ir import Constant
+
+        g.constants = {**g.constants, name: Constant(np.asarray(g.constants[name].array) + 1)}
+        r.graph = g
+        return r
+
+    monkeypatch.setattr(output, "run_method", broken)
+    out, trace = tmp_path / "o.onnx", tmp_path / "t.json"
+    code = main(["optimize", str(tiny_zoo["squeezenet"]), "--out", str(out), "--trace", str(trace), "--rules",
+                 str(rules_file), "--cost-model", "analytic", "--method", "greedy", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "differs from the original" in err and "not written" in err
+    assert not out.exists() and not trace.exists()
+
+
+# ------------------------------------------------------------------ the pipeline stages
+@pytest.mark.parametrize("stage", ["search-taso", "search-greedy"])
+def test_stage_writes_model_and_trace(stage, tiny_zoo, rules_file, tmp_path, capsys):
+    out, trace = tmp_path / "m" / "model.onnx", tmp_path / "m" / "trace.json"
+    code = main([stage, "--model", "squeezenet", "--onnx", str(tiny_zoo["squeezenet"]), "--rules", str(rules_file),
+                 "--costs", str(tmp_path / "no-cache.json"), "--set", "cost.model=analytic", "--set", "device=cpu",
+                 "--set", "search.budget=15", "--out", str(out), "--trace", str(trace), "--no-progress"])
+    assert code == 0 and out.is_file() and trace.is_file()
+    assert "wrote" in capsys.readouterr().out
+    doc = json.loads(trace.read_text())
+    method = stage.split("-")[1]
+    assert doc["format"] == TRACE_FORMAT and doc["method"] == method and doc["model"] == "squeezenet"
+    assert doc["device"] == "cpu" and doc["cost_model"] == "analytic" and doc["max_rel_diff"] <= 1e-4
+    assert doc["final"]["runtime_ms"] <= doc["initial"]["runtime_ms"]
+    assert doc["rules_applied"] == len(doc["steps"]) > 0
+    if method == "taso":
+        assert doc["config"]["search.alpha"] == 1.05 and doc["config"]["search.budget"] == 15
+        assert doc["expansions"] <= 15
+    g = load_onnx(tiny_zoo["squeezenet"])
+    feeds = make_inputs(g)
+    assert max_rel_diff(ort_outputs(tiny_zoo["squeezenet"], feeds), ort_outputs(out, feeds)) <= 1e-4
