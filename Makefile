@@ -1,4 +1,5 @@
-# make run   set up .venv (once) and run the pipeline as far as it goes (rule all: the paper-size BERT export and the rule set)
+# make run   set up .venv (once) and run the pipeline as far as it goes (rule all, paper-size BERT: export, rules,
+#            op costs, TASO and greedy search, random rollouts)
 # make test  set up .venv (once) and run the test suite (the project's one test command; CI runs it)
 #
 # Setup: python3 -m venv .venv, then torch==2.13.0 FIRST in its own pip call (an unpinned torch, or one pulled

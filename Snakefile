@@ -1,5 +1,6 @@
 # RLFlow experiment pipeline (see README.md, "Pipeline").
-#   snakemake --cores 2                           rule all: every model in config["models"], and the rule set
+#   snakemake --cores 2                           rule all: for every model in config["models"]: ONNX, op costs,
+#                                                 TASO and greedy search results, random rollouts; and the rule set
 #   snakemake results/vit/model.onnx --cores 2    build one file
 #   snakemake --cores 2 --configfile tests/configs/tiny.yaml     tiny sizes, merged over config.yaml
 # (Put targets BEFORE --configfile/--config: those options take every word that follows them.)
@@ -32,3 +33,6 @@ rule all:
     input:
         stage_targets("export_model", config["models"]),
         stage_targets("generate_rules", config["models"]),
+        stage_targets("search_taso", config["models"]),
+        stage_targets("search_greedy", config["models"]),
+        stage_targets("merge_rollouts", config["models"]),

@@ -21,6 +21,7 @@ Rewards are not stored: any reward class re-scores an episode from its metrics.
 from __future__ import annotations
 
 import hashlib
+import sys
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -55,7 +56,7 @@ def collect(env: GraphRewriteEnv, episodes: int, stop_prob: float, seed: Sequenc
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=episodes, desc="episodes", unit="ep")
+        bar = tqdm(total=episodes, desc="episodes", unit="ep", file=sys.stderr, mininterval=1.0, disable=None)
     for index in range(episodes):
         obs, info = env.reset()
         ep = {"index": index, "actions": [], "metrics": [[info[k] for k in METRIC_NAMES]],

@@ -10,7 +10,7 @@ fly (cost.warmup / cost.repeats of --config; --save-cache PATH keeps them). With
 the cache `rlflow measure-costs` wrote (results/costs/<device>/<model>.json).
 
   rlflow cost model.onnx                              (measured on the fly)
-  rlflow cost model.onnx --costs results/costs/cpu/bert.json --per-op
+  rlflow cost model.onnx --costs results/costs/auto/bert.json --per-op
   rlflow cost model.onnx --model analytic --config config.yaml --json
 """
 

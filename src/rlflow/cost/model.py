@@ -183,7 +183,7 @@ class MeasuredCost(CostModel):
         if progress:
             from tqdm import tqdm
 
-            items = tqdm(items, desc="measuring ops", unit="op", file=sys.stderr, leave=False, mininterval=1.0)
+            items = tqdm(items, desc="measuring ops", unit="op", file=sys.stderr, leave=False, mininterval=1.0, disable=None)
         for sig, (g, n) in items:
             ins = [g.types[v] for v in n.inputs if v]
             outs = [g.types[v] for v in n.outputs]

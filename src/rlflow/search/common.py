@@ -246,5 +246,5 @@ def progress_bar(enabled: bool, total: int | None, desc: str):
 
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="graph", file=sys.stderr, leave=False, mininterval=1.0,
+    return tqdm(total=total, desc=desc, unit="graph", file=sys.stderr, leave=False, mininterval=1.0, disable=None,
                 dynamic_ncols=True)

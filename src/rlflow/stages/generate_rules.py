@@ -47,7 +47,7 @@ def _progress_factory(enabled: bool):
         return None
     from tqdm import tqdm
 
-    return lambda desc, total: tqdm(desc=desc, total=total, file=sys.stderr, leave=False, mininterval=1.0,
+    return lambda desc, total: tqdm(desc=desc, total=total, file=sys.stderr, leave=False, mininterval=1.0, disable=None,
                                     unit=" graphs" if total is None else "")
 
 

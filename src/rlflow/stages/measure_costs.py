@@ -18,7 +18,7 @@ Config: --config may be given several times; later files are deep-merged over ea
 
 Examples:
   rlflow measure-costs --config config.yaml --model bert --onnx results/bert/model.onnx \\
-      --rules results/rules/rules.json --out results/costs/cpu/bert.json
+      --rules results/rules/rules.json --out results/costs/auto/bert.json
   rlflow measure-costs --model bert --onnx bert.onnx --rules rules.json --out /tmp/bert-costs.json \\
       --set cost.explore_steps=0 --set cost.repeats=8
 

@@ -11,7 +11,7 @@ the cost after each, cost before/after, statistics, config values used, max outp
 
 Examples:
   rlflow search-greedy --config config.yaml --model bert --onnx results/bert/model.onnx \\
-      --rules results/rules/rules.json --costs results/costs/cpu/bert.json \\
+      --rules results/rules/rules.json --costs results/costs/auto/bert.json \\
       --out results/bert/greedy/model.onnx --trace results/bert/greedy/trace.json
 
 Pipeline: Snakemake rule search_greedy (workflow/rules/search.smk) and dvc.yaml stage search_greedy run this;

@@ -14,7 +14,7 @@ each atomically.
 
 Examples:
   rlflow search-taso --config config.yaml --model bert --onnx results/bert/model.onnx \\
-      --rules results/rules/rules.json --costs results/costs/cpu/bert.json \\
+      --rules results/rules/rules.json --costs results/costs/auto/bert.json \\
       --out results/bert/taso/model.onnx --trace results/bert/taso/trace.json
   rlflow search-taso --model bert --onnx m.onnx --rules rules.json --set cost.model=analytic \\
       --set search.budget=100 --out /tmp/taso.onnx --trace /tmp/trace.json
