@@ -1,10 +1,15 @@
-"""PPO's pure parts (CleanRL-style, readable top to bottom): advantages by GAE and the clipped objective
-J = L_clip + c1 L_vf + c2 L_entropy (as a loss to minimise: -L_clip + c1 x value error - c2 x entropy).
+"""PPO (CleanRL-style, readable top to bottom) for the hierarchical masked policy of :mod:`rlflow.nn.policy`:
+advantages by GAE, the clipped objective J = L_clip + c1 L_vf + c2 L_entropy (as a loss to minimise:
+-L_clip + c1 x value error - c2 x entropy), and the collect/update loop over any batched environment that gives
+tensors (:class:`VectorEnv`: the dream environment, or real environments behind the graph encoder).
 
-Shapes: T = steps of a rollout, B = samples in a minibatch.
+Shapes: T = steps of a rollout, B = samples in a minibatch (or environments of a vector).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
 
 import torch
 
@@ -41,3 +46,105 @@ def ppo_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.T
     loss = -l_clip + c1 * l_vf - c2 * l_ent
     return loss, {"clip": float(l_clip), "value": float(l_vf), "entropy": float(l_ent),
                   "clip_fraction": float(((ratio - 1.0).abs() > clip).float().mean())}
+
+
+# ============================================================================================ the training loop
+
+
+@dataclass
+class PPOConfig:
+    """PPO hyperparameters (defaults: X-RLflow's)."""
+
+    lr: float = 5e-4
+    """Adam learning rate."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE's lambda."""
+    clip: float = 0.2
+    """Ratio clipping of L_clip."""
+    c1: float = 0.5
+    """Weight of the value loss."""
+    c2: float = 0.01
+    """Weight of the entropy bonus."""
+    update_epochs: int = 4
+    """Passes over each batch of experience."""
+    minibatch: int = 16
+    """Samples per gradient step."""
+    steps_per_update: int = 128
+    """Environment steps (per environment of the vector) collected before each update."""
+    max_grad_norm: float = 0.5
+    """Gradient-norm clipping."""
+
+
+class VectorEnv(Protocol):
+    """What PPO needs of an environment: B copies stepped together, observations already as tensors
+    (``features`` [B, D], ``xfer_mask`` [B, N1], ``location_mask`` [B, N1, L]); an episode that ends is reset
+    inside ``step`` (its next observation is the new episode's first)."""
+
+    num_envs: int
+
+    def reset(self) -> dict[str, torch.Tensor]: ...
+
+    def step(self, xfer: torch.Tensor, loc: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor,
+                                                                    torch.Tensor]: ...
+
+
+def collect(venv: VectorEnv, policy, obs: dict, steps: int, generator: torch.Generator | None = None):
+    """``steps`` steps of every environment: a dict of tensors [steps, B, ...], and the last observation."""
+    buf = {k: [] for k in ("features", "xfer_mask", "location_mask", "xfer", "loc", "logp", "value", "reward",
+                           "done")}
+    for _ in range(steps):
+        xfer, loc, logp, value = policy.act(obs["features"], obs["xfer_mask"], obs["location_mask"], generator)
+        for k in ("features", "xfer_mask", "location_mask"):
+            buf[k].append(obs[k])
+        nxt, reward, done = venv.step(xfer, loc)
+        for k, v in (("xfer", xfer), ("loc", loc), ("logp", logp), ("value", value), ("reward", reward),
+                     ("done", done)):
+            buf[k].append(v)
+        obs = nxt
+    return {k: torch.stack(v) for k, v in buf.items()}, obs
+
+
+def update(policy, optimizer, batch: dict, last_value: torch.Tensor, cfg: PPOConfig,
+           generator: torch.Generator | None = None) -> dict[str, float]:
+    """GAE per environment, then ``update_epochs`` passes of clipped-PPO minibatch steps."""
+    T, B = batch["reward"].shape
+    adv = torch.zeros(T, B)
+    ret = torch.zeros(T, B)
+    for b in range(B):
+        adv[:, b], ret[:, b] = gae(batch["reward"][:, b].float(), batch["value"][:, b], batch["done"][:, b].float(),
+                                   last_value[b], cfg.gamma, cfg.gae_lambda)
+    flat = {k: v.reshape(T * B, *v.shape[2:]) for k, v in batch.items()}
+    adv, ret = adv.reshape(-1), ret.reshape(-1)
+    logs: dict[str, float] = {}
+    for _ in range(cfg.update_epochs):
+        order = torch.randperm(T * B, generator=generator)
+        for start in range(0, T * B, cfg.minibatch):
+            idx = order[start:start + cfg.minibatch]
+            a = adv[idx]
+            if len(idx) > 1:
+                a = (a - a.mean()) / (a.std() + 1e-8)
+            logp, entropy, value = policy.evaluate(flat["features"][idx], flat["xfer"][idx], flat["loc"][idx],
+                                                   flat["xfer_mask"][idx], flat["location_mask"][idx])
+            loss, logs = ppo_loss(logp, flat["logp"][idx], a, value, ret[idx], entropy, cfg.clip, cfg.c1, cfg.c2)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+    return logs
+
+
+def train(venv: VectorEnv, policy, cfg: PPOConfig, updates: int, generator: torch.Generator | None = None,
+          on_update: Callable[[int, dict], None] | None = None) -> None:
+    """``updates`` rounds of collect + update. ``on_update(k, logs)`` after each (logging, checkpoints)."""
+    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+    obs = venv.reset()
+    for k in range(updates):
+        batch, obs = collect(venv, policy, obs, cfg.steps_per_update, generator)
+        with torch.no_grad():
+            last_value = policy.value(obs["features"])
+        logs = update(policy, optimizer, batch, last_value, cfg, generator)
+        logs["mean_reward"] = float(batch["reward"].float().mean())
+        if on_update is not None:
+            on_update(k, logs)
