@@ -44,7 +44,7 @@ def ppo_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.T
     l_vf = ((values - returns) ** 2).mean()
     l_ent = entropy.mean()
     loss = -l_clip + c1 * l_vf - c2 * l_ent
-    return loss, {"clip": float(l_clip), "value": float(l_vf), "entropy": float(l_ent),
+    return loss, {"clip": float(l_clip.detach()), "value": float(l_vf.detach()), "entropy": float(l_ent.detach()),
                   "clip_fraction": float(((ratio - 1.0).abs() > clip).float().mean())}
 
 
