@@ -26,6 +26,7 @@ include: "workflow/rules/rules.smk"
 include: "workflow/rules/costs.smk"
 include: "workflow/rules/search.smk"
 include: "workflow/rules/rollouts.smk"
+include: "workflow/rules/learning.smk"
 
 
 rule all:

@@ -86,7 +86,7 @@ class MaskedBandit:
     def reset(self):
         return self.obs
 
-    def step(self, xfer, loc):
+    def step_batch(self, xfer, loc):
         assert self.obs["location_mask"][0][xfer, loc].all()  # never an invalid action
         reward = ((xfer == 2) & (loc == 1)).float()
         return self.obs, reward, torch.ones(self.num_envs, dtype=torch.bool)

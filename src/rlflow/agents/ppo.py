@@ -79,14 +79,15 @@ class PPOConfig:
 
 class VectorEnv(Protocol):
     """What PPO needs of an environment: B copies stepped together, observations already as tensors
-    (``features`` [B, D], ``xfer_mask`` [B, N1], ``location_mask`` [B, N1, L]); an episode that ends is reset
-    inside ``step`` (its next observation is the new episode's first)."""
+    (``features`` [B, D], ``xfer_mask`` [B, N1], ``location_mask`` [B, N1, L]) and ``step_batch(xfer, loc) -> (obs,
+    reward [B], done [B])``; an episode that ends is reset inside ``step_batch`` (its next observation is the
+    new episode's first)."""
 
     num_envs: int
 
     def reset(self) -> dict[str, torch.Tensor]: ...
 
-    def step(self, xfer: torch.Tensor, loc: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor,
+    def step_batch(self, xfer: torch.Tensor, loc: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor,
                                                                     torch.Tensor]: ...
 
 
@@ -98,7 +99,7 @@ def collect(venv: VectorEnv, policy, obs: dict, steps: int, generator: torch.Gen
         xfer, loc, logp, value = policy.act(obs["features"], obs["xfer_mask"], obs["location_mask"], generator)
         for k in ("features", "xfer_mask", "location_mask"):
             buf[k].append(obs[k])
-        nxt, reward, done = venv.step(xfer, loc)
+        nxt, reward, done = venv.step_batch(xfer, loc)
         for k, v in (("xfer", xfer), ("loc", loc), ("logp", logp), ("value", value), ("reward", reward),
                      ("done", done)):
             buf[k].append(v)

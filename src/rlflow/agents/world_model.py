@@ -1,0 +1,347 @@
+"""Training and evaluating the MDN-RNN world model (:mod:`rlflow.nn.mdnrnn`) on the encoder's latents.
+
+Input: ``latents.npz`` (stage ``train_encoder``; arrays for E episodes of at most T steps, N rules, Z dims):
+``z`` [E, T+1, Z], ``lengths`` [E], ``actions`` [E, T, 2] (xfer, location; -1 padding), ``metrics`` [E, T+1, 4],
+``counts`` [E, T+1, N], ``done`` [E, T], ``valid`` [E, T], ``holdout`` [E], scalars ``n_xfers``,
+``max_locations``, ``z_dim``.
+
+Training pairs of episode e at step t < lengths[e]: input (z_t, a_t); targets z_{t+1}, the normalised
+log1p-metric delta (see :mod:`rlflow.nn.mdnrnn`; mean/std over the training steps), done_t and
+log1p(counts_{t+1}). Steps t >= lengths[e] are padding: a mask removes them from every loss term.
+
+    loss = gmm NLL per dimension + MSE(deltas) + BCE(done) + MSE(log1p counts)
+
+Adam, learning rate decayed as lr * (1 - step / total_steps)^2 (RLFlow's 2nd-degree polynomial to 0), batches of
+whole episodes shuffled per epoch with a generator seeded by (seed, epoch) so that a resumed run repeats the
+same batches. Held-out episodes (``holdout``) are never trained on; they give the per-epoch held-out loss and
+the final quality figures (:func:`evaluate`).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from rlflow.errors import RLFlowError
+from rlflow.nn.losses import gmm_loss, masked_bce_with_logits, masked_mse
+from rlflow.nn.mdnrnn import MDNRNN
+
+METRIC_NAMES = ("runtime_ms", "flops", "bytes", "launches")
+ARRAYS = ("z", "lengths", "actions", "metrics", "counts", "done", "valid", "holdout")
+SCALARS = ("n_xfers", "max_locations", "z_dim")
+LOSS_TERMS = ("loss", "nll", "delta_mse", "done_bce", "count_mse")
+CURVE_COLUMNS = ("epoch", "lr", "train_loss", "train_nll", "train_delta_mse", "train_done_bce", "train_count_mse",
+                 "heldout_loss", "heldout_nll", "heldout_delta_mse", "heldout_done_bce", "heldout_count_mse",
+                 "seconds")
+
+
+# -- data ---------------------------------------------------------------------------------------------------
+def load_latents(path: str | Path) -> dict[str, Any]:
+    """Read and check a latents file; anything wrong is a one-line :class:`RLFlowError` naming the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise RLFlowError(f"{p}: no such latents file (make it with `rlflow train-encoder`)")
+    try:
+        with np.load(p, allow_pickle=False) as f:
+            data = {k: f[k] for k in f.files}
+    except Exception as e:
+        raise RLFlowError(f"{p}: not a readable .npz file ({e.__class__.__name__})") from None
+    missing = [k for k in ARRAYS + SCALARS if k not in data]
+    if missing:
+        raise RLFlowError(f"{p}: not a latents file (missing {', '.join(missing)})")
+    try:
+        n, L, zd = (int(data[k]) for k in SCALARS)
+    except (TypeError, ValueError):
+        raise RLFlowError(f"{p}: n_xfers, max_locations and z_dim must be integer scalars") from None
+    z = data["z"]
+    if z.ndim != 3 or z.shape[0] < 1 or z.shape[1] < 2 or z.shape[2] != zd:
+        raise RLFlowError(f"{p}: z has shape {z.shape}, expected [episodes, steps+1, z_dim={zd}]")
+    E, T = z.shape[0], z.shape[1] - 1
+    want = {"lengths": (E,), "actions": (E, T, 2), "metrics": (E, T + 1, 4), "counts": (E, T + 1, n),
+            "done": (E, T), "valid": (E, T), "holdout": (E,)}
+    for k, shape in want.items():
+        if tuple(data[k].shape) != shape:
+            raise RLFlowError(f"{p}: {k} has shape {tuple(data[k].shape)}, expected {shape}")
+    for k in ARRAYS:
+        if data[k].dtype.kind not in "biuf":
+            raise RLFlowError(f"{p}: {k} is not numeric (dtype {data[k].dtype})")
+    if n < 1 or L < 1 or zd < 1:
+        raise RLFlowError(f"{p}: n_xfers, max_locations and z_dim must be >= 1")
+    lengths = data["lengths"].astype(np.int64)
+    if lengths.min() < 0 or lengths.max() > T:
+        raise RLFlowError(f"{p}: lengths must lie in [0, {T}]")
+    steps = np.arange(T)[None, :] < lengths[:, None]
+    acts = data["actions"][steps]
+    if acts.size and (acts[:, 0].min() < 0 or acts[:, 0].max() > n or acts[:, 1].min() < 0):
+        raise RLFlowError(f"{p}: actions out of range (xfer in [0, {n}], location >= 0)")
+    for k in ("z", "metrics"):
+        if not np.isfinite(data[k][:, :T + 1]).all():
+            raise RLFlowError(f"{p}: {k} has non-finite values")
+    data.update(n_xfers=n, max_locations=L, z_dim=zd, lengths=lengths)
+    return data
+
+
+@dataclass
+class Tensors:
+    """Padded training tensors of a set of episodes (all on one device)."""
+
+    z_in: torch.Tensor       # [E, T, Z]
+    actions: torch.Tensor    # [E, T, 2] long
+    z_next: torch.Tensor     # [E, T, Z]
+    deltas: torch.Tensor     # [E, T, 4]  normalised
+    done: torch.Tensor       # [E, T]     float 0/1
+    log_counts: torch.Tensor  # [E, T, N] log1p(counts_{t+1})
+    mask: torch.Tensor       # [E, T] bool
+    index: np.ndarray        # episode indices into the latents file
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def batch(self, idx) -> "Tensors":
+        return Tensors(*(getattr(self, f)[idx] for f in ("z_in", "actions", "z_next", "deltas", "done",
+                                                         "log_counts", "mask")), self.index[idx.cpu().numpy()])
+
+
+def log_deltas(metrics: np.ndarray) -> np.ndarray:
+    """metrics [E, T+1, 4] -> log1p(metrics[t+1]) - log1p(metrics[t]), [E, T, 4]."""
+    lm = np.log1p(np.maximum(metrics.astype(np.float64), 0.0))
+    return lm[:, 1:] - lm[:, :-1]
+
+
+def delta_stats(data: dict, episodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and std (floored at 1e-6; 1 where there are no steps) of the log-deltas of these episodes' steps."""
+    T = data["z"].shape[1] - 1
+    d = log_deltas(data["metrics"])[episodes]
+    m = np.arange(T)[None, :] < data["lengths"][episodes][:, None]
+    rows = d[m]
+    if len(rows) == 0:
+        return np.zeros(4), np.ones(4)
+    return rows.mean(0), np.maximum(rows.std(0), 1e-6)
+
+
+def make_tensors(data: dict, episodes: np.ndarray, mean: np.ndarray, std: np.ndarray, device) -> Tensors:
+    T = data["z"].shape[1] - 1
+    z = torch.as_tensor(data["z"][episodes], dtype=torch.float32)
+    lengths = data["lengths"][episodes]
+    mask = torch.as_tensor(np.arange(T)[None, :] < lengths[:, None])
+    deltas = (log_deltas(data["metrics"])[episodes] - mean) / std
+    counts = data["counts"][episodes][:, 1:].astype(np.float64)
+    t = Tensors(z_in=z[:, :-1], actions=torch.as_tensor(data["actions"][episodes].astype(np.int64)),
+                z_next=z[:, 1:], deltas=torch.as_tensor(deltas, dtype=torch.float32),
+                done=torch.as_tensor(data["done"][episodes].astype(np.float32)),
+                log_counts=torch.as_tensor(np.log1p(np.maximum(counts, 0)), dtype=torch.float32),
+                mask=mask, index=np.asarray(episodes))
+    return Tensors(*(getattr(t, f).to(device) for f in ("z_in", "actions", "z_next", "deltas", "done",
+                                                        "log_counts", "mask")), t.index)
+
+
+def losses(model: MDNRNN, b: Tensors) -> dict[str, torch.Tensor]:
+    """The loss terms of one batch (each masked to the real steps) and their sum under ``loss``."""
+    out = model(b.z_in, b.actions)
+    terms = {"nll": gmm_loss(b.z_next, out.mus, out.sigmas, out.logpi, b.mask),
+             "delta_mse": masked_mse(out.deltas, b.deltas, b.mask),
+             "done_bce": masked_bce_with_logits(out.done, b.done, b.mask),
+             "count_mse": masked_mse(out.log_counts, b.log_counts, b.mask)}
+    terms["loss"] = terms["nll"] + terms["delta_mse"] + terms["done_bce"] + terms["count_mse"]
+    return terms
+
+
+@torch.no_grad()
+def mean_losses(model: MDNRNN, data: Tensors, batch_size: int) -> dict[str, float]:
+    """Step-weighted means of the loss terms over a set of episodes (NaN when it has no steps)."""
+    model.eval()
+    sums = dict.fromkeys(LOSS_TERMS, 0.0)
+    steps = 0
+    for i in range(0, len(data), batch_size):
+        b = data.batch(torch.arange(i, min(i + batch_size, len(data)), device=data.mask.device))
+        n = int(b.mask.sum())
+        if n == 0:
+            continue
+        for k, v in losses(model, b).items():
+            sums[k] += float(v) * n
+        steps += n
+    return {k: (v / steps if steps else float("nan")) for k, v in sums.items()}
+
+
+# -- evaluation ---------------------------------------------------------------------------------------------
+def _pearson(a: np.ndarray, b: np.ndarray) -> float | None:
+    if len(a) < 2 or a.std() == 0 or b.std() == 0:
+        return None
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+@torch.no_grad()
+def evaluate(model: MDNRNN, data: dict, episodes: np.ndarray, device, batch_size: int = 64) -> dict[str, Any]:
+    """Quality of the model on these episodes (normally the held-out ones).
+
+    nll_per_dim / loglik_per_dim: the next-z mixture's log-likelihood per latent dimension (nats).
+    reward_corr: Pearson correlation, over the real steps with a valid action, between the reward of the true
+    transition (prev = metrics[t], cur = metrics[t+1]) and of the predicted one (prev = metrics[t], cur =
+    prev + predicted delta), for the rewards ``weighted`` and ``delta`` (:mod:`rlflow.env.rewards`).
+    mask_accuracy: fraction of (step, rule) where (predicted count > 0.5) == (true count > 0);
+    mask_recall: the same over the (step, rule) pairs with a true match; done_accuracy: (logit > 0) == done.
+    """
+    from rlflow.env.rewards import make_reward
+
+    T = data["z"].shape[1] - 1
+    t = make_tensors(data, episodes, model.delta_mean.cpu().numpy(), model.delta_std.cpu().numpy(), device)
+    model.eval()
+    nll_sum, steps = 0.0, 0
+    pred_metrics, pred_counts, done_logits = [], [], []
+    for i in range(0, len(t), batch_size):
+        b = t.batch(torch.arange(i, min(i + batch_size, len(t)), device=t.mask.device))
+        out = model(b.z_in, b.actions)
+        n = int(b.mask.sum())
+        if n:
+            nll_sum += float(gmm_loss(b.z_next, out.mus, out.sigmas, out.logpi, b.mask)) * n
+            steps += n
+        cur = torch.as_tensor(data["metrics"][b.index][:, :T], dtype=torch.float32, device=out.deltas.device)
+        pred_metrics.append(model.metrics_after(cur, out.deltas).double().cpu().numpy())
+        pred_counts.append(MDNRNN.counts(out.log_counts).cpu().numpy())
+        done_logits.append(out.done.cpu().numpy())
+    result: dict[str, Any] = {"episodes": int(len(episodes)), "steps": int(steps)}
+    if steps == 0:
+        return result
+    mask = t.mask.cpu().numpy()
+    pm = np.concatenate(pred_metrics)[mask]                     # [S, 4] predicted metrics after each step
+    metrics = data["metrics"][episodes].astype(np.float64)
+    prev, true_cur = metrics[:, :T][mask], metrics[:, 1:][mask]
+    first = np.repeat(metrics[:, :1], T, axis=1)[mask]
+    valid = data["valid"][episodes][mask].astype(bool)
+    corr = {}
+    for name in ("weighted", "delta"):
+        reward = make_reward({"name": name})
+        d = lambda row: dict(zip(METRIC_NAMES, row))  # noqa: E731
+        r_true = np.array([reward(d(p), d(c), d(f)) for p, c, f, v in zip(prev, true_cur, first, valid) if v])
+        r_pred = np.array([reward(d(p), d(c), d(f)) for p, c, f, v in zip(prev, pm, first, valid) if v])
+        corr[name] = _pearson(r_true, r_pred)
+    pc = np.concatenate(pred_counts)[mask]
+    tc = data["counts"][episodes][:, 1:][mask]
+    hit = (pc > 0.5) == (tc > 0)
+    done_pred = np.concatenate(done_logits)[mask] > 0
+    done_true = data["done"][episodes][mask].astype(bool)
+    result.update(
+        nll_per_dim=nll_sum / steps, loglik_per_dim=-nll_sum / steps,
+        reward_corr=corr, reward_steps=int(valid.sum()),
+        delta_rmse_ms=float(np.sqrt(np.mean((pm[valid, 0] - true_cur[valid, 0]) ** 2))) if valid.any() else None,
+        mask_accuracy=float(hit.mean()),
+        mask_recall=float(hit[tc > 0].mean()) if (tc > 0).any() else None,
+        mask_precision=float((tc[pc > 0.5] > 0).mean()) if (pc > 0.5).any() else None,
+        done_accuracy=float((done_pred == done_true).mean()),
+    )
+    return result
+
+
+# -- training -----------------------------------------------------------------------------------------------
+def poly_decay(total_steps: int, power: float = 2.0) -> Callable[[int], float]:
+    """LambdaLR factor: (1 - step / total)^power, reaching 0 after the last step."""
+    return lambda step: max(0.0, 1.0 - step / max(1, total_steps)) ** power
+
+
+def train(data: dict, wm: dict, seed: int, device: str, checkpointer=None, progress: bool = True,
+          log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Train a world model with config ``wm`` (hidden, gaussians, epochs, lr, batch_size).
+
+    Saves a partial state after every epoch with ``checkpointer`` (and resumes from one); returns
+    ``{"model", "rows" (curve rows), "train_episodes", "heldout_episodes", "resumed_from" (epoch or None)}``.
+    """
+    E = data["z"].shape[0]
+    holdout = data["holdout"].astype(bool)
+    train_eps = np.flatnonzero(~holdout & (data["lengths"] > 0))
+    held_eps = np.flatnonzero(holdout & (data["lengths"] > 0))
+    if len(train_eps) == 0:
+        raise RLFlowError(f"latents: none of the {E} episodes is a non-empty training episode (all held out?)")
+    mean, std = delta_stats(data, train_eps)
+    torch.manual_seed(seed)
+    model = MDNRNN(data["z_dim"], data["n_xfers"], data["max_locations"], hidden=wm["hidden"],
+                   gaussians=wm["gaussians"])
+    model.delta_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
+    model.delta_std.copy_(torch.as_tensor(std, dtype=torch.float32))
+    model.to(device)
+    tr = make_tensors(data, train_eps, mean, std, device)
+    ho = make_tensors(data, held_eps, mean, std, device) if len(held_eps) else None
+    bs = int(wm["batch_size"])
+    epochs = int(wm["epochs"])
+    per_epoch = math.ceil(len(train_eps) / bs)
+    opt = torch.optim.Adam(model.parameters(), lr=float(wm["lr"]))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, poly_decay(epochs * per_epoch))
+    rows: list[dict] = []
+    start, resumed = 0, None
+    if checkpointer is not None:
+        state = checkpointer.load()
+        if state is not None:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optim"])
+            sched.load_state_dict(state["sched"])
+            rows = list(state["rows"])
+            start = resumed = int(state["epoch"])
+            if log:
+                log(f"resuming from epoch {start} of {epochs}")
+    from tqdm import tqdm
+
+    bar = tqdm(total=epochs, initial=start, desc="world model", unit="epoch", file=sys.stderr,
+               mininterval=1.0, disable=None if progress else True)
+    for epoch in range(start, epochs):
+        t0 = time.perf_counter()
+        model.train()
+        gen = torch.Generator().manual_seed(seed * 100_003 + epoch)
+        perm = torch.randperm(len(tr), generator=gen).to(tr.mask.device)
+        sums, steps = dict.fromkeys(LOSS_TERMS, 0.0), 0
+        lr = opt.param_groups[0]["lr"]
+        for i in range(0, len(tr), bs):
+            b = tr.batch(perm[i:i + bs])
+            terms = losses(model, b)
+            opt.zero_grad(set_to_none=True)
+            terms["loss"].backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+            opt.step()
+            sched.step()
+            n = int(b.mask.sum())
+            for k, v in terms.items():
+                sums[k] += float(v.detach()) * n
+            steps += n
+        row: dict[str, Any] = {"epoch": epoch + 1, "lr": lr}
+        row.update({f"train_{k}": v / max(steps, 1) for k, v in sums.items()})
+        held = mean_losses(model, ho, bs) if ho is not None else dict.fromkeys(LOSS_TERMS, float("nan"))
+        row.update({f"heldout_{k}": v for k, v in held.items()})
+        row["seconds"] = time.perf_counter() - t0
+        rows.append(row)
+        if checkpointer is not None:
+            checkpointer.save({"epoch": epoch + 1, "model": model.state_dict(), "optim": opt.state_dict(),
+                               "sched": sched.state_dict(), "rows": rows})
+        bar.update(1)
+        bar.set_postfix(train=f"{row['train_loss']:.3f}", heldout_nll=f"{row['heldout_nll']:.3f}")
+    bar.close()
+    return {"model": model, "rows": rows, "train_episodes": train_eps, "heldout_episodes": held_eps,
+            "resumed_from": resumed}
+
+
+def curve_csv(rows: list[dict]) -> str:
+    lines = [",".join(CURVE_COLUMNS)]
+    for r in rows:
+        cells = []
+        for c in CURVE_COLUMNS:
+            v = r.get(c)
+            cells.append("" if v is None or (isinstance(v, float) and math.isnan(v)) else
+                         (str(v) if isinstance(v, int) else f"{v:.6g}"))
+        lines.append(",".join(cells))
+    return "\n".join(lines) + "\n"
+
+
+def load_world_model(path: str | Path, device="cpu") -> MDNRNN:
+    """The trained model of a ``train_world_model`` checkpoint (eval mode)."""
+    from rlflow.agents.checkpoint import load_checkpoint
+
+    ck = load_checkpoint(path)
+    if "model_args" not in ck or "state_dict" not in ck:
+        raise RLFlowError(f"{path}: not a world-model checkpoint")
+    model = MDNRNN(**ck["model_args"])
+    model.load_state_dict(ck["state_dict"])
+    return model.to(device).eval()

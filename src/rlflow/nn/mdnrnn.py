@@ -1,0 +1,124 @@
+"""The MDN-RNN world model (Ha & Schmidhuber's World Models, as used by RLFlow).
+
+Per step the input is ``[z_t, one_hot(xfer_t) (N+1: rule N is the NO-OP), location_t / max_locations,
+emb(location_t)]`` (a small learned location embedding next to the scaled index). An LSTM carries the history;
+from its output ``h_t`` the heads predict what follows action ``a_t`` in graph ``z_t``:
+
+    mus, sigmas, logpi   the next latent z_{t+1} as a mixture of K diagonal Gaussians (sigmas = softplus + 1e-3,
+                         logpi = log_softmax over K)
+    deltas               the change of the 4 cost metrics (runtime_ms, flops, bytes, launches), normalised:
+                         d = (log1p(m_{t+1}) - log1p(m_t) - mean) / std, with mean/std of the training steps
+                         stored in the buffers ``delta_mean``/``delta_std`` (see :meth:`MDNRNN.metrics_after`)
+    done                 a logit: the episode ends after this step
+    log_counts           log1p of the per-rule match counts of the next graph (N); rule k is applicable iff
+                         expm1(log_counts_k) > 0.5 (:meth:`MDNRNN.masks`)
+
+``forward`` runs whole padded sequences; ``step`` runs one step from a given hidden state with the same
+weights (the dream environment's cell). A hidden state of None is zeros (the start of an episode).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+N_METRICS = 4
+MIN_SIGMA = 1e-3
+
+
+class WorldModelOutput(NamedTuple):
+    """Predictions for each step; shapes for ``forward`` (``step`` drops the T axis)."""
+
+    mus: torch.Tensor         # [B, T, K, Z]
+    sigmas: torch.Tensor      # [B, T, K, Z]
+    logpi: torch.Tensor       # [B, T, K]
+    deltas: torch.Tensor      # [B, T, 4]   normalised log1p-metric deltas
+    done: torch.Tensor        # [B, T]      logit
+    log_counts: torch.Tensor  # [B, T, N]   predicted log1p(match count) of the next graph
+    hidden: tuple             # (h, c), each [1, B, H]
+
+
+class MDNRNN(nn.Module):
+    def __init__(self, z_dim: int, n_xfers: int, max_locations: int, hidden: int = 256, gaussians: int = 8,
+                 loc_embed: int = 8):
+        super().__init__()
+        self.config = {"z_dim": int(z_dim), "n_xfers": int(n_xfers), "max_locations": int(max_locations),
+                       "hidden": int(hidden), "gaussians": int(gaussians), "loc_embed": int(loc_embed)}
+        self.z_dim, self.n_xfers, self.max_locations = int(z_dim), int(n_xfers), int(max_locations)
+        self.hidden_size, self.gaussians = int(hidden), int(gaussians)
+        self.loc_emb = nn.Embedding(self.max_locations, loc_embed)
+        in_dim = self.z_dim + self.n_xfers + 1 + 1 + loc_embed
+        self.rnn = nn.LSTM(in_dim, self.hidden_size, batch_first=True)
+        K, Z = self.gaussians, self.z_dim
+        self.gmm_head = nn.Linear(self.hidden_size, 2 * K * Z + K)
+        self.delta_head = nn.Linear(self.hidden_size, N_METRICS)
+        self.done_head = nn.Linear(self.hidden_size, 1)
+        self.count_head = nn.Linear(self.hidden_size, self.n_xfers)
+        self.register_buffer("delta_mean", torch.zeros(N_METRICS))
+        self.register_buffer("delta_std", torch.ones(N_METRICS))
+
+    # -- inputs -------------------------------------------------------------------------------------------
+    def encode_inputs(self, z: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """z [B, T, Z] float, actions [B, T, 2] int (xfer, location; padding -1 allowed) -> [B, T, in_dim]."""
+        xfer = actions[..., 0].long().clamp(0, self.n_xfers)
+        loc = actions[..., 1].long().clamp(0, self.max_locations - 1)
+        onehot = F.one_hot(xfer, self.n_xfers + 1).to(z.dtype)
+        scaled = (loc.to(z.dtype) / self.max_locations).unsqueeze(-1)
+        return torch.cat([z, onehot, scaled, self.loc_emb(loc)], dim=-1)
+
+    def _heads(self, out: torch.Tensor, hidden: tuple) -> WorldModelOutput:
+        K, Z = self.gaussians, self.z_dim
+        g = self.gmm_head(out)
+        lead = out.shape[:-1]
+        mus = g[..., : K * Z].reshape(*lead, K, Z)
+        sigmas = F.softplus(g[..., K * Z: 2 * K * Z]).reshape(*lead, K, Z) + MIN_SIGMA
+        logpi = F.log_softmax(g[..., 2 * K * Z:], dim=-1)
+        return WorldModelOutput(mus, sigmas, logpi, self.delta_head(out), self.done_head(out).squeeze(-1),
+                                self.count_head(out), hidden)
+
+    # -- running ------------------------------------------------------------------------------------------
+    def forward(self, z: torch.Tensor, actions: torch.Tensor, hidden: tuple | None = None) -> WorldModelOutput:
+        """Whole sequences: z [B, T, Z], actions [B, T, 2] -> predictions for every step (padding is computed
+        too and must be masked by the caller; it comes after the real steps so it cannot affect them)."""
+        out, hidden = self.rnn(self.encode_inputs(z, actions), hidden)
+        return self._heads(out, hidden)
+
+    def step(self, z_t: torch.Tensor, action_t: torch.Tensor, hidden: tuple | None = None) -> WorldModelOutput:
+        """One step: z_t [B, Z], action_t [B, 2], hidden (h, c) [1, B, H] or None -> predictions without
+        the T axis, and the next hidden state."""
+        o = self.forward(z_t.unsqueeze(1), action_t.unsqueeze(1), hidden)
+        return WorldModelOutput(*(t.squeeze(1) for t in o[:-1]), o.hidden)
+
+    def initial_hidden(self, batch: int, device=None) -> tuple:
+        h = torch.zeros(1, batch, self.hidden_size, device=device)
+        return h, h.clone()
+
+    # -- decoding predictions -----------------------------------------------------------------------------
+    def metrics_after(self, metrics: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
+        """The predicted raw metrics of the next graph: metrics [..., 4] (runtime_ms, flops, bytes, launches
+        of the current graph), normalised deltas [..., 4] -> expm1(log1p(metrics) + delta * std + mean)."""
+        logd = deltas * self.delta_std + self.delta_mean
+        return torch.expm1(torch.log1p(metrics.clamp(min=0)) + logd)
+
+    @staticmethod
+    def counts(log_counts: torch.Tensor) -> torch.Tensor:
+        """Predicted match counts (>= 0) from the log1p head."""
+        return torch.expm1(log_counts).clamp(min=0)
+
+    @staticmethod
+    def masks(log_counts: torch.Tensor) -> torch.Tensor:
+        """Rule mask [..., N]: True where the predicted count > 0.5 (rounds to at least one match)."""
+        return torch.expm1(log_counts) > 0.5
+
+    def sample_z(self, out: WorldModelOutput, temperature: float = 1.0, generator=None) -> torch.Tensor:
+        """Sample z_{t+1} [B, Z] from a one-step output (mixture weights sharpened/flattened by temperature)."""
+        probs = torch.softmax(out.logpi / temperature, dim=-1)
+        k = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        idx = k.view(-1, 1, 1).expand(-1, 1, self.z_dim)
+        mu = out.mus.gather(1, idx).squeeze(1)
+        sigma = out.sigmas.gather(1, idx).squeeze(1)
+        noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
+        return mu + sigma * noise * temperature ** 0.5

@@ -1,0 +1,138 @@
+"""Train the graph encoder on the rollouts' graphs and encode every rollout step (pipeline stage train_encoder).
+
+The episodes are split into training and held-out episodes (encoder.holdout, seeded); their graphs are rebuilt by
+replaying the actions in the environment. The encoder (edge-to-node update, encoder.layers graph-attention
+layers, global update, z of encoder.z_dim; X-RLflow's architecture) is trained for encoder.epochs on at most
+encoder.max_graphs training graphs to predict each graph's cost metrics and per-rule match counts from z. It is
+checkpointed every epoch to OUT.partial: a killed run, rerun with the same inputs and config, resumes there.
+
+Outputs: the encoder checkpoint (--out), the z of every step of every episode with the episodes' actions,
+metrics, counts and flags (--latents, npz; the world model's input; format in rlflow/agents/encoder_training.py)
+and --metrics (held-out errors: relative runtime error, match-count accuracy; loss per epoch; seconds).
+
+Examples:
+  rlflow train-encoder --config config.yaml --model bert --onnx results/bert/model.onnx \\
+      --rules results/rules/rules.json --costs results/costs/auto/bert.json --rollouts results/bert/rollouts.json \\
+      --out results/bert/encoder/encoder.pt --latents results/bert/encoder/latents.npz \\
+      --metrics results/bert/encoder/metrics.json
+  rlflow train-encoder ... --set encoder.epochs=2 --set encoder.max_graphs=200      (a quick run)
+
+Pipeline: Snakemake rule train_encoder and the dvc.yaml stage of the same name, both from
+rlflow.pipeline.registry.STAGES["train_encoder"].
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import random
+import time
+from pathlib import Path
+
+from rlflow.config import get
+from rlflow.errors import RLFlowError
+from rlflow.stages.common import add_config_arguments, add_problem_arguments, load_problem
+
+NAME = "train-encoder"
+HELP = "train the graph encoder on rollout graphs; write it and the z of every step (pipeline stage train_encoder)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, "encoder.epochs=2")
+    add_problem_arguments(parser)
+    parser.add_argument("--rollouts", required=True, type=Path, metavar="JSON", help="merged rollouts file")
+    parser.add_argument("--out", required=True, type=Path, metavar="PT", help="encoder checkpoint to write")
+    parser.add_argument("--latents", required=True, type=Path, metavar="NPZ", help="z of every rollout step")
+    parser.add_argument("--metrics", required=True, type=Path, metavar="JSON", help="held-out errors, losses")
+
+
+def _load_rollouts(path: Path) -> dict:
+    if not path.is_file():
+        raise RLFlowError(f"{path}: no such rollouts file")
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RLFlowError(f"{path}: not JSON ({e.__class__.__name__})") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
+    from rlflow.agents.checkpoint import Checkpointer, fingerprint
+    from rlflow.agents.encoder_training import check_rollouts, train_encoder
+    from rlflow.agents.rollouts import rules_digest
+    from rlflow.atomic import atomic_path, write_text
+    from rlflow.env import make_env
+
+    t0 = time.perf_counter()
+    problem = load_problem(args)
+    config = problem.config
+    seed, cfg = int(get(config, "seed")), dict(get(config, "encoder"))
+    env = make_env(config, problem.graph, problem.rules, problem.cost, reward=False, device=problem.device)
+    doc = _load_rollouts(args.rollouts)
+    check_rollouts(doc, problem.rules, env.max_steps, env.max_locations, str(args.rollouts))
+    episodes = doc["episodes"]
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    values = {"encoder": cfg, "seed": seed, "env": {"max_steps": env.max_steps, "max_locations": env.max_locations},
+              "cost": problem.cost.describe()}
+    inputs = [p for p in (args.rollouts, args.onnx, args.rules, getattr(args, "costs", None)) if p and Path(p).is_file()]
+    ckpt = Checkpointer(args.out, fingerprint(values, inputs))
+    print(f"train_encoder: {args.model}: {len(episodes)} episodes, {len(problem.rules)} rules, device "
+          f"{problem.device}, {cfg['epochs']} epochs of at most {cfg['max_graphs']} graphs", flush=True)
+    def log_epoch(epoch: int, loss: float, seconds: float) -> None:
+        print(f"train_encoder: epoch {epoch}/{cfg['epochs']}: loss {loss:.4f} ({seconds:.1f} s)", flush=True)
+
+    result = train_encoder(env, episodes, cfg, seed, problem.device, ckpt, progress=not args.no_progress,
+                           on_epoch=log_epoch)
+    model = result.model
+    if result.metrics["resumed_from_epoch"]:
+        print(f"train_encoder: resumed from epoch {result.metrics['resumed_from_epoch']} ({ckpt.partial})", flush=True)
+
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **result.latents)
+    with atomic_path(args.latents) as tmp:
+        tmp.write_bytes(buf.getvalue())
+    seconds = time.perf_counter() - t0
+    metrics = {"model": args.model, "device": problem.device, "cost": problem.cost.describe(), **result.metrics,
+               "seconds": {**result.metrics["seconds"], "total": seconds}}
+    write_text(args.metrics, json.dumps(metrics, indent=1) + "\n")
+    ckpt.finish({
+        "kind": "rlflow.encoder/1",
+        "model": args.model,
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "encoder_config": dict(model.config),
+        "config": cfg,
+        "seed": seed,
+        "rules": rules_digest(problem.rules),
+        "node_features": model.config["node_features"],
+        "edge_features": model.config["edge_features"],
+        "normalisation": result.metrics["normalisation"],
+        "metric_names": ["runtime_ms", "flops", "bytes", "launches"],
+    })
+    h = result.metrics["heldout"]
+    if h.get("graphs"):
+        err = (f"held-out ({h['graphs']} graphs): runtime rel. error {h['runtime_rel_err']:.2e}, counts exact "
+               f"{h['counts_exact_acc']:.4f}, mask {h['counts_mask_acc']:.4f}")
+    else:
+        err = "no held-out episodes"
+    print(f"train_encoder: wrote {args.out}, {args.latents}, {args.metrics} in {seconds:.1f} s; final loss "
+          f"{result.metrics['train_loss'][-1]:.4f}; {err}", flush=True)
+    return 0
+
+
+def load_encoder(path: str | Path, device: str = "cpu"):
+    """The trained GraphEncoder of a checkpoint written by this stage (eval mode, on ``device``)."""
+    from rlflow.agents.checkpoint import load_checkpoint
+    from rlflow.nn.encoder import GraphEncoder
+
+    data = load_checkpoint(path)
+    if data.get("kind") != "rlflow.encoder/1":
+        raise RLFlowError(f"{path}: not an encoder checkpoint")
+    model = GraphEncoder(**data["encoder_config"])
+    model.load_state_dict(data["state_dict"])
+    return model.to(device).eval()

@@ -1,0 +1,92 @@
+"""The dream environment: steps the world model only, masks from predicted counts, rewards from predicted
+metrics, horizon, and PPO trained in it never touches the real environment."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlflow.env.dream import DreamEnv
+from rlflow.env.rewards import make_reward
+from rlflow.errors import RLFlowError
+from rlflow.nn.mdnrnn import MDNRNN
+
+Z, N, L = 6, 5, 4
+
+
+def make_dream(num_envs=8, max_steps=5, reward="delta", temperature=1.0, seed=0):
+    torch.manual_seed(seed)
+    wm = MDNRNN(Z, N, L, hidden=16, gaussians=3)
+    counts = torch.tensor([2.0, 0.0, 7.0, 1.0, 0.0])
+    return DreamEnv(wm, torch.randn(Z), torch.tensor([10.0, 1e6, 1e5, 20.0]), counts, make_reward(reward),
+                    max_steps=max_steps, max_locations=L, temperature=temperature, num_envs=num_envs,
+                    generator=torch.Generator().manual_seed(seed))
+
+
+def test_reset_masks_follow_the_start_counts():
+    env = make_dream()
+    obs = env.reset()
+    assert obs["features"].shape == (8, Z + 16)
+    assert obs["xfer_mask"][0].tolist() == [True, False, True, True, False, True]
+    assert obs["location_mask"][0].sum(-1).tolist() == [2, 0, 4, 1, 0, 1]  # counts capped at L; NO-OP one
+
+
+def test_noop_ends_and_restarts_invalid_gets_penalty_horizon_truncates():
+    env = make_dream(num_envs=3, max_steps=2, reward={"name": "delta", "invalid_penalty": -7})
+    obs0 = env.reset()
+    xfer = torch.tensor([N, 1, 0])  # NO-OP, a rule without a match, a valid rule
+    loc = torch.tensor([0, 0, 1])
+    obs, reward, done = env.step_batch(xfer, loc)
+    assert done.tolist()[0] is True and reward[0] == 0
+    assert reward[1] == -7 and torch.equal(obs["features"][1], obs0["features"][1])  # unchanged
+    assert torch.equal(obs["features"][0], obs0["features"][0])  # restarted
+    _, _, done = env.step_batch(torch.tensor([N, 1, 0]), torch.tensor([0, 0, 0]))
+    assert done[1]  # copy 1 (two invalid actions) reached the horizon of 2 steps
+
+
+def test_reward_is_the_reward_class_on_predicted_metrics():
+    env = make_dream(num_envs=4, reward="normalised")
+    env.reset()
+    before = env.metrics.clone()
+    _, reward, _ = env.step_batch(torch.tensor([0, 2, 3, 0]), torch.tensor([0, 3, 0, 1]))
+    after = env.metrics  # copies that did not end keep the predicted metrics
+    for b in range(4):
+        if env.steps[b] == 1:
+            want = (before[b, 0] - after[b, 0]) / before[b, 0] * 100
+            assert reward[b].item() == pytest.approx(want.item(), rel=1e-4)
+
+
+def test_e2e_reward_and_bad_temperature_are_refused():
+    with pytest.raises(RLFlowError, match="real latency"):
+        make_dream(reward="e2e")
+    with pytest.raises(RLFlowError, match="temperature"):
+        make_dream(temperature=0.0)
+
+
+def test_temperature_changes_the_spread_of_imagined_latents():
+    def spread(tau):
+        env = make_dream(num_envs=256, temperature=tau, seed=3)
+        env.reset()
+        env.step_batch(torch.zeros(256, dtype=torch.long), torch.zeros(256, dtype=torch.long))
+        return env.z.std(0).mean().item()
+
+    assert spread(0.1) < spread(1.0) < spread(3.0)
+
+
+def test_ppo_in_the_dream_never_touches_the_real_env(monkeypatch):
+    from rlflow.agents.ppo import PPOConfig, train
+    from rlflow.env.graph_rewrite import GraphRewriteEnv
+    from rlflow.nn.policy import HierarchicalPolicy
+    from rlflow.rewrite import matcher
+
+    def boom(*a, **k):
+        raise AssertionError("the dream called the real environment")
+
+    monkeypatch.setattr(GraphRewriteEnv, "step", boom)
+    monkeypatch.setattr(GraphRewriteEnv, "reset", boom)
+    monkeypatch.setattr(matcher.MatchIndex, "apply", boom)
+    monkeypatch.setattr(matcher, "find_matches", boom)
+    env = make_dream(num_envs=4)
+    pol = HierarchicalPolicy(Z + 16, N, L, hidden=16)
+    train(env, pol, PPOConfig(steps_per_update=6, minibatch=8), updates=2, generator=torch.Generator().manual_seed(0))
+    assert env.steps_taken == 2 * 6 * 4

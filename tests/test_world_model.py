@@ -1,0 +1,281 @@
+"""The MDN-RNN world model: its losses, the model, training on synthetic latents, and the stage."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlflow.nn.losses import gmm_loss, masked_bce_with_logits, masked_mse
+from rlflow.nn.mdnrnn import MDNRNN
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one thread is fastest and does not fight other processes for the cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def synthetic_latents(path, episodes=40, steps=8, n_xfers=4, max_locations=3, z_dim=6, seed=0, holdout=0.25):
+    """A latents file with deterministic dynamics: z' = 0.7 z + 0.6 B[xfer] + 0.1 loc; rule k matches the graph
+    iff z_(k mod Z) > 0 (< 0 for odd k div Z), count 1 or 2; applying a matching rule scales the runtime by
+    0.9 + 0.02 (k mod 5) and the bytes by 0.95; a rule that does not match is invalid (graph unchanged);
+    xfer == n_xfers is the NO-OP (done)."""
+    rng = np.random.default_rng(seed)
+    B = rng.normal(0, 0.8, (n_xfers + 1, z_dim))
+    T, N = steps, n_xfers
+    z = np.zeros((episodes, T + 1, z_dim), np.float32)
+    actions = np.full((episodes, T, 2), -1, np.int32)
+    metrics = np.zeros((episodes, T + 1, 4))
+    counts = np.zeros((episodes, T + 1, N), np.int32)
+    done = np.zeros((episodes, T), bool)
+    valid = np.zeros((episodes, T), bool)
+    lengths = np.zeros(episodes, np.int32)
+
+    def count(zz):
+        k = np.arange(N)
+        sign = np.where((k // z_dim) % 2 == 0, 1.0, -1.0)
+        return np.where(sign * zz[k % z_dim] > 0, 1 + k % 2, 0).astype(np.int32)
+
+    for e in range(episodes):
+        zt = rng.normal(0, 1, z_dim)
+        m = np.array([10.0 + rng.random(), 1e6, 4e6, 20.0])
+        z[e, 0], metrics[e, 0], counts[e, 0] = zt, m, count(zt)
+        t = 0
+        while t < T:
+            c = count(zt)
+            xfer = N if rng.random() < 0.12 else int(rng.integers(0, N))
+            loc = int(rng.integers(0, max(1, min(c[xfer], max_locations)))) if xfer < N else 0
+            actions[e, t] = (xfer, loc)
+            ok = xfer == N or c[xfer] > 0
+            valid[e, t] = ok
+            if xfer < N and ok:
+                zt = 0.7 * zt + 0.6 * B[xfer] + 0.1 * loc
+                m = m * np.array([0.9 + 0.02 * (xfer % 5), 1.0, 0.95, 1.0])
+            t += 1
+            z[e, t], metrics[e, t], counts[e, t] = zt, m, count(zt)
+            if xfer == N or t == T:
+                done[e, t - 1] = True
+                break
+        lengths[e] = t
+        metrics[e, t + 1:] = metrics[e, t]
+    hold = np.zeros(episodes, bool)
+    hold[: int(round(holdout * episodes))] = True
+    np.savez(path, z=z, lengths=lengths, actions=actions, metrics=metrics, counts=counts, done=done, valid=valid,
+             holdout=hold, n_xfers=np.int64(N), max_locations=np.int64(max_locations), z_dim=np.int64(z_dim))
+    return path
+
+
+# -- losses -------------------------------------------------------------------------------------------------
+def test_gmm_loss_matches_hand_computation():
+    # one step, Z = 2, K = 2: NLL = -log sum_k pi_k prod_z N(x_z; mu_kz, s_kz), divided by Z
+    x = torch.tensor([[[0.5, -1.0]]])
+    mus = torch.tensor([[[[0.0, 0.0], [1.0, -2.0]]]])
+    sig = torch.tensor([[[[1.0, 2.0], [0.5, 1.0]]]])
+    pi = torch.tensor([0.3, 0.7])
+
+    def normal(v, m, s):
+        return math.exp(-0.5 * ((v - m) / s) ** 2) / (s * math.sqrt(2 * math.pi))
+
+    p = sum(float(pi[k]) * normal(0.5, float(mus[0, 0, k, 0]), float(sig[0, 0, k, 0]))
+            * normal(-1.0, float(mus[0, 0, k, 1]), float(sig[0, 0, k, 1])) for k in range(2))
+    got = gmm_loss(x, mus, sig, pi.log().view(1, 1, 2))
+    assert got.item() == pytest.approx(-math.log(p) / 2, rel=1e-5)
+
+
+def test_gmm_loss_fit_recovers_a_known_mixture():
+    g = torch.Generator().manual_seed(0)
+    n = 800
+    comp = torch.rand(n, generator=g) < 0.3                   # weight 0.3 at -2, 0.7 at +3 (sigma 0.5)
+    x = torch.where(comp, torch.tensor(-2.0), torch.tensor(3.0)) + 0.5 * torch.randn(n, generator=g)
+    target = x.view(1, n, 1)
+    mu = torch.tensor([[-0.5], [0.5]], requires_grad=True)     # [K, Z]
+    log_s = torch.zeros(2, 1, requires_grad=True)
+    logits = torch.zeros(2, requires_grad=True)
+    opt = torch.optim.Adam([mu, log_s, logits], lr=0.1)
+    for _ in range(250):
+        loss = gmm_loss(target, mu.expand(1, n, 2, 1), log_s.exp().expand(1, n, 2, 1),
+                        torch.log_softmax(logits, 0).expand(1, n, 2))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    order = torch.argsort(mu[:, 0])
+    assert mu[order, 0].tolist() == pytest.approx([-2.0, 3.0], abs=0.1)
+    assert torch.softmax(logits, 0)[order].tolist() == pytest.approx([0.3, 0.7], abs=0.03)
+    assert log_s.exp()[order, 0].tolist() == pytest.approx([0.5, 0.5], abs=0.05)
+
+
+def _random_batch(seed=0, B=3, T=5, K=2, Z=3, N=4):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)[:B, :T]
+    return mask, r
+
+
+def test_padding_changes_neither_losses_nor_gradients():
+    mask, r = _random_batch()
+    model = MDNRNN(3, 4, 3, hidden=8, gaussians=2)
+    z = r(3, 5, 3)
+    actions = torch.randint(0, 4, (3, 5, 2))
+    tz, td, tc = r(3, 5, 3), (r(3, 5) > 0).float(), r(3, 5, 4)
+
+    def run(z, actions, tz, td, tc):
+        model.zero_grad()
+        out = model(z, actions)
+        loss = (gmm_loss(tz, out.mus, out.sigmas, out.logpi, mask) + masked_mse(out.log_counts, tc, mask)
+                + masked_bce_with_logits(out.done, td, mask))
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    l1, g1 = run(z, actions, tz, td, tc)
+    pad = ~mask
+    z2, a2, tz2, td2, tc2 = z.clone(), actions.clone(), tz.clone(), td.clone(), tc.clone()
+    z2[pad] = 1e3
+    a2[pad] = -1
+    tz2[pad] = float("nan")
+    td2[pad] = 1 - td2[pad]
+    tc2[pad] = float("inf")
+    l2, g2 = run(z2, a2, tz2, td2, tc2)
+    assert torch.equal(l1, l2)
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a, b, atol=1e-6)
+    # and an all-padding batch is a zero loss
+    assert gmm_loss(tz, *model(z, actions)[:3], torch.zeros(3, 5, dtype=torch.bool)).item() == 0.0
+
+
+def test_sequence_forward_equals_one_step_cell():
+    torch.manual_seed(0)
+    model = MDNRNN(5, 3, 4, hidden=16, gaussians=3).eval()
+    z = torch.randn(2, 6, 5)
+    actions = torch.stack([torch.randint(0, 4, (2, 6)), torch.randint(0, 4, (2, 6))], -1)
+    seq = model(z, actions)
+    hidden = None
+    for t in range(6):
+        one = model.step(z[:, t], actions[:, t], hidden)
+        hidden = one.hidden
+        for a, b in zip(seq[:-1], one[:-1]):
+            assert torch.allclose(a[:, t], b, atol=1e-5)
+    assert torch.allclose(seq.hidden[0], hidden[0], atol=1e-5)
+    sample = model.sample_z(one)
+    assert sample.shape == (2, 5) and torch.isfinite(sample).all()
+
+
+# -- training -----------------------------------------------------------------------------------------------
+def test_training_lowers_heldout_nll(tmp_path):
+    from rlflow.agents.world_model import evaluate, load_latents, train
+
+    data = load_latents(synthetic_latents(tmp_path / "l.npz", episodes=64))
+    wm = {"hidden": 24, "gaussians": 2, "epochs": 12, "lr": 1e-2, "batch_size": 8}
+    res = train(data, wm, seed=0, device="cpu", progress=False)
+    rows = res["rows"]
+    assert len(rows) == 12
+    assert rows[-1]["heldout_nll"] < rows[0]["heldout_nll"] - 0.15
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+    q = evaluate(res["model"], data, res["heldout_episodes"], "cpu")
+    assert q["steps"] > 0 and q["mask_accuracy"] > 0.7 and q["done_accuracy"] > 0.7
+    assert q["reward_corr"]["delta"] is not None
+
+
+def _stage_args(tmp_path, latents, extra=()):
+    out = tmp_path / "wm"
+    return out, ["train-world-model", "--set", "world_model.hidden=16", "--set", "world_model.gaussians=2",
+                 "--set", "world_model.batch_size=8", "--set", "device=cpu", *extra, "--model", "toy",
+                 "--latents", str(latents), "--out", str(out / "world_model.pt"),
+                 "--metrics", str(out / "metrics.json"), "--curve", str(out / "loss.csv"), "--no-progress"]
+
+
+def test_stage_end_to_end(tmp_path):
+    from rlflow.agents.world_model import load_world_model
+    from rlflow.cli import main
+
+    lat = synthetic_latents(tmp_path / "l.npz", episodes=16)
+    out, argv = _stage_args(tmp_path, lat, ["--set", "world_model.epochs=3"])
+    assert main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["epochs"] == 3 and metrics["heldout_episodes"] == 4 and metrics["evaluated_on"] == "heldout"
+    for key in ("loglik_per_dim", "reward_corr", "mask_accuracy", "mask_recall", "done_accuracy"):
+        assert key in metrics
+    rows = list(csv.DictReader((out / "loss.csv").open()))
+    assert [r["epoch"] for r in rows] == ["1", "2", "3"]
+    assert {"train_loss", "train_nll", "heldout_nll"} <= set(rows[0])
+    model = load_world_model(out / "world_model.pt")
+    assert model.config["hidden"] == 16 and not (out / "world_model.pt.partial").exists()
+
+
+def test_stage_resumes_after_kill(tmp_path, monkeypatch):
+    import rlflow.agents.world_model as wmod
+    from rlflow.agents.checkpoint import load_checkpoint
+    from rlflow.cli import main
+
+    lat = synthetic_latents(tmp_path / "l.npz", episodes=12)
+    out, argv = _stage_args(tmp_path, lat, ["--set", "world_model.epochs=3"])
+
+    class Killed(KeyboardInterrupt):
+        pass
+
+    real = wmod.mean_losses
+    calls = {"n": 0}
+
+    def dying(*a, **k):   # held-out evaluation of epoch 2 is "killed" (after epoch 1's partial was saved)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise Killed()
+        return real(*a, **k)
+
+    monkeypatch.setattr(wmod, "mean_losses", dying)
+    assert main(argv) == 130
+    partial = out / "world_model.pt.partial"
+    assert partial.is_file() and not (out / "world_model.pt").exists()
+    assert torch.load(partial, weights_only=True)["epoch"] == 1
+    monkeypatch.setattr(wmod, "mean_losses", real)
+    assert main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["resumed_from_epoch"] == 1 and metrics["epochs"] == 3
+    assert not partial.exists()
+    ck = load_checkpoint(out / "world_model.pt")
+    assert ck["z_dim"] == 6 and ck["n_xfers"] == 4 and ck["max_locations"] == 3 and "delta_norm" in ck
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "no_z", "bad_shape"])
+def test_malformed_latents_exit_2(tmp_path, capsys, damage):
+    from rlflow.cli import main
+
+    lat = tmp_path / "l.npz"
+    if damage == "garbage":
+        lat.write_bytes(b"not an npz")
+    elif damage in ("no_z", "bad_shape"):
+        synthetic_latents(lat, episodes=4)
+        d = dict(np.load(lat))
+        if damage == "no_z":
+            del d["z"]
+        else:
+            d["counts"] = d["counts"][:, :, :2]
+        np.savez(lat, **d)
+    out, argv = _stage_args(tmp_path, lat, ["--set", "world_model.epochs=1"])
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlflow: error:")
+    assert not out.exists()
+
+
+def test_delta_normalisation_round_trips(tmp_path):
+    from rlflow.agents.world_model import delta_stats, load_latents, make_tensors
+
+    data = load_latents(synthetic_latents(tmp_path / "l.npz", episodes=10))
+    eps = np.arange(10)
+    mean, std = delta_stats(data, eps)
+    t = make_tensors(data, eps, mean, std, "cpu")
+    model = MDNRNN(6, 4, 3, hidden=8, gaussians=2)
+    model.delta_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
+    model.delta_std.copy_(torch.as_tensor(std, dtype=torch.float32))
+    prev = torch.as_tensor(data["metrics"][:, :-1], dtype=torch.float64)
+    back = model.double().metrics_after(prev, t.deltas.double())
+    true = torch.as_tensor(data["metrics"][:, 1:])
+    assert torch.allclose(back[t.mask], true[t.mask], rtol=1e-5)
