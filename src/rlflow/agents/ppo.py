@@ -76,6 +76,11 @@ class PPOConfig:
     max_grad_norm: float = 0.5
     """Gradient-norm clipping."""
 
+    @classmethod
+    def from_config(cls, ppo: dict, steps_per_update: int) -> "PPOConfig":
+        """From config.yaml's ``ppo`` section (its ``hidden`` sizes the policy, not PPO) and a stage's budget."""
+        return cls(**{k: v for k, v in ppo.items() if k != "hidden"}, steps_per_update=steps_per_update)
+
 
 class VectorEnv(Protocol):
     """What PPO needs of an environment: B copies stepped together, observations already as tensors

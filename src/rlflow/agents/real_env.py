@@ -89,3 +89,11 @@ def run_episode(env: GraphRewriteEnv, choose: Callable[[dict, torch.Tensor, torc
         done = terminated or truncated
     return {"actions": actions, "metrics": metrics, "steps": len(actions), "best": best, "best_graph": best_graph,
             "best_step": best_step, "initial": metrics[0]}
+
+
+def summarise_run(result: dict) -> dict:
+    """The JSON-ready part of :func:`run_episode`'s result, with the runtime improvement in percent."""
+    a, b = result["initial"]["runtime_ms"], result["best"]["runtime_ms"]
+    return {"initial": result["initial"], "best": result["best"], "best_step": result["best_step"],
+            "steps": result["steps"], "improvement_pct": (a - b) / a * 100 if a else 0.0,
+            "actions": result["actions"]}

@@ -77,7 +77,7 @@ class GraphRewriteEnv(gym.Env):
             "location_mask": spaces.MultiBinary((self.n_xfers + 1, self.max_locations)),
         })
         self._loc_range = np.arange(self.max_locations)
-        self.index = self.initial_index
+        self._set_index(self.initial_index)
         self.metrics = self.initial_metrics
         self.steps = 0
         self._stale_latency = False
@@ -89,7 +89,11 @@ class GraphRewriteEnv(gym.Env):
 
     def counts(self) -> np.ndarray:
         """Matches per rule on the current graph, (N,) int64 (not truncated at max_locations)."""
-        return np.array(list(map(len, self.index.matches)), np.int64)
+        return self._counts
+
+    def _set_index(self, index: MatchIndex) -> None:
+        self.index = index
+        self._counts = np.array(list(map(len, index.matches)), np.int64)
 
     def masks(self, counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(xfer_mask (N+1,), location_mask (N+1, L)) as int8, from the match counts."""
@@ -125,12 +129,12 @@ class GraphRewriteEnv(gym.Env):
         }
 
     def _info(self, counts: np.ndarray, **extra: Any) -> dict[str, Any]:
-        return {**self.metrics, "counts": counts, "step": self.steps, **extra}
+        return {**self.metrics, "counts": counts.copy(), "step": self.steps, **extra}  # users keep infos
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        self.index = self.initial_index
+        self._set_index(self.initial_index)
         self.metrics = self.initial_metrics
         self._node_costs = self._initial_node_costs
         self.steps = 0
@@ -154,7 +158,7 @@ class GraphRewriteEnv(gym.Env):
             extra = {"valid": False, "noop": False, "rule": None}
             terminated, reward = False, self.reward_fn.invalid_penalty
         else:
-            self.index = self.index.apply(xfer, loc)
+            self._set_index(self.index.apply(xfer, loc))
             counts = self.counts()
             terminated = False
             measure = self.reward_fn.needs_latency and (truncated or self.steps % self.reward_fn.every == 0)

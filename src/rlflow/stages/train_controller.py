@@ -38,27 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics", required=True, type=Path, help="metrics JSON to write")
 
 
-def ppo_config(config: dict, steps_per_update: int):
-    from rlflow.agents.ppo import PPOConfig
-
-    p = get(config, "ppo")
-    return PPOConfig(lr=p["lr"], gamma=p["gamma"], gae_lambda=p["gae_lambda"], clip=p["clip"], c1=p["c1"], c2=p["c2"],
-                     update_epochs=p["update_epochs"], minibatch=p["minibatch"], steps_per_update=steps_per_update)
-
-
-def improvement(result: dict) -> dict:
-    a, b = result["initial"]["runtime_ms"], result["best"]["runtime_ms"]
-    return {"initial": result["initial"], "best": result["best"], "best_step": result["best_step"],
-            "steps": result["steps"], "improvement_pct": (a - b) / a * 100 if a else 0.0,
-            "actions": result["actions"]}
-
-
 def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
     from rlflow.agents.checkpoint import Checkpointer, fingerprint
     from rlflow.agents.controller import run_in_real_env, train_in_dream
+    from rlflow.agents.ppo import PPOConfig
+    from rlflow.agents.real_env import summarise_run
     from rlflow.agents.world_model import load_latents, load_world_model
     from rlflow.atomic import write_text
     from rlflow.env import make_env
@@ -79,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     start_metrics = torch.from_numpy(lat["metrics"][0, 0]).double()
     start_counts = torch.from_numpy(lat["counts"][0, 0]).float()
     reward = make_reward(get(config, "env.reward"))
-    cfg = ppo_config(config, ctl["steps_per_update"])
+    cfg = PPOConfig.from_config(get(config, "ppo"), ctl["steps_per_update"])
     used = {"seed": seed, "env.reward": get(config, "env.reward"), "ppo": get(config, "ppo"), "controller": ctl,
             "env.max_steps": get(config, "env.max_steps"), "env.max_locations": get(config, "env.max_locations")}
     ckpt = Checkpointer(args.out, fingerprint(used, [args.world_model, args.latents]))
@@ -108,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
                               get(config, "env.max_steps"), get(config, "env.max_locations"), ctl["temperature"],
                               seed=seed + done_updates, on_update=on_update, policy=policy)
     env = make_env(config, problem.graph, problem.rules, problem.cost, reward=False, device=device)
-    result = improvement(run_in_real_env(policy, encoder, wm, env, device))
+    result = summarise_run(run_in_real_env(policy, encoder, wm, env, device))
     rollout_steps = int(lat["lengths"].sum())
     metrics = {"model": args.model, "temperature": ctl["temperature"], "reward": repr(reward),
                "dream_steps": dream.steps_taken, "real": result,

@@ -36,12 +36,11 @@ def run(args: argparse.Namespace) -> int:
 
     from rlflow.agents.checkpoint import Checkpointer, fingerprint
     from rlflow.agents.model_free import run_model_free
-    from rlflow.agents.ppo import train
-    from rlflow.agents.real_env import RealVectorEnv
+    from rlflow.agents.ppo import PPOConfig, train
+    from rlflow.agents.real_env import RealVectorEnv, summarise_run
     from rlflow.atomic import write_text
     from rlflow.env import make_env
     from rlflow.nn.policy import HierarchicalPolicy
-    from rlflow.stages.train_controller import improvement, ppo_config
     from rlflow.stages.train_encoder import load_encoder
 
     t0 = time.perf_counter()
@@ -73,11 +72,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"train_model_free: update {done_updates + k + 1}/{mf['updates']}: mean reward {logs['mean_reward']:.4f},"
               f" {n} real interactions", flush=True)
 
-    train(venv, policy, ppo_config(config, mf["steps_per_update"]), mf["updates"] - done_updates,
+    train(venv, policy, PPOConfig.from_config(get(config, "ppo"), mf["steps_per_update"]), mf["updates"] - done_updates,
           torch.Generator().manual_seed(seed + done_updates), on_update)
     training = interactions + venv.interactions
     env = make_env(config, problem.graph, problem.rules, problem.cost, reward=False, device=device)
-    result = improvement(run_model_free(policy, encoder, env, device))
+    result = summarise_run(run_model_free(policy, encoder, env, device))
     metrics = {"model": args.model, "reward": repr(envs[0].reward_fn), "real": result,
                "real_interactions": {"training": training, "evaluation": result["steps"],
                                      "total": training + result["steps"]},
