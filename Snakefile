@@ -1,11 +1,12 @@
 # RLFlow experiment pipeline (see README.md, "Pipeline").
-#   snakemake --cores 2                           rule all: for every model in config["models"]: ONNX, op costs,
-#                                                 TASO and greedy search results, random rollouts; and the rule set
+#   snakemake --cores 2                           rule all: results/<model>/report.html for every model in
+#                                                 config["models"] (and every stage before it), results/summary.html
 #   snakemake results/vit/model.onnx --cores 2    build one file
 #   snakemake --cores 2 --configfile tests/configs/tiny.yaml     tiny sizes, merged over config.yaml
 # (Put targets BEFORE --configfile/--config: those options take every word that follows them.)
 # Each rule's paths, command line and config keys come from src/rlflow/pipeline/registry.py, which also
-# generates dvc.yaml. A rule `X` runs `rlflow x` whose code is src/rlflow/stages/X.py.
+# generates dvc.yaml. A rule `X` runs `rlflow x` whose code is src/rlflow/stages/X.py (the sweep_* rules run
+# train_controller with one config key fixed).
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -27,13 +28,21 @@ include: "workflow/rules/costs.smk"
 include: "workflow/rules/search.smk"
 include: "workflow/rules/rollouts.smk"
 include: "workflow/rules/learning.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
 
 
 rule all:
     default_target: True
     input:
-        stage_targets("export_model", config["models"]),
-        stage_targets("generate_rules", config["models"]),
-        stage_targets("search_taso", config["models"]),
-        stage_targets("search_greedy", config["models"]),
-        stage_targets("merge_rollouts", config["models"]),
+        stage_targets("report", config["models"]),
+        stage_targets("summary", config["models"]),
+        stage_targets("sweep_temperature", config["models"]),
+        stage_targets("sweep_reward", config["models"]),
+
+
+# After a successful run, record what Snakemake built in DVC's dvc.lock (`dvc commit` of those stages), so that
+# `dvc status` calls them up to date and `dvc repro` reruns nothing. Skipped, with a note, when the run's config
+# is not config.yaml's (a --configfile/--config override): dvc.lock would then record params that were not used.
+onsuccess:
+    dvc_commit(config)

@@ -41,8 +41,10 @@ def stage_input(name):
 
 
 def stage_output(name):
-    """Output patterns; config fields (`{device}`) filled in, wildcards (`{model}`, `{shard}`) kept."""
-    return registry.stage(name).output_paths(device=config["device"])
+    """Output patterns; config fields (`{device}`) filled in, wildcards (`{model}`, `{shard}`) kept; a folder
+    output (e.g. a dvclive log folder) as `directory()`."""
+    st = registry.stage(name)
+    return {k: directory(v) if k in st.folders else v for k, v in st.output_paths(device=config["device"]).items()}
 
 
 def stage_params(name):
@@ -85,3 +87,42 @@ def stage_targets(name, models):
         values = models if w == "model" else registry.get(config, registry.WILDCARD_CONFIG[w])
         combos = [{**c, w: v} for c in combos for v in values]
     return [path for c in combos for path in st.output_paths(device=config["device"], **c).values()]
+
+
+def dvc_stage_name(job):
+    """The dvc.yaml stage a Snakemake job is: `generate_rules`, `export_model@bert` (foreach over models),
+    `collect_rollouts@bert-0` (a matrix: its values joined by '-', in the stage's wildcard order)."""
+    st = registry.stage(job.rule.name)
+    if not st.wildcards:
+        return st.name
+    return st.name + "@" + "-".join(str(job.wildcards[w]) for w in st.wildcards)
+
+
+def dvc_commit(config):
+    """Record the outputs of every stage in this run's DAG (the targets and all they depend on, which Snakemake
+    has just made or found up to date) in dvc.lock, with `dvc commit --force`. Only when the run's config is
+    exactly config.yaml's (with schema defaults): DVC reads its params from config.yaml, and a lock recording
+    values that were not used would make `dvc status` lie."""
+    import shutil
+    import subprocess
+
+    from rlflow.config import load_config
+
+    if config != load_config(Path(workflow.basedir) / registry.CONFIG_FILE):
+        print("dvc: not recording this run in dvc.lock: its config differs from config.yaml (--configfile/--config)")
+        return
+    dvc = shutil.which("dvc")
+    if dvc is None:
+        print("dvc: not recording this run in dvc.lock: no `dvc` on PATH")
+        return
+    stages = sorted({dvc_stage_name(job) for job in workflow.dag.jobs if job.rule.name in registry.STAGES})
+    if not stages:
+        return
+    print(f"dvc: recording {len(stages)} stages in dvc.lock (dvc commit) ...", flush=True)
+    proc = subprocess.run([dvc, "commit", "--force", "--quiet", *stages], cwd=workflow.basedir,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        # the results are fine; only their DVC record failed: say so, do not fail the run
+        print(f"dvc: dvc commit failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+    else:
+        print("dvc: done; `dvc status` now reports these stages up to date")

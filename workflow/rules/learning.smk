@@ -76,3 +76,42 @@ rule train_model_free:
         stage_conda("train_model_free")
     shell:
         stage_shell("train_model_free")
+
+
+# Sweeps (config `sweeps`): one train_controller job per temperature (RLFlow's Table 3) and per reward function
+# (Fig. 5), each with that one config key fixed, in results/<model>/controller/temperature-<tau>/ and .../reward-<name>/.
+# Code: src/rlflow/stages/train_controller.py (the same as train_controller).
+
+
+rule sweep_temperature:
+    input:
+        unpack(stage_input("sweep_temperature")),
+    output:
+        **stage_output("sweep_temperature"),
+    params:
+        **stage_params("sweep_temperature"),
+    log:
+        stage_log("sweep_temperature"),
+    benchmark:
+        stage_benchmark("sweep_temperature")
+    conda:
+        stage_conda("sweep_temperature")
+    shell:
+        stage_shell("sweep_temperature")
+
+
+rule sweep_reward:
+    input:
+        unpack(stage_input("sweep_reward")),
+    output:
+        **stage_output("sweep_reward"),
+    params:
+        **stage_params("sweep_reward"),
+    log:
+        stage_log("sweep_reward"),
+    benchmark:
+        stage_benchmark("sweep_reward")
+    conda:
+        stage_conda("sweep_reward")
+    shell:
+        stage_shell("sweep_reward")

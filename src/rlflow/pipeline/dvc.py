@@ -2,6 +2,8 @@
 
     python -m rlflow.pipeline.dvc            # (re)write dvc.yaml at the repository root
     python -m rlflow.pipeline.dvc --check    # exit 1 if dvc.yaml differs from what the registry gives
+    python -m rlflow.pipeline.dvc --exp-flags configs/paper.yaml
+                                             # print `-S key=value` for `dvc exp run`, one per key in that file
 
 Each per-model stage is a ``foreach`` over ``models`` in config.yaml, a per-model-and-shard stage a ``matrix``
 over ``models`` and ``rollouts.shards`` (a stage without wildcards, such as generate_rules, is a plain stage), and
@@ -33,9 +35,12 @@ HEADER = """\
 def _deps(stage: Stage, values: dict) -> list[str]:
     deps = list(stage.code_paths())
     for pattern in stage.input_paths(**values).values():
-        if any("{%s}" % f in pattern for f in stage.expand):  # a list of files DVC cannot expand: their folder
-            pattern = pattern.rsplit("/", 1)[0]
-        deps.append(pattern)
+        parts = pattern.split("/")
+        listed = [i for i, part in enumerate(parts) if any("{%s}" % f in part for f in stage.expand)]
+        if listed:  # a list of files DVC cannot expand: the folder above the first listed path segment
+            pattern = "/".join(parts[:listed[0]])
+        if pattern not in deps:
+            deps.append(pattern)
     return deps
 
 
@@ -64,11 +69,38 @@ def render() -> str:
     return HEADER + body
 
 
+def exp_flags(path: Path) -> list[str]:
+    """``-S key=value`` for ``dvc exp run``: DVC reads params from config.yaml only, so an override file (e.g.
+    configs/paper.yaml, which Snakemake takes as ``--configfile``) becomes one flag per leaf key (lists whole)."""
+    from rlflow.config import _read_yaml_mapping
+    from rlflow.pipeline.registry import cli_value
+
+    def leaves(node: dict, prefix: str = ""):
+        for key, value in node.items():
+            if isinstance(value, dict) and value:
+                yield from leaves(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}", value
+
+    return [f"-S {key}={cli_value(value)}" for key, value in leaves(_read_yaml_mapping(path))]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlflow.pipeline.dvc", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="do not write; exit 1 if the file is out of date")
     parser.add_argument("--out", type=Path, default=Path("dvc.yaml"), help="default: dvc.yaml (run from the repo root)")
+    parser.add_argument("--exp-flags", type=Path, metavar="YAML",
+                        help="print the `dvc exp run` flags (-S key=value) that apply this override file, and exit")
     args = parser.parse_args(argv)
+    if args.exp_flags:
+        from rlflow.errors import RLFlowError
+
+        try:
+            print(" ".join(exp_flags(args.exp_flags)))
+        except RLFlowError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
     want = render()
     have = args.out.read_text() if args.out.is_file() else ""
     if args.check:

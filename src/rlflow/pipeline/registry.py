@@ -53,14 +53,23 @@ def model_names() -> tuple[str, ...]:
 
 def wildcard_patterns() -> dict[str, str]:
     """The regular expression each wildcard must match (Snakemake ``wildcard_constraints``): a zoo model's
-    name; a shard id (a non-negative integer)."""
-    return {"model": "|".join(re.escape(v) for v in model_names()), "shard": r"\d+"}
+    name; a shard id (a non-negative integer); a temperature (a non-negative decimal); a reward class name."""
+    return {"model": "|".join(re.escape(v) for v in model_names()), "shard": r"\d+",
+            "tau": r"\d+(\.\d+)?", "reward": "|".join(REWARD_NAMES)}
 
 
 #: path fields filled from a config value rather than a wildcard (DVC: ``${device}`` from config.yaml)
 CONFIG_FIELDS = {"device": "device"}
-#: the config list each wildcard ranges over in DVC (``foreach`` / ``matrix`` over config.yaml values)
-WILDCARD_CONFIG = {"model": "models", "shard": "rollouts.shards"}
+#: the config list each wildcard ranges over (``rule all`` in Snakemake; ``foreach`` / ``matrix`` in DVC)
+WILDCARD_CONFIG = {"model": "models", "shard": "rollouts.shards", "tau": "sweeps.temperatures",
+                   "reward": "sweeps.rewards"}
+#: the reward classes a reward-sweep job may name (rlflow.env.rewards; the schema's env.reward.name enum)
+REWARD_NAMES = ("delta", "weighted", "normalised", "e2e")
+#: the config sections a model's report shows (all but ``models``, so adding a model reruns no other report)
+REPORTED_CONFIG = ("seed", "device", "export", "run", "cost", "search", "env", "rollouts", "encoder", "world_model",
+                   "ppo", "controller", "model_free", "rules", "sweeps", "evaluate")
+#: the methods the evaluate stage compares (besides the original graph): method -> its results folder
+METHODS = {"taso": "taso", "greedy": "greedy", "model_free": "model_free", "rlflow": "controller"}
 
 
 class _Partial(dict):
@@ -101,19 +110,31 @@ class Stage:
     """Conda env file (repository-relative) for ``snakemake --use-conda``."""
     all_cores: bool = False
     """The stage times things: Snakemake gives it every core, so no other job runs beside it and skews them."""
+    folders: tuple[str, ...] = ()
+    """Outputs (by name) that are folders, e.g. a dvclive log folder (Snakemake ``directory()``)."""
+    sets: tuple[tuple[str, str], ...] = ()
+    """Config keys the stage fixes from its wildcards, passed last as ``--set KEY=VALUE`` (e.g. a temperature
+    sweep job sets ``controller.temperature`` to its ``{tau}``)."""
+    runs: str = ""
+    """The stage module it runs when it is not its own (a sweep job runs ``train_controller``); default: ``name``."""
 
     # -- names ---------------------------------------------------------------------------------------------
     @property
+    def code_name(self) -> str:
+        """The stage module it runs: its own name, or ``runs``."""
+        return self.runs or self.name
+
+    @property
     def module(self) -> str:
-        return f"rlflow.stages.{self.name}"
+        return f"rlflow.stages.{self.code_name}"
 
     @property
     def module_path(self) -> str:
-        return f"src/rlflow/stages/{self.name}.py"
+        return f"src/rlflow/stages/{self.code_name}.py"
 
     @property
     def command(self) -> str:
-        return "rlflow " + self.name.replace("_", "-")
+        return "rlflow " + self.code_name.replace("_", "-")
 
     @property
     def log(self) -> str:
@@ -170,6 +191,9 @@ class Stage:
     def _render_args(self, values: Mapping[str, str], output: Any, input: Any) -> list[str]:
         return [f"{flag} {fill(value, **values, output=output, input=input)}" for flag, value in self.args]
 
+    def _render_sets(self, values: Mapping[str, str]) -> list[str]:
+        return [f"--set {key}={fill(value, **values)}" for key, value in self.sets]
+
     def dvc_values(self) -> dict[str, str]:
         """DVC's interpolation for each wildcard and config field: ``${item}`` (foreach over one list),
         ``${item.model}`` (matrix over several), ``${device}`` (a config value)."""
@@ -184,7 +208,8 @@ class Stage:
         values = self.dvc_values()
         output = SimpleNamespace(**self.output_paths(**values))
         input = SimpleNamespace(**self.input_paths(**values))
-        return " ".join([self.command, "--config", CONFIG_FILE, *self._render_args(values, output, input)])
+        return " ".join([self.command, "--config", CONFIG_FILE, *self._render_args(values, output, input),
+                         *self._render_sets(values)])
 
     def snakemake_shell(self) -> str:
         """The rule's shell command: the values come from the rule's params (``--set KEY=VALUE``), the log
@@ -195,6 +220,7 @@ class Stage:
         parts = [self.command, *self._render_args(values, output, input)]
         for pname, key in self.params.items():
             parts.append(f"--set {fill(key, **values)}={{params.{pname}:q}}")
+        parts += self._render_sets(values)
         return " ".join(parts) + " > {log:q} 2>&1"
 
     def param_values(self, config: Mapping, **wildcards: str) -> dict[str, str]:
@@ -225,13 +251,16 @@ def cli_value(value: Any) -> str:
 
 def _check(stage: Stage) -> Stage:
     """Catch registry typos at import time: every format field a pattern uses must be declared."""
-    fields = {f for pat in [*stage.outputs.values(), *stage.inputs.values(), *stage.params.values()]
+    fields = {f for pat in [*stage.outputs.values(), *stage.inputs.values(), *stage.params.values(),
+                            *(v for _, v in stage.sets)]
               for _, f, _, _ in string.Formatter().parse(pat) if f}
     unknown = fields - set(stage.wildcards) - set(CONFIG_FIELDS) - set(stage.expand)
     if unknown:
         raise ValueError(f"stage {stage.name}: unknown wildcard(s) {sorted(unknown)}")
     if not re.fullmatch(r"[a-z][a-z0-9_]*", stage.name):
         raise ValueError(f"stage {stage.name}: name must be snake_case")
+    if set(stage.folders) - set(stage.outputs):
+        raise ValueError(f"stage {stage.name}: folders {sorted(set(stage.folders) - set(stage.outputs))} are not outputs")
     return stage
 
 
@@ -242,6 +271,39 @@ PROBLEM_INPUTS = {"onnx": "results/{model}/model.onnx", "rules": "results/rules/
 SCORING_PARAMS = {"seed": "seed", "device": "device", "cost_model": "cost.model", "peak": "cost.peak"}
 PROBLEM_ARGS = (("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--rules", "{input.rules}"),
                 ("--costs", "{input.costs}"))
+
+
+
+def _controller_outputs(folder: str) -> dict[str, str]:
+    """What a controller-training job writes (train_controller and each sweep job), in its folder."""
+    return {"checkpoint": f"{folder}/controller.pt", "metrics": f"{folder}/metrics.json",
+            "optimised": f"{folder}/model.onnx", "trace": f"{folder}/trace.json", "logs": f"{folder}/live"}
+
+
+#: RLFlow's controller (trained in the dream only); the sweep stages run the same code with one key fixed
+CONTROLLER = Stage(
+    name="train_controller",
+    doc="Train the controller in the dream (world model only); run it in the real env; its best graph.",
+    inputs={**PROBLEM_INPUTS, "encoder": "results/{model}/encoder/encoder.pt",
+            "latents": "results/{model}/encoder/latents.npz",
+            "world_model": "results/{model}/world_model/world_model.pt"},
+    outputs=_controller_outputs("results/{model}/controller"),
+    params={
+        **SCORING_PARAMS,
+        "max_steps": "env.max_steps",
+        "max_locations": "env.max_locations",
+        "reward": "env.reward",
+        "ppo": "ppo",
+        "controller": "controller",
+    },
+    args=(*PROBLEM_ARGS, ("--encoder", "{input.encoder}"), ("--latents", "{input.latents}"),
+          ("--world-model", "{input.world_model}"), ("--out", "{output.checkpoint}"),
+          ("--metrics", "{output.metrics}"), ("--optimised", "{output.optimised}"), ("--trace", "{output.trace}"),
+          ("--logs", "{output.logs}")),
+    code=("src/rlflow/agents/controller.py", "src/rlflow/agents/ppo.py", "src/rlflow/agents/real_env.py",
+          "src/rlflow/agents/logging.py", "src/rlflow/env", "src/rlflow/nn/policy.py", "src/rlflow/search/output.py"),
+    folders=("logs",),
+)
 
 
 STAGES: dict[str, Stage] = {
@@ -357,7 +419,8 @@ STAGES: dict[str, Stage] = {
             inputs={**PROBLEM_INPUTS, "rollouts": "results/{model}/rollouts.json"},
             outputs={"checkpoint": "results/{model}/encoder/encoder.pt",
                      "latents": "results/{model}/encoder/latents.npz",
-                     "metrics": "results/{model}/encoder/metrics.json"},
+                     "metrics": "results/{model}/encoder/metrics.json",
+                     "logs": "results/{model}/encoder/live"},
             params={
                 **SCORING_PARAMS,
                 "max_steps": "env.max_steps",
@@ -366,9 +429,11 @@ STAGES: dict[str, Stage] = {
             },
             args=(*PROBLEM_ARGS, ("--rollouts", "{input.rollouts}"),
                   ("--out", "{output.checkpoint}"), ("--latents", "{output.latents}"),
-                  ("--metrics", "{output.metrics}")),
+                  ("--metrics", "{output.metrics}"), ("--logs", "{output.logs}")),
             code=("src/rlflow/nn/encoder.py", "src/rlflow/nn/graph_data.py", "src/rlflow/agents/encoder_training.py",
-                  "src/rlflow/agents/checkpoint.py", "src/rlflow/env", "src/rlflow/cost"),
+                  "src/rlflow/agents/checkpoint.py", "src/rlflow/agents/logging.py", "src/rlflow/env",
+                  "src/rlflow/cost"),
+            folders=("logs",),
         ),
         Stage(
             name="train_world_model",
@@ -376,41 +441,55 @@ STAGES: dict[str, Stage] = {
             inputs={"latents": "results/{model}/encoder/latents.npz"},
             outputs={"checkpoint": "results/{model}/world_model/world_model.pt",
                      "metrics": "results/{model}/world_model/metrics.json",
-                     "curve": "results/{model}/world_model/loss.csv"},
+                     "curve": "results/{model}/world_model/loss.csv",
+                     "logs": "results/{model}/world_model/live"},
             params={"seed": "seed", "device": "device", "world_model": "world_model"},
             args=(("--model", "{model}"), ("--latents", "{input.latents}"), ("--out", "{output.checkpoint}"),
-                  ("--metrics", "{output.metrics}"), ("--curve", "{output.curve}")),
+                  ("--metrics", "{output.metrics}"), ("--curve", "{output.curve}"), ("--logs", "{output.logs}")),
             code=("src/rlflow/nn/mdnrnn.py", "src/rlflow/nn/losses.py", "src/rlflow/agents/world_model.py",
-                  "src/rlflow/agents/checkpoint.py"),
+                  "src/rlflow/agents/checkpoint.py", "src/rlflow/agents/logging.py"),
+            folders=("logs",),
+        ),
+        CONTROLLER,
+        Stage(
+            name="sweep_temperature",
+            doc="One temperature of the sweep (RLFlow's Table 3): train_controller with controller.temperature={tau}.",
+            inputs=CONTROLLER.inputs,
+            outputs=_controller_outputs("results/{model}/controller/temperature-{tau}"),
+            params={k: v for k, v in CONTROLLER.params.items() if k != "controller"} | {
+                "updates": "controller.updates", "num_envs": "controller.num_envs",
+                "steps_per_update": "controller.steps_per_update"},
+            args=CONTROLLER.args,
+            wildcards=("model", "tau"),
+            code=CONTROLLER.code,
+            folders=("logs",),
+            sets=(("controller.temperature", "{tau}"),),
+            runs="train_controller",
         ),
         Stage(
-            name="train_controller",
-            doc="Train the controller in the dream (world model only); run it once in the real env.",
-            inputs={**PROBLEM_INPUTS, "encoder": "results/{model}/encoder/encoder.pt",
-                    "latents": "results/{model}/encoder/latents.npz",
-                    "world_model": "results/{model}/world_model/world_model.pt"},
-            outputs={"checkpoint": "results/{model}/controller/controller.pt",
-                     "metrics": "results/{model}/controller/metrics.json"},
-            params={
-                **SCORING_PARAMS,
-                "max_steps": "env.max_steps",
-                "max_locations": "env.max_locations",
-                "reward": "env.reward",
-                "ppo": "ppo",
-                "controller": "controller",
-            },
-            args=(*PROBLEM_ARGS, ("--encoder", "{input.encoder}"), ("--latents", "{input.latents}"),
-                  ("--world-model", "{input.world_model}"), ("--out", "{output.checkpoint}"),
-                  ("--metrics", "{output.metrics}")),
-            code=("src/rlflow/agents/controller.py", "src/rlflow/agents/ppo.py", "src/rlflow/agents/real_env.py",
-                  "src/rlflow/env", "src/rlflow/nn/policy.py"),
+            name="sweep_reward",
+            doc="One reward function of the comparison (RLFlow's Fig. 5): train_controller with env.reward.name={reward}.",
+            inputs=CONTROLLER.inputs,
+            outputs=_controller_outputs("results/{model}/controller/reward-{reward}"),
+            params={k: v for k, v in CONTROLLER.params.items() if k != "reward"} | {
+                "alpha": "env.reward.alpha", "beta": "env.reward.beta", "invalid_penalty": "env.reward.invalid_penalty",
+                "e2e_every": "env.reward.e2e_every", "e2e_backend": "env.reward.e2e_backend"},
+            args=CONTROLLER.args,
+            wildcards=("model", "reward"),
+            code=CONTROLLER.code,
+            folders=("logs",),
+            sets=(("env.reward.name", "{reward}"),),
+            runs="train_controller",
         ),
         Stage(
             name="train_model_free",
-            doc="Train the model-free PPO baseline on the real env (every interaction counted); run it once.",
+            doc="Train the model-free PPO baseline on the real env (every interaction counted); its best graph.",
             inputs={**PROBLEM_INPUTS, "encoder": "results/{model}/encoder/encoder.pt"},
             outputs={"checkpoint": "results/{model}/model_free/model_free.pt",
-                     "metrics": "results/{model}/model_free/metrics.json"},
+                     "metrics": "results/{model}/model_free/metrics.json",
+                     "optimised": "results/{model}/model_free/model.onnx",
+                     "trace": "results/{model}/model_free/trace.json",
+                     "logs": "results/{model}/model_free/live"},
             params={
                 **SCORING_PARAMS,
                 "max_steps": "env.max_steps",
@@ -420,9 +499,59 @@ STAGES: dict[str, Stage] = {
                 "model_free": "model_free",
             },
             args=(*PROBLEM_ARGS, ("--encoder", "{input.encoder}"), ("--out", "{output.checkpoint}"),
-                  ("--metrics", "{output.metrics}")),
+                  ("--metrics", "{output.metrics}"), ("--optimised", "{output.optimised}"),
+                  ("--trace", "{output.trace}"), ("--logs", "{output.logs}")),
             code=("src/rlflow/agents/model_free.py", "src/rlflow/agents/ppo.py", "src/rlflow/agents/real_env.py",
-                  "src/rlflow/env", "src/rlflow/nn/policy.py"),
+                  "src/rlflow/agents/logging.py", "src/rlflow/env", "src/rlflow/nn/policy.py",
+                  "src/rlflow/search/output.py"),
+            folders=("logs",),
+        ),
+        Stage(
+            name="evaluate",
+            doc="Run the original and every method's graph on every backend: latency, memory, cost, output check.",
+            inputs={"onnx": "results/{model}/model.onnx",
+                    **{f"{m}_onnx": f"results/{{model}}/{d}/model.onnx" for m, d in METHODS.items()},
+                    **{f"{m}_trace": f"results/{{model}}/{d}/trace.json" for m, d in METHODS.items()}},
+            outputs={"table": "results/{model}/evaluation.csv", "metrics": "results/{model}/metrics.json",
+                     "headline": "results/summary/{model}.json"},
+            params={"seed": "seed", "device": "device", "run": "run", "evaluate": "evaluate"},
+            args=(("--model", "{model}"), ("--onnx", "{input.onnx}"),
+                  *((f"--{m.replace('_', '-')}", f"{{input.{m}_onnx}}") for m in METHODS),
+                  *((f"--{m.replace('_', '-')}-trace", f"{{input.{m}_trace}}") for m in METHODS),
+                  ("--out", "{output.table}"), ("--metrics", "{output.metrics}"), ("--headline", "{output.headline}")),
+            code=("src/rlflow/evaluation", "src/rlflow/graph/exec"),
+            all_cores=True,
+        ),
+        Stage(
+            name="report",
+            doc="The model's self-contained HTML report: the paper's tables and figures with this run's numbers.",
+            inputs={"evaluation": "results/{model}/evaluation.csv", "eval_metrics": "results/{model}/metrics.json",
+                    "rules_stats": "results/rules/stats.json", "rollouts": "results/{model}/rollouts.json",
+                    "encoder": "results/{model}/encoder/metrics.json",
+                    "world_model": "results/{model}/world_model/metrics.json",
+                    "wm_curve": "results/{model}/world_model/loss.csv",
+                    "controller": "results/{model}/controller/metrics.json",
+                    "model_free": "results/{model}/model_free/metrics.json",
+                    **{f"{m}_trace": f"results/{{model}}/{d}/trace.json" for m, d in METHODS.items()},
+                    "temperatures": "results/{model}/controller/temperature-{tau}/metrics.json",
+                    "rewards": "results/{model}/controller/reward-{reward}/metrics.json"},
+            outputs={"html": "results/{model}/report.html"},
+            params={**{k: k for k in REPORTED_CONFIG}, "zoo": "zoo.{model}"},
+            args=(("--model", "{model}"), ("--results", "results/{model}"), ("--rules-stats", "{input.rules_stats}"),
+                  ("--out", "{output.html}")),
+            expand={"tau": "sweeps.temperatures", "reward": "sweeps.rewards"},
+            code=("src/rlflow/report",),
+        ),
+        Stage(
+            name="summary",
+            doc="One table across every model that was evaluated (each evaluate job's results/summary/<model>.json).",
+            inputs={"headlines": "results/summary/{model}.json"},
+            outputs={"csv": "results/summary.csv", "html": "results/summary.html"},
+            params={"models": "models"},
+            args=(("--headlines", "results/summary"), ("--csv", "{output.csv}"), ("--out", "{output.html}")),
+            wildcards=(),
+            expand={"model": "models"},
+            code=("src/rlflow/report",),
         ),
     ]
 }

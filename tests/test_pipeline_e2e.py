@@ -1,0 +1,110 @@
+"""The whole pipeline end to end on the tiny config, the way a user runs it: `snakemake` (rule all) builds
+bert's report and the summary, records the run in dvc.lock (onsuccess), after which `dvc status` is clean and
+`dvc repro` reruns nothing; a reward change reruns exactly the same stages under Snakemake and DVC; `dvc push`
+then `dvc pull` restores deleted results.
+
+This is CI's tiny end-to-end run (a few minutes). The copy's config.yaml IS the tiny config (not merged with
+--configfile), because DVC reads its params from config.yaml only."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import re
+import shutil
+
+import pytest
+import yaml
+from test_pipeline import CONFIG, REPO, TINY, copy_workflow, job_counts, sh, tool
+
+from rlflow.config import load_config
+
+#: the stages a reward parameter reaches (the sweeps are train_controller runs; summary reads evaluate's output)
+REWARD_STAGES = {"train_controller", "train_model_free", "sweep_temperature", "sweep_reward", "evaluate", "report",
+                 "summary"}
+
+
+def ran_dvc_stages(output: str) -> set[str]:
+    """The stages `dvc repro` ran, without their @item suffix."""
+    return {name.split("@")[0] for name in re.findall(r"Running stage '([^']+)'", output)}
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def tiny_repo(tmp_path_factory):
+    """A copy of the workflow whose config.yaml is the tiny config with one temperature and one reward sweep,
+    a git repository (DVC needs one) with this repo's dvc.yaml and DVC config; `snakemake` (rule all) run once."""
+    root = tmp_path_factory.mktemp("repo")
+    copy_workflow(root)
+    shutil.copy2(REPO / "dvc.yaml", root / "dvc.yaml")
+    shutil.copytree(REPO / ".dvc", root / ".dvc", ignore=shutil.ignore_patterns("cache", "tmp", "config.local"))
+    cfg = load_config([CONFIG, TINY])
+    cfg["sweeps"] = {"temperatures": [0.5], "rewards": ["delta"]}
+    (root / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert sh("git", "init", "-q", cwd=root).returncode == 0
+    r = sh(tool("snakemake"), "--cores", "2", cwd=root, timeout=1500)
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
+    return root, r.stdout + r.stderr
+
+
+def test_rule_all_builds_the_report_and_the_summary(tiny_repo):
+    root, log = tiny_repo
+    counts = job_counts(log)
+    for stage in ("evaluate", "report", "summary", "sweep_temperature", "sweep_reward"):
+        assert counts.get(stage) == 1, counts
+    html = (root / "results/bert/report.html").read_text()
+    assert html.lstrip().lower().startswith("<!doctype html") and "</html>" in html
+    assert not re.search(r"""(src|href)=["']https?://""", html), "the report must not load anything"
+    assert (root / "results/summary.html").is_file() and (root / "results/summary.csv").is_file()
+    with open(root / "results/bert/evaluation.csv") as f:
+        rows = list(csv.DictReader(f))
+    pairs = {(r["method"], r["backend"]) for r in rows}
+    assert pairs == {(m, b) for m in ("original", "taso", "greedy", "model_free", "rlflow")
+                     for b in ("ort", "torch", "tf", "tf-xla")}
+    assert all(r["status"] in ("ok", "unsupported") for r in rows)
+    assert all(float(r["max_rel_diff"]) <= 1e-4 for r in rows if r["status"] == "ok")
+
+
+def test_snakemake_run_is_recorded_in_dvc(tiny_repo):
+    root, log = tiny_repo
+    assert "dvc: done" in log, log[-3000:]
+    dvc = tool("dvc")
+    r = sh(dvc, "status", cwd=root)
+    assert r.returncode == 0 and "up to date" in r.stdout, r.stdout + r.stderr
+    r = sh(dvc, "repro", cwd=root, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ran_dvc_stages(r.stdout) == set(), r.stdout
+
+
+def test_a_reward_change_reruns_the_same_stages_in_snakemake_and_dvc(tiny_repo):
+    root, _ = tiny_repo
+    cfg = yaml.safe_load((root / "config.yaml").read_text())
+    cfg["env"]["reward"]["alpha"] = 0.5
+    (root / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    r = sh(tool("snakemake"), "-n", cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    planned = job_counts(r.stdout)
+    planned.pop("all", None)
+    assert set(planned) == REWARD_STAGES, planned
+    r = sh(tool("dvc"), "repro", cwd=root, timeout=1200)
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
+    assert ran_dvc_stages(r.stdout) == REWARD_STAGES, r.stdout
+
+
+def test_dvc_push_then_pull_restores_deleted_results(tiny_repo):
+    root, _ = tiny_repo
+    dvc = tool("dvc")
+    r = sh(dvc, "push", cwd=root, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = root / "results/bert/report.html"
+    before = digest(report)
+    shutil.rmtree(root / "results" / "bert")
+    shutil.rmtree(root / ".dvc" / "cache")
+    r = sh(dvc, "pull", cwd=root, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert digest(report) == before
+    r = sh(dvc, "status", cwd=root)
+    assert "up to date" in r.stdout, r.stdout + r.stderr
