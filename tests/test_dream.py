@@ -28,7 +28,33 @@ def test_reset_masks_follow_the_start_counts():
     obs = env.reset()
     assert obs["features"].shape == (8, Z + 16)
     assert obs["xfer_mask"][0].tolist() == [True, False, True, True, False, True]
-    assert obs["location_mask"][0].sum(-1).tolist() == [2, 0, 4, 1, 0, 1]  # counts capped at L; NO-OP one
+    assert obs["location_count"][0].tolist() == [2, 0, 4, 1, 0, 1]  # counts capped at L; NO-OP one
+    assert "location_mask" not in obs  # never built on the hot path
+    xm, lm = env.masks()  # the dense form, on demand: prefixes of the counts
+    assert torch.equal(xm, obs["xfer_mask"])
+    assert lm[0].sum(-1).tolist() == [2, 0, 4, 1, 0, 1] and lm[0, 2].all() and lm[0, 0].tolist() == [1, 1, 0, 0]
+
+
+def test_valid_follows_the_counts_and_policy_samples_are_always_valid():
+    from rlflow.nn.policy import HierarchicalPolicy
+
+    env = make_dream(num_envs=64, max_steps=6, seed=2)
+    obs = env.reset()
+    # a location at or past the rule's count is invalid (penalty), one before it is valid
+    _, reward, _ = env.step_batch(torch.full((64,), 2), torch.full((64,), 3))  # rule 2: 7 matches, L = 4
+    assert (reward != env.reward_fn.invalid_penalty).all()
+    env.reset()
+    _, reward, _ = env.step_batch(torch.zeros(64, dtype=torch.long), torch.full((64,), 2))  # rule 0: 2 locations
+    assert (reward == env.reward_fn.invalid_penalty).all()
+    pol = HierarchicalPolicy(Z + 16, N, L, hidden=16)
+    gen = torch.Generator().manual_seed(0)
+    obs = env.reset()
+    for _ in range(30):
+        xfer, loc, _, _ = pol.act(obs["features"], obs["xfer_mask"], obs["location_count"], generator=gen)
+        assert obs["xfer_mask"][torch.arange(64), xfer].all()
+        assert (loc < obs["location_count"][torch.arange(64), xfer]).all()
+        obs, reward, _ = env.step_batch(xfer, loc)
+        assert (reward != env.reward_fn.invalid_penalty).all()
 
 
 def test_noop_ends_and_restarts_invalid_gets_penalty_horizon_truncates():

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from rlflow.agents.ppo import gae, ppo_loss
-from rlflow.nn.policy import HierarchicalPolicy, masked_entropy
+from rlflow.nn.mdnrnn import MDNRNN
+from rlflow.nn.policy import HierarchicalPolicy, location_rows, masked_entropy
 
 
 def random_masks(gen, B, N1, L):
@@ -29,6 +31,31 @@ def test_masked_sampling_never_picks_an_invalid_action():
         assert torch.isfinite(logp).all() and value.shape == (64,)
         g_xfer, g_loc, _, _ = pol.act(x, xm, lm, greedy=True)
         assert xm[torch.arange(64), g_xfer].all() and lm[torch.arange(64), g_xfer, g_loc].all()
+
+
+def test_location_counts_are_the_dense_masks_prefix_form():
+    """The dream gives counts [B, N1] instead of dense masks: same rows, same sampling, same log-probabilities."""
+    gen = torch.Generator().manual_seed(2)
+    xm, lm = random_masks(gen, 64, 13, 5)
+    counts = lm.sum(-1)                                   # random_masks builds prefix rows, like the envs
+    for k in range(13):
+        xfer = torch.full((64,), k)
+        assert torch.equal(location_rows(counts, xfer, 5), lm[:, k])
+    with pytest.raises(TypeError):
+        location_rows(counts.float(), xfer, 5)
+    torch.manual_seed(0)
+    pol = HierarchicalPolicy(in_dim=8, n_xfers=12, max_locations=5)
+    x = torch.randn(64, 8, generator=gen) * 5
+    for _ in range(30):
+        xfer, loc, logp, _ = pol.act(x, xm, counts, generator=gen)
+        assert xm[torch.arange(64), xfer].all() and lm[torch.arange(64), xfer, loc].all()
+        assert (loc < counts[torch.arange(64), xfer]).all()
+        for form in (counts, lm):
+            logp2, ent, _ = pol.evaluate(x, xfer, loc, xm, form)
+            assert torch.allclose(logp, logp2, atol=1e-6)
+    g1 = pol.act(x, xm, counts, greedy=True)
+    g2 = pol.act(x, xm, lm, greedy=True)
+    assert all(torch.equal(a, b) for a, b in zip(g1, g2))
 
 
 def test_evaluate_matches_act_log_probability():
@@ -103,3 +130,68 @@ def test_ppo_learns_the_best_valid_action():
     train(env, pol, cfg, updates=40, generator=gen)
     xfer, loc, _, _ = pol.act(env.obs["features"], env.obs["xfer_mask"], env.obs["location_mask"], greedy=True)
     assert xfer.tolist() == [2] * 8 and loc.tolist() == [1] * 8
+
+
+class FakeRewriteEnv:
+    """A stand-in real environment for the controller's evaluation: 3 rules + NO-OP, 2 locations each; rule 0
+    lowers the runtime by 1, rule 1 raises it by 1, rule 2 leaves it; horizon 4. The 'graph' is the action
+    history, so the best graph names the actions that reached it."""
+
+    def __init__(self):
+        self.xm = np.ones(4, np.int8)
+        self.lm = np.ones((4, 2), np.int8)
+        self.lm[3, 1] = 0
+        self.real_steps = 0
+
+    def _obs(self):
+        return {"xfer_mask": self.xm, "location_mask": self.lm}
+
+    def _info(self):
+        return {"runtime_ms": self.runtime, "flops": 1.0, "bytes": 1.0, "launches": 1.0}
+
+    def reset(self):
+        self.runtime, self.graph, self.t = 10.0, (), 0
+        return self._obs(), self._info()
+
+    def step(self, action):
+        self.real_steps += 1
+        self.t += 1
+        xfer, _ = action
+        if xfer < 3:
+            self.runtime += (-1.0, 1.0, 0.0)[xfer]
+            self.graph = self.graph + (tuple(action),)
+        return self._obs(), 0.0, xfer == 3, self.t >= 4, self._info()
+
+
+def test_controller_evaluation_keeps_the_best_of_several_episodes_and_counts_every_real_step(monkeypatch):
+    from rlflow.agents import controller
+
+    monkeypatch.setattr(controller, "encode", lambda encoder, obs, device="cpu": torch.zeros(len(obs), 3))
+    torch.manual_seed(0)
+    wm = MDNRNN(3, 3, 2, hidden=5, gaussians=2)
+    pol = HierarchicalPolicy(in_dim=3 + 5, n_xfers=3, max_locations=2, hidden=8)
+    env = FakeRewriteEnv()
+    one = controller.run_in_real_env(pol, None, wm, env)
+    assert one["episodes"] == 1 and one["steps"] == env.real_steps
+    env.real_steps = 0
+    many = controller.run_in_real_env(pol, None, wm, env, episodes=6, seed=3)
+    assert many["steps"] == env.real_steps == sum(many["episode_steps"]) and len(many["episode_steps"]) == 6
+    assert many["episode_steps"][0] == one["steps"] and many["episode_best_runtime_ms"][0] == one["best"]["runtime_ms"]
+    best = many["best"]["runtime_ms"]
+    assert best == min(many["episode_best_runtime_ms"]) <= one["best"]["runtime_ms"]
+    assert many["best_episode"] == many["episode_best_runtime_ms"].index(best)
+    # the returned actions are the best episode's: replaying them up to best_step gives its best graph
+    assert many["best_graph"] == tuple(tuple(a) for a in many["actions"][:many["best_step"]] if a[0] < 3)
+    assert 10.0 - best == sum(1 for a in many["actions"][:many["best_step"]] if a[0] == 0) - \
+        sum(1 for a in many["actions"][:many["best_step"]] if a[0] == 1)
+    with pytest.raises(ValueError):
+        controller.run_in_real_env(pol, None, wm, env, episodes=0)
+
+
+def test_ppo_config_from_config_with_the_controllers_overrides():
+    from rlflow.agents.ppo import PPOConfig
+
+    ppo = {"lr": 0.001, "minibatch": 16, "hidden": 64}
+    assert PPOConfig.from_config(ppo, 32).minibatch == 16
+    cfg = PPOConfig.from_config(ppo, 32, minibatch=64, c2=None)
+    assert (cfg.minibatch, cfg.lr, cfg.steps_per_update, cfg.c2) == (64, 0.001, 32, PPOConfig.c2)

@@ -95,7 +95,8 @@ def dvc_stage_name(job):
     st = registry.stage(job.rule.name)
     if not st.wildcards:
         return st.name
-    return st.name + "@" + "-".join(str(job.wildcards[w]) for w in st.wildcards)
+    values = "-".join(str(job.wildcards[w]) for w in st.wildcards)
+    return f"{st.name}@{values}"
 
 
 def dvc_commit(config):

@@ -12,6 +12,12 @@ final checkpoint is written atomically and the partial file removed::
 
 Checkpoints are torch state dicts with the config they were trained with (``torch.load(weights_only=True)``
 loads them: only tensors and plain Python values inside).
+
+The final checkpoints of train_controller and train_model_free are whole agents (:class:`Agent`, kinds
+``rlflow.controller/2`` and ``rlflow.model-free/2``): the policy, the encoder and (the controller) the world
+model, each as a state dict with its constructor arguments, the rule set's fingerprint (count + hash of the
+ids) and the env settings, so that ``rlflow optimize --method rlflow --agent CKPT`` (:func:`load_agent`,
+:meth:`Agent.optimise`) needs no other file.
 """
 
 from __future__ import annotations
@@ -97,3 +103,168 @@ def load_checkpoint(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise RLFlowError(f"{p}: not an rlflow checkpoint")
     return data
+
+
+# ============================================================================================ agent checkpoints
+#: ``kind`` of the final checkpoints that hold a whole agent (what ``rlflow optimize --method rlflow --agent``
+#: reads), by method; version 1 held only the policy
+AGENT_KINDS = {"rlflow": "rlflow.controller/2", "model_free": "rlflow.model-free/2"}
+_OLD_AGENT_KINDS = {"rlflow.controller/1": "train_controller", "rlflow.model-free/1": "train_model_free"}
+_OTHER_KINDS = {"rlflow.encoder/1": "an encoder checkpoint (train_encoder)",
+                "rlflow-world-model/1": "a world-model checkpoint (train_world_model)"}
+
+
+def rules_fingerprint(rules) -> dict:
+    """{count, digest}: the number of rules and a hash of their ids in order (the policy's rule head is indexed by
+    position, so an agent only runs with the very rule list it was trained with)."""
+    from rlflow.agents.rollouts import rules_digest
+
+    return rules_digest(rules)
+
+
+class Agent:
+    """A trained agent, everything needed to run it on any graph: the policy (hierarchical heads), the graph
+    encoder, the world model (the controller only: its LSTM state h is half of the policy's input), the
+    fingerprint of the rule set it was trained with, and the environment settings (horizon, locations, and the
+    real episodes of a run: ``controller.eval_episodes`` / ``model_free.eval_episodes``, the first greedy, the
+    others sampled with a fixed seed).
+
+    Built by the training stages from their networks (then :meth:`payload` is the final checkpoint) and by
+    :func:`load_agent` from such a checkpoint. :meth:`optimise` runs it greedily in the real environment."""
+
+    def __init__(self, method: str, policy, policy_args: dict, encoder, rules: dict, env: dict,
+                 world_model=None, config: dict | None = None, info: dict | None = None):
+        if method not in AGENT_KINDS:
+            raise ValueError(f"unknown agent method {method!r}")
+        if (world_model is None) != (method == "model_free"):
+            raise ValueError("the controller needs its world model; the model-free agent has none")
+        self.method, self.policy, self.policy_args = method, policy, dict(policy_args)
+        self.encoder, self.world_model = encoder, world_model
+        self.rules = dict(rules)
+        self.env = {"max_steps": int(env["max_steps"]), "max_locations": int(env["max_locations"]),
+                    "episodes": int(env.get("episodes", 1))}
+        if self.env["episodes"] < 1:
+            raise ValueError("episodes: at least 1")
+        self.config, self.info = dict(config or {}), dict(info or {})
+
+    @property
+    def kind(self) -> str:
+        return AGENT_KINDS[self.method]
+
+    def payload(self) -> dict:
+        """The final checkpoint (plain values and tensors: loads with ``torch.load(weights_only=True)``)."""
+        cpu = lambda m: {k: v.detach().cpu() for k, v in m.state_dict().items()}  # noqa: E731
+        out = {"kind": self.kind, "method": self.method,
+               "policy": {"state_dict": cpu(self.policy), "args": self.policy_args},
+               "encoder": {"state_dict": cpu(self.encoder), "config": dict(self.encoder.config)},
+               "rules": self.rules, "env": self.env, "config": self.config, "info": self.info}
+        if self.world_model is not None:
+            out["world_model"] = {"state_dict": cpu(self.world_model), "model_args": dict(self.world_model.config)}
+        return out
+
+    def check_rules(self, rules, source: str = "the rules file") -> None:
+        """One-line error unless ``rules`` is the rule set the agent was trained with."""
+        got = rules_fingerprint(rules)
+        want = self.rules
+        if got["count"] != want.get("count"):
+            raise RLFlowError(f"rule set mismatch: the agent was trained with {want.get('count')} rules, {source} "
+                              f"has {got['count']}; use the rules file it was trained with")
+        if got["digest"] != want.get("digest"):
+            raise RLFlowError(f"rule set mismatch: the agent was trained with {want.get('count')} other rules "
+                              f"(rule ids digest {want.get('digest')}, {source}: {got['digest']}); use the rules "
+                              "file it was trained with")
+
+    def optimise(self, graph, rules, cost, device: str = "cpu", method_label: str | None = None):
+        """The agent's real episodes from ``graph`` (``env["episodes"]``: the first greedy, the others sampled,
+        seeded: deterministic); the best graph seen, folded, as a :class:`rlflow.search.result.SearchResult`
+        (trace up to the best step of the best episode; ``expansions`` = the real steps of all episodes) and the
+        episode (:func:`rlflow.agents.real_env.run_episode`'s result).
+
+        ``result.seconds`` is the optimisation time: building the environment (the rules' matches on the
+        graph), the episode (encoder, policy, world model and real environment every step) and the folding."""
+        import time
+
+        from rlflow.agents.real_env import search_result
+        from rlflow.env.graph_rewrite import GraphRewriteEnv
+        from rlflow.search.common import finish
+
+        t0 = time.perf_counter()
+        env = GraphRewriteEnv(graph, rules, cost, "delta", max_steps=self.env["max_steps"],
+                              max_locations=self.env["max_locations"], latency_device=device)
+        if self.method == "rlflow":
+            from rlflow.agents.controller import run_in_real_env
+
+            run = run_in_real_env(self.policy, self.encoder, self.world_model, env, device,
+                                  episodes=self.env["episodes"])
+        else:
+            from rlflow.agents.model_free import run_model_free
+
+            run = run_model_free(self.policy, self.encoder, env, device, episodes=self.env["episodes"])
+        folded, final = finish(run["best_graph"], cost)
+        seconds = time.perf_counter() - t0
+        result = search_result(method_label or self.method, graph, rules, cost, run, folded, final, seconds,
+                               settings={**self.env, "first_episode_greedy": True})
+        return result, run
+
+
+def load_agent(path: str | Path, device: str = "cpu") -> Agent:
+    """The agent of a ``train_controller`` or ``train_model_free`` checkpoint (networks in eval mode; the encoder
+    on ``device``, the policy and world model on the CPU, where :mod:`rlflow.agents.controller` runs them).
+    Missing, unreadable, wrong-kind or damaged files are one-line errors."""
+    data = load_checkpoint(path)
+    kind = data.get("kind", data.get("format"))
+    if kind in _OLD_AGENT_KINDS:
+        raise RLFlowError(f"{path}: an agent checkpoint of an older rlflow (kind {kind}) without its encoder and "
+                          f"world model; rerun {_OLD_AGENT_KINDS[kind]} to get a self-contained one")
+    if kind in _OTHER_KINDS:
+        raise RLFlowError(f"{path}: {_OTHER_KINDS[kind]}, not an agent; give the controller.pt of "
+                          "train_controller or the model_free.pt of train_model_free")
+    methods = {v: k for k, v in AGENT_KINDS.items()}
+    if kind not in methods:
+        what = "a training run's partial checkpoint" if "fingerprint" in data else f"kind {kind!r}"
+        raise RLFlowError(f"{path}: not an agent checkpoint ({what}); give the controller.pt of "
+                          "train_controller or the model_free.pt of train_model_free")
+    method = methods[kind]
+    try:
+        return _build_agent(method, data, device)
+    except RLFlowError as e:
+        raise RLFlowError(f"{path}: {e}") from None
+    except Exception as e:  # missing keys, shapes that do not fit: one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise RLFlowError(f"{path}: damaged agent checkpoint ({e.__class__.__name__}: {first[:200]})") from None
+
+
+def _build_agent(method: str, data: dict, device: str) -> Agent:
+    from rlflow.nn.encoder import GraphEncoder
+    from rlflow.nn.policy import HierarchicalPolicy
+
+    enc = GraphEncoder(**data["encoder"]["config"])
+    enc.load_state_dict(data["encoder"]["state_dict"])
+    enc = enc.to(device).eval()
+    args = dict(data["policy"]["args"])
+    policy = HierarchicalPolicy(**args)
+    policy.load_state_dict(data["policy"]["state_dict"])
+    policy.eval()
+    wm = None
+    if method == "rlflow":
+        from rlflow.nn.mdnrnn import MDNRNN
+
+        wm = MDNRNN(**data["world_model"]["model_args"])
+        wm.load_state_dict(data["world_model"]["state_dict"])
+        wm.eval()
+        want = enc.config["z_dim"] + wm.hidden_size
+    else:
+        want = enc.config["z_dim"]
+    if args["in_dim"] != want:
+        raise RLFlowError(f"damaged agent checkpoint: the policy reads {args['in_dim']} features, the encoder "
+                          f"and world model give {want}")
+    rules = data["rules"]
+    if not isinstance(rules, dict) or args["n_xfers"] != rules.get("count"):
+        raise RLFlowError("damaged agent checkpoint: its rule fingerprint does not fit the policy")
+    env = data["env"]
+    if not isinstance(env.get("episodes", 1), int) or env.get("episodes", 1) < 1:
+        raise RLFlowError("damaged agent checkpoint: env.episodes must be an integer >= 1")
+    if env["max_locations"] != args["max_locations"]:
+        raise RLFlowError("damaged agent checkpoint: env.max_locations does not fit the policy")
+    return Agent(method, policy, args, enc, rules, env, world_model=wm, config=data.get("config"),
+                 info=data.get("info"))

@@ -1,5 +1,7 @@
 """RLFlow's controller: PPO with the hierarchical masked heads, trained only in the dream (the world model),
-on input [z, h]; then run once in the real environment from the original graph, keeping the best graph seen.
+on input [z, h]; then run in the real environment from the original graph, keeping the best graph seen: one
+greedy episode, or (``episodes`` > 1, config ``controller.eval_episodes``) that one and sampled ones, the best
+graph of all kept and every real step counted as an interaction.
 
 In the real run, z is the encoder's embedding of the real graph and h the world model's LSTM state, advanced
 with (z, action) after every step exactly as in the dream.
@@ -10,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from rlflow.agents.ppo import PPOConfig, train
-from rlflow.agents.real_env import encode, run_episode
+from rlflow.agents.real_env import encode, run_episode, run_episodes
 from rlflow.env.dream import DreamEnv
 from rlflow.nn.policy import HierarchicalPolicy
 
@@ -31,9 +33,18 @@ def train_in_dream(world_model, start_z, start_metrics, start_counts, reward, cf
 
 
 @torch.no_grad()
-def run_in_real_env(policy, encoder, world_model, env, device: str = "cpu", greedy: bool = True, seed: int = 0):
-    """One real episode with the controller (greedy by default); see :func:`run_episode`."""
-    gen = torch.Generator().manual_seed(seed)
+def run_in_real_env(policy, encoder, world_model, env, device: str = "cpu", greedy: bool = True, seed: int = 0,
+                    episodes: int = 1):
+    """``episodes`` real episodes with the controller from the original graph (see
+    :func:`rlflow.agents.real_env.run_episodes`: the first greedy unless ``greedy`` is False, the others sampled;
+    the best episode, with ``steps`` counting the real steps of all of them)."""
+    return run_episodes(lambda g, gen: _controller_episode(policy, encoder, world_model, env, device, g, gen),
+                        episodes, greedy, seed)
+
+
+def _controller_episode(policy, encoder, world_model, env, device: str, greedy: bool, gen: torch.Generator) -> dict:
+    """One real episode: z from the encoder on the real graph, h the world model's LSTM state advanced with
+    (z, action) after every step exactly as in the dream."""
     state = {"hidden": world_model.initial_hidden(1), "z": None}
 
     def choose(obs, xm, lm):

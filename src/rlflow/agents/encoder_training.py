@@ -221,12 +221,25 @@ class EncoderResult:
     metrics: dict = field(default_factory=dict)
 
 
+#: held-out graphs scored after every epoch for the curve, at most (a forward pass each; the training epoch
+#: makes a forward and a backward pass over up to encoder.max_graphs)
+HELDOUT_CURVE_GRAPHS = 500
+#: per-epoch history keys -> curve names (dvclive, :mod:`rlflow.agents.logging`)
+CURVE_NAMES = {"loss": "train/loss", "loss_metrics": "train/loss_metrics", "loss_counts": "train/loss_counts",
+               "heldout_loss": "heldout/loss", "heldout_loss_metrics": "heldout/loss_metrics",
+               "heldout_loss_counts": "heldout/loss_counts"}
+
+
 def train_encoder(env, episodes: Sequence[dict], cfg: dict, seed: int, device: str, ckpt: Checkpointer,
-                  progress: bool = False, on_epoch: Callable[[int, float, float], None] | None = None) -> EncoderResult:
+                  progress: bool = False, on_epoch: Callable[[int, float, float], None] | None = None,
+                  live=None) -> EncoderResult:
     """Split, replay, train (resuming from ``ckpt``'s partial file), evaluate and encode (see the module doc).
 
     ``cfg`` is the ``encoder`` config section; ``env`` a reward-free environment of the rollouts' problem.
-    ``on_epoch(epoch, loss, seconds)`` is called after each epoch's checkpoint.
+    ``on_epoch(epoch, loss, seconds)`` is called after each epoch's checkpoint. After every epoch the held-out
+    loss is computed too (on at most :data:`HELDOUT_CURVE_GRAPHS` held-out graphs); each epoch's row (train and
+    held-out losses) goes to ``live`` (a :class:`rlflow.agents.logging.TrainingLog`), the rows of a resumed run's
+    earlier epochs first.
     """
     from rlflow.nn.encoder import GraphEncoder
 
@@ -262,6 +275,15 @@ def train_encoder(env, episodes: Sequence[dict], cfg: dict, seed: int, device: s
         opt.load_state_dict(state["optimizer"])
         start, history = int(state["epoch"]), list(state["history"])
     resumed_from = start
+    if live is not None:
+        live.replay(history, "epoch", CURVE_NAMES)
+
+    # the per-epoch held-out loss (the curve) on at most HELDOUT_CURVE_GRAPHS of the held-out graphs, a fixed
+    # seeded subset (the final held-out figures use them all)
+    held_curve = held_set
+    if len(held_set) > HELDOUT_CURVE_GRAPHS:
+        pick = np.random.default_rng([seed, 17]).choice(len(held_set), HELDOUT_CURVE_GRAPHS, replace=False)
+        held_curve = [held_set[i] for i in np.sort(pick)]
 
     t1 = time.perf_counter()
     bar = _bar(progress, total=epochs, initial=start, desc="encoder epochs", unit="epoch")
@@ -279,8 +301,15 @@ def train_encoder(env, episodes: Sequence[dict], cfg: dict, seed: int, device: s
             k = b.num_graphs
             tot, tm, tc = tot + loss.item() * k, tm + lm.item() * k, tc + lc.item() * k
         n = max(len(train_set), 1)
-        history.append({"epoch": epoch + 1, "loss": tot / n, "loss_metrics": tm / n, "loss_counts": tc / n,
-                        "seconds": time.perf_counter() - te})
+        row = {"epoch": epoch + 1, "loss": tot / n, "loss_metrics": tm / n, "loss_counts": tc / n}
+        if held_curve:
+            h = evaluate(model, held_curve, device, batch_size)
+            row.update(heldout_loss=h["loss_metrics"] + h["loss_counts"], heldout_loss_metrics=h["loss_metrics"],
+                       heldout_loss_counts=h["loss_counts"])
+        row["seconds"] = time.perf_counter() - te
+        history.append(row)
+        if live is not None:
+            live.log_row(row, "epoch", CURVE_NAMES)
         ckpt.save({"epoch": epoch + 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
                    "history": history})
         bar.set_postfix(loss=f"{tot / n:.4f}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from rlflow.agents.ppo import PPOConfig, train
-from rlflow.agents.real_env import RealVectorEnv, encode, run_episode
+from rlflow.agents.real_env import RealVectorEnv, encode, run_episode, run_episodes
 from rlflow.nn.policy import HierarchicalPolicy
 
 
@@ -23,11 +23,15 @@ def train_model_free(envs, encoder, cfg: PPOConfig, updates: int, z_dim: int, hi
 
 
 @torch.no_grad()
-def run_model_free(policy, encoder, env, device: str = "cpu", greedy: bool = True, seed: int = 0):
-    gen = torch.Generator().manual_seed(seed)
+def run_model_free(policy, encoder, env, device: str = "cpu", greedy: bool = True, seed: int = 0, episodes: int = 1):
+    """``episodes`` real episodes with the trained policy from the original graph, exactly as the controller is
+    evaluated (:func:`rlflow.agents.real_env.run_episodes`: the first greedy, the others sampled)."""
 
-    def choose(obs, xm, lm):
-        xfer, loc, _, _ = policy.act(encode(encoder, [obs], device), xm, lm, generator=gen, greedy=greedy)
-        return int(xfer[0]), int(loc[0])
+    def one_episode(greedy_: bool, gen: torch.Generator) -> dict:
+        def choose(obs, xm, lm):
+            xfer, loc, _, _ = policy.act(encode(encoder, [obs], device), xm, lm, generator=gen, greedy=greedy_)
+            return int(xfer[0]), int(loc[0])
 
-    return run_episode(env, choose)
+        return run_episode(env, choose)
+
+    return run_episodes(one_episode, episodes, greedy, seed)

@@ -20,7 +20,8 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, last_v
 
     rewards [T], values [T] (V(s_t)), dones [T] (1 where the episode ended AT step t, so s_{t+1} is a new
     episode's first state), last_value [] (V of the state after the last step; ignored if dones[-1]).
-    Returns (advantages [T], returns [T] = advantages + values)."""
+    Returns (advantages [T], returns [T] = advantages + values). Any trailing axes are independent
+    trajectories: [T, B] with last_value [B] computes B of them at once."""
     T = rewards.shape[0]
     adv = torch.zeros_like(rewards)
     running = torch.zeros((), dtype=rewards.dtype)
@@ -77,16 +78,20 @@ class PPOConfig:
     """Gradient-norm clipping."""
 
     @classmethod
-    def from_config(cls, ppo: dict, steps_per_update: int) -> "PPOConfig":
-        """From config.yaml's ``ppo`` section (its ``hidden`` sizes the policy, not PPO) and a stage's budget."""
-        return cls(**{k: v for k, v in ppo.items() if k != "hidden"}, steps_per_update=steps_per_update)
+    def from_config(cls, ppo: dict, steps_per_update: int, **overrides) -> "PPOConfig":
+        """From config.yaml's ``ppo`` section (its ``hidden`` sizes the policy, not PPO) and a stage's budget;
+        ``overrides`` (e.g. the controller's ``minibatch``) replace single fields; None values are ignored."""
+        fields = {k: v for k, v in ppo.items() if k != "hidden"}
+        fields.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**fields, steps_per_update=steps_per_update)
 
 
 class VectorEnv(Protocol):
     """What PPO needs of an environment: B copies stepped together, observations already as tensors
-    (``features`` [B, D], ``xfer_mask`` [B, N1], ``location_mask`` [B, N1, L]) and ``step_batch(xfer, loc) -> (obs,
-    reward [B], done [B])``; an episode that ends is reset inside ``step_batch`` (its next observation is the
-    new episode's first)."""
+    (``features`` [B, D], ``xfer_mask`` [B, N1], and the locations as either ``location_mask`` [B, N1, L] or
+    ``location_count`` [B, N1], see :mod:`rlflow.nn.policy`) and ``step_batch(xfer, loc) -> (obs, reward [B],
+    done [B])``; an episode that ends is reset inside ``step_batch`` (its next observation is the new episode's
+    first)."""
 
     num_envs: int
 
@@ -96,14 +101,22 @@ class VectorEnv(Protocol):
                                                                     torch.Tensor]: ...
 
 
+def locations(obs: dict) -> torch.Tensor:
+    """An observation's locations: the counts [B, N1] where the environment gives them (the dream), else the
+    dense mask [B, N1, L]."""
+    return obs["location_count"] if "location_count" in obs else obs["location_mask"]
+
+
 def collect(venv: VectorEnv, policy, obs: dict, steps: int, generator: torch.Generator | None = None):
-    """``steps`` steps of every environment: a dict of tensors [steps, B, ...], and the last observation."""
-    buf = {k: [] for k in ("features", "xfer_mask", "location_mask", "xfer", "loc", "logp", "value", "reward",
+    """``steps`` steps of every environment: a dict of tensors [steps, B, ...], and the last observation.
+    ``locations`` holds what the environment gave (counts or dense masks)."""
+    buf = {k: [] for k in ("features", "xfer_mask", "locations", "xfer", "loc", "logp", "value", "reward",
                            "done")}
     for _ in range(steps):
-        xfer, loc, logp, value = policy.act(obs["features"], obs["xfer_mask"], obs["location_mask"], generator)
-        for k in ("features", "xfer_mask", "location_mask"):
-            buf[k].append(obs[k])
+        xfer, loc, logp, value = policy.act(obs["features"], obs["xfer_mask"], locations(obs), generator)
+        buf["features"].append(obs["features"])
+        buf["xfer_mask"].append(obs["xfer_mask"])
+        buf["locations"].append(locations(obs))
         nxt, reward, done = venv.step_batch(xfer, loc)
         for k, v in (("xfer", xfer), ("loc", loc), ("logp", logp), ("value", value), ("reward", reward),
                      ("done", done)):
@@ -116,11 +129,9 @@ def update(policy, optimizer, batch: dict, last_value: torch.Tensor, cfg: PPOCon
            generator: torch.Generator | None = None) -> dict[str, float]:
     """GAE per environment, then ``update_epochs`` passes of clipped-PPO minibatch steps."""
     T, B = batch["reward"].shape
-    adv = torch.zeros(T, B)
-    ret = torch.zeros(T, B)
-    for b in range(B):
-        adv[:, b], ret[:, b] = gae(batch["reward"][:, b].float(), batch["value"][:, b], batch["done"][:, b].float(),
-                                   last_value[b], cfg.gamma, cfg.gae_lambda)
+    # gae is elementwise over trailing axes: all B environments at once ([T, B], last_value [B])
+    adv, ret = gae(batch["reward"].float(), batch["value"].float(), batch["done"].float(), last_value.float(),
+                   cfg.gamma, cfg.gae_lambda)
     flat = {k: v.reshape(T * B, *v.shape[2:]) for k, v in batch.items()}
     adv, ret = adv.reshape(-1), ret.reshape(-1)
     logs: dict[str, float] = {}
@@ -132,7 +143,7 @@ def update(policy, optimizer, batch: dict, last_value: torch.Tensor, cfg: PPOCon
             if len(idx) > 1:
                 a = (a - a.mean()) / (a.std() + 1e-8)
             logp, entropy, value = policy.evaluate(flat["features"][idx], flat["xfer"][idx], flat["loc"][idx],
-                                                   flat["xfer_mask"][idx], flat["location_mask"][idx])
+                                                   flat["xfer_mask"][idx], flat["locations"][idx])
             loss, logs = ppo_loss(logp, flat["logp"][idx], a, value, ret[idx], entropy, cfg.clip, cfg.c1, cfg.c2)
             optimizer.zero_grad()
             loss.backward()

@@ -91,9 +91,83 @@ def run_episode(env: GraphRewriteEnv, choose: Callable[[dict, torch.Tensor, torc
             "best_step": best_step, "initial": metrics[0]}
 
 
+def run_episodes(one_episode: Callable[[bool, torch.Generator], dict], episodes: int = 1, greedy: bool = True,
+                 seed: int = 0) -> dict:
+    """``episodes`` real episodes of an agent from the original graph, ``one_episode(greedy, generator)`` each
+    (returning :func:`run_episode`'s result): the first greedy (unless ``greedy`` is False), the others sampled
+    from the policy (seeded by ``seed``). Both agents are evaluated this way, so their improvements compare.
+    Returns the episode whose best graph is the fastest (the earliest on ties), except that ``steps`` counts the
+    real steps of ALL episodes (each is a real-environment interaction), with ``episodes``, ``episode_steps`` and
+    ``episode_best_runtime_ms`` (per episode) added."""
+    if episodes < 1:
+        raise ValueError("episodes must be >= 1")
+    gen = torch.Generator().manual_seed(seed)
+    runs = [one_episode(greedy and i == 0, gen) for i in range(episodes)]
+    best = min(range(episodes), key=lambda i: (runs[i]["best"]["runtime_ms"], i))
+    return {**runs[best], "steps": sum(r["steps"] for r in runs), "best_episode": best, "episodes": episodes,
+            "episode_steps": [r["steps"] for r in runs],
+            "episode_best_runtime_ms": [r["best"]["runtime_ms"] for r in runs]}
+
+
 def summarise_run(result: dict) -> dict:
     """The JSON-ready part of :func:`run_episode`'s result, with the runtime improvement in percent."""
     a, b = result["initial"]["runtime_ms"], result["best"]["runtime_ms"]
     return {"initial": result["initial"], "best": result["best"], "best_step": result["best_step"],
             "steps": result["steps"], "improvement_pct": (a - b) / a * 100 if a else 0.0,
             "actions": result["actions"]}
+
+
+def search_result(method: str, graph, rules, cost, run: dict, folded, final, seconds: float,
+                  settings: dict | None = None):
+    """An agent's real episode (:func:`run_episode`'s result) as a :class:`rlflow.search.result.SearchResult`,
+    so that it is written, checked and read exactly like the searches' results (``trace.json``).
+
+    ``folded``/``final``: the best graph with weight-only nodes folded, and its metrics. The trace lists the
+    rewrites up to the best step (none if the agent found nothing better than the original): the actions are
+    replayed on the original graph to name each rewrite's nodes, and the replay must reach the best graph.
+    ``expansions`` counts the real steps (graphs the agent looked at, NO-OP included; of every episode when the
+    run had several: ``run["steps"]``)."""
+    from rlflow.errors import RLFlowError
+    from rlflow.rewrite.matcher import MatchIndex
+    from rlflow.search.result import SearchResult, TraceStep
+
+    rules = list(rules)
+    n = len(rules)
+    index = MatchIndex(graph, rules)
+    trace, invalid = [], 0
+    for xfer, loc in run["actions"][:run["best_step"]]:
+        if xfer == n:  # NO-OP: ends the episode (never before the best step; kept for safety)
+            break
+        ms = index.matches[xfer] if 0 <= xfer < n else []
+        if not 0 <= loc < len(ms):
+            invalid += 1  # the environment left the graph unchanged
+            continue
+        match = ms[loc]
+        index = index.apply(xfer, loc)
+        trace.append(TraceStep(rules[xfer].id, rules[xfer].name, int(loc), tuple(match.nodes),
+                               cost.graph_metrics(index.graph)))
+    if index.graph.structural_hash() != run["best_graph"].structural_hash():
+        raise RLFlowError(f"{method}: replaying the agent's {len(trace)} rewrites did not give its best graph")
+    actions = run["actions"]
+    last = actions[-1][0] if actions else None
+    stop = "noop" if last == n else "horizon"
+    return SearchResult(
+        method=method, graph=folded, initial=cost.graph_metrics(graph), final=final, trace=trace,
+        expansions=run["steps"], seconds=seconds, generated=0, kept=len(trace), stop_reason=stop,
+        nodes_before=len(graph.nodes), nodes_after=len(folded.nodes), settings=dict(settings or {}),
+        stats={"real_steps": run["steps"], "episodes": run.get("episodes", 1),
+               "best_episode": run.get("best_episode", 0), "best_step": run["best_step"], "invalid_actions": invalid})
+
+
+def agent_summary(result, diff: float, label: str) -> str:
+    """A few lines for the terminal about an agent's optimised graph (:func:`search_result`)."""
+    r = result
+    lines = [f"{label}: cost {r.initial.runtime_ms:.4f} -> {r.final.runtime_ms:.4f} ms ({r.speedup:.3f}x), nodes "
+             f"{r.nodes_before} -> {r.nodes_after}, {len(r.trace)} rewrites applied (best of {r.expansions} real "
+             f"steps, stopped: {r.stop_reason}) in {r.seconds:.2f} s; max output difference {diff:.2e}"]
+    if r.trace:
+        names: dict[str, int] = {}
+        for s in r.trace:
+            names[s.rule_name] = names.get(s.rule_name, 0) + 1
+        lines.append(f"{label}: rules: " + ", ".join(f"{n} x{c}" if c > 1 else n for n, c in names.items()))
+    return "\n".join(lines)

@@ -245,10 +245,21 @@ def poly_decay(total_steps: int, power: float = 2.0) -> Callable[[int], float]:
     return lambda step: max(0.0, 1.0 - step / max(1, total_steps)) ** power
 
 
+def curve_names() -> dict[str, str]:
+    """Curve row keys -> dvclive metric names (``train_nll`` -> ``train/nll``, ``lr`` -> ``lr``)."""
+    out = {"lr": "lr"}
+    for part in ("train", "heldout"):
+        out.update({f"{part}_{k}": f"{part}/{k}" for k in LOSS_TERMS})
+    return out
+
+
 def train(data: dict, wm: dict, seed: int, device: str, checkpointer=None, progress: bool = True,
-          log: Callable[[str], None] | None = None) -> dict[str, Any]:
+          log: Callable[[str], None] | None = None, live=None) -> dict[str, Any]:
     """Train a world model with config ``wm`` (hidden, gaussians, epochs, lr, batch_size).
 
+    Each epoch's row (the loss terms on the training and held-out episodes, the learning rate) also goes to
+    ``live`` (a :class:`rlflow.agents.logging.TrainingLog`; a resumed run's saved rows first; NaN held-out
+    terms, when there are no held-out episodes, are left out).
     Saves a partial state after every epoch with ``checkpointer`` (and resumes from one); returns
     ``{"model", "rows" (curve rows), "train_episodes", "heldout_episodes", "resumed_from" (epoch or None)}``.
     """
@@ -284,6 +295,8 @@ def train(data: dict, wm: dict, seed: int, device: str, checkpointer=None, progr
             start = resumed = int(state["epoch"])
             if log:
                 log(f"resuming from epoch {start} of {epochs}")
+    if live is not None:
+        live.replay(rows, "epoch", curve_names())
     from tqdm import tqdm
 
     bar = tqdm(total=epochs, initial=start, desc="world model", unit="epoch", file=sys.stderr,
@@ -313,6 +326,8 @@ def train(data: dict, wm: dict, seed: int, device: str, checkpointer=None, progr
         row.update({f"heldout_{k}": v for k, v in held.items()})
         row["seconds"] = time.perf_counter() - t0
         rows.append(row)
+        if live is not None:
+            live.log_row(row, "epoch", curve_names())
         if checkpointer is not None:
             checkpointer.save({"epoch": epoch + 1, "model": model.state_dict(), "optim": opt.state_dict(),
                                "sched": sched.state_dict(), "rows": rows})

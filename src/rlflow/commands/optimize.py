@@ -1,9 +1,20 @@
 """Optimise an ONNX model with the verified rewrite rules and write the result.
 
-Methods: taso (TASO's cost-based backtracking search: --alpha, --budget) and greedy (apply the best
-cost-lowering rewrite until none lowers the cost). The optimised graph, weight-only nodes folded, is checked
-equal to the original under onnxruntime on random inputs (largest relative difference <= --tolerance) before
-OUT.onnx is written; if the check fails nothing is written.
+Methods:
+  taso    TASO's cost-based backtracking search (--alpha, --budget)
+  greedy  apply the best cost-lowering rewrite until none lowers the cost
+  rlflow  a trained agent (--agent CKPT) chooses the rewrites in the rewrite environment, from your graph, for
+          at most the horizon it was trained with, keeping the cheapest graph seen: the model-free agent one
+          greedy episode; the controller as many as it was trained to (controller.eval_episodes: the first
+          greedy, the others sampled with a fixed seed, so a rerun gives the same graph). CKPT is
+          the checkpoint of the pipeline's train_controller stage (RLFlow's controller, trained in the world
+          model's dream: results/<model>/controller/controller.pt) or of train_model_free (the model-free PPO
+          baseline: results/<model>/model_free/model_free.pt); it holds the policy, the graph encoder and (the
+          controller) the world model. The agent only runs with the rule set it was trained with (same rules,
+          same order: checked); any ONNX model works, not only the one it was trained on.
+The optimised graph, weight-only nodes folded, is checked equal to the original under onnxruntime on random
+inputs (largest relative difference <= --tolerance) before OUT.onnx is written; if the check fails nothing is
+written. Errors (a missing or damaged checkpoint, a rule set that does not match, ...) are one line, exit 2.
 
 Cost model (--cost-model, default: the config's cost.model, whose default is measured):
   measured  each distinct op of the model is timed once on the device (a few seconds; cached in --costs if
@@ -17,6 +28,8 @@ Defaults without --config are the schema defaults (alpha 1.05, budget 1000, no t
   rlflow optimize bert.onnx --out bert.opt.onnx
   rlflow optimize model.onnx --out fast.onnx --method greedy --cost-model analytic --trace trace.json
   rlflow optimize bert.onnx --out opt.onnx --input-shape input_ids=1x128 --budget 200 --time-limit 60 --json
+  rlflow optimize model.onnx --out opt.onnx --method rlflow --agent results/bert/controller/controller.pt \\
+      --rules results/rules/rules.json --trace trace.json
 """
 
 from __future__ import annotations
@@ -28,9 +41,9 @@ from pathlib import Path
 from rlflow.commands.common import add_model_arguments
 
 NAME = "optimize"
-HELP = "optimise an ONNX model with TASO search or greedy search over the verified rules"
-#: search methods of --method (rlflow, the learned agent, joins them later)
-METHODS = ("taso", "greedy")
+HELP = "optimise an ONNX model with TASO search, greedy search or a trained RLFlow agent over the verified rules"
+#: methods of --method: the two searches and the learned agent
+METHODS = ("taso", "greedy", "rlflow")
 DEFAULT_RULES = Path("results/rules/rules.json")
 
 
@@ -39,7 +52,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_model_arguments(p)
     p.add_argument("--out", required=True, type=Path, metavar="OUT.onnx", help="where to write the optimised model")
-    p.add_argument("--method", choices=METHODS, default="taso", help="search method (default: taso)")
+    p.add_argument("--method", choices=METHODS, default="taso",
+                   help="taso | greedy (searches) | rlflow (a trained agent, needs --agent) (default: taso)")
+    p.add_argument("--agent", type=Path, metavar="CKPT",
+                   help="rlflow: the agent checkpoint (controller.pt of train_controller or model_free.pt of "
+                        "train_model_free)")
     add_config_arguments(p, "search.alpha=1.0")
     p.add_argument("--rules", type=Path, metavar="JSON",
                    help=f"rules file (default: {DEFAULT_RULES}, in the current folder or the rlflow checkout)")
@@ -88,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.stages.search_common import config_used
 
     t0 = time.perf_counter()
+    if args.method == "rlflow":
+        return run_agent(args, t0)
+    if args.agent is not None:
+        raise _err(f"--agent is the trained agent of --method rlflow; --method {args.method} is a search and "
+                   "takes none")
     config = load_config(args.config, args.overrides)
     alpha = get(config, "search.alpha") if args.alpha is None else args.alpha
     budget = get(config, "search.budget") if args.budget is None else args.budget
@@ -128,6 +150,73 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print(summary(result, diff, args.method))
+        print(f"wrote {args.out}" + (f" and {args.trace}" if args.trace else "")
+              + f" ({time.perf_counter() - t0:.1f} s in all)")
+    sys.stdout.flush()
+    return 0
+
+
+def run_agent(args: argparse.Namespace, t0: float) -> int:
+    """--method rlflow: load the agent, check it fits the rules, run it on the model, verify, write."""
+    import sys
+    import time
+
+    from rlflow.agents.checkpoint import load_agent
+    from rlflow.agents.real_env import agent_summary
+    from rlflow.config import get, load_config, resolve_device
+    from rlflow.cost import make_cost_model
+    from rlflow.graph import load_onnx
+    from rlflow.rewrite.rule import load_rules
+    from rlflow.search.output import verify_and_write
+
+    if args.agent is None:
+        raise _err("--method rlflow needs --agent CKPT (results/<model>/controller/controller.pt of train_controller "
+                   "or results/<model>/model_free/model_free.pt of train_model_free)")
+    given = [f for f, v in (("--alpha", args.alpha), ("--budget", args.budget), ("--time-limit", args.time_limit))
+             if v is not None]
+    if given:
+        raise _err(f"{', '.join(given)}: search options; --method rlflow runs one episode of the agent and takes none")
+    if not args.tolerance >= 0:
+        raise _err("need --tolerance >= 0")
+    for p in (args.out, args.trace):
+        if p is not None and p.is_dir():
+            raise _err(f"{p}: is a folder, expected a file path")
+    config = load_config(args.config, args.overrides)
+    kind = args.cost_model or get(config, "cost.model")
+    if args.costs is not None and kind != "measured":
+        raise _err("--costs is a measured cost cache: use it with --cost-model measured")
+    seed = get(config, "seed")
+    device = resolve_device(config)
+    rules_path = find_rules(args.rules)
+    agent = load_agent(args.agent, device)
+    rules = load_rules(rules_path)
+    agent.check_rules(rules, str(rules_path))
+    graph = load_onnx(args.model, args.input_shape)
+    progress = not args.no_progress and not args.json
+    cost = make_cost_model(config, device, args.costs if args.costs is not None and args.costs.exists() else None,
+                           kind=kind)
+    measured = 0
+    if kind == "measured":
+        measured = cost.measure([graph], progress=progress)
+        if args.costs is not None and measured:
+            cost.save(args.costs)
+    result, episode = agent.optimise(graph, rules, cost, device)
+    label = "rlflow" if agent.method == "rlflow" else "rlflow (model-free agent)"
+    extra = {"model": str(args.model), "rules": str(rules_path), "num_rules": len(rules), "device": device,
+             "cost_model": cost.name, "cost": cost.describe(),
+             "config": {"seed": seed, "device": config.get("device"), "cost.model": kind},
+             "agent": str(args.agent), "agent_method": agent.method, "agent_env": agent.env,
+             "agent_trained_on": agent.info.get("model"),
+             "real_interactions": {"evaluation": episode["steps"], "total": episode["steps"]}}
+    diff, doc = verify_and_write(graph, result, args.out, args.trace, extra, seed=seed, device=device,
+                                 tol=args.tolerance)
+    if args.json:
+        doc = {k: v for k, v in doc.items() if k != "steps"}
+        doc.update(out=str(args.out), trace=None if args.trace is None else str(args.trace), ops_measured=measured,
+                   rule_names=[s.rule_name for s in result.trace], total_seconds=time.perf_counter() - t0)
+        print(json.dumps(doc, indent=2))
+    else:
+        print(agent_summary(result, diff, label))
         print(f"wrote {args.out}" + (f" and {args.trace}" if args.trace else "")
               + f" ({time.perf_counter() - t0:.1f} s in all)")
     sys.stdout.flush()

@@ -14,7 +14,10 @@ The world model is passed in (anything with ``step``, ``sample_z``, ``metrics_af
 reference to a real environment: it cannot call one.
 
 Observation (tensors, batched): ``features`` [B, Z + H] = [z, h] (the controller's input), ``xfer_mask``
-[B, N+1], ``location_mask`` [B, N+1, L], ``metrics`` [B, 4].
+[B, N+1], ``location_count`` [B, N+1] (long: rule k's valid locations are 0 .. count_k - 1, count capped at
+``max_locations``; the NO-OP has one), ``metrics`` [B, 4]. The dense location mask [B, N+1, L] is never built
+on the hot path (the policy derives the chosen rule's row from the counts, see
+:func:`rlflow.nn.policy.location_rows`); :meth:`DreamEnv.masks` gives it for inspection.
 """
 
 from __future__ import annotations
@@ -44,37 +47,44 @@ class DreamEnv:
         self.start_counts = start_counts.float()
         self.first = {k: self.start_metrics[i].expand(num_envs) for i, k in enumerate(METRIC_NAMES)}
         self._loc_range = torch.arange(self.max_locations)
+        self._rows = torch.arange(num_envs)
+        self._noop_count = torch.ones(num_envs, 1, dtype=torch.long)
+        self._start_count = self._location_count(self.start_counts[None])[0]
+        self._zeros = torch.zeros(num_envs)
+        self._penalty = torch.full((num_envs,), reward.invalid_penalty)
         self.steps_taken = 0  # dream transitions so far (for speed figures; never real interactions)
 
     # ------------------------------------------------------------------ state
+    def _location_count(self, counts: torch.Tensor) -> torch.Tensor:
+        """Predicted counts [B, N] -> valid locations per rule [B, N+1] (rounded, capped at L; NO-OP: 1)."""
+        n = torch.round(counts).clamp_(0, self.max_locations).long()
+        return torch.cat([n, self._noop_count[: len(n)]], dim=1)
+
     def _restart(self, which: torch.Tensor) -> None:
-        n = int(which.sum())
-        if n == 0:
+        if not bool(which.any()):
             return
-        self.z[which] = self.start_z
-        self.metrics[which] = self.start_metrics
-        self.counts[which] = self.start_counts
-        self.steps[which] = 0
+        w = which[:, None]
+        self.z = torch.where(w, self.start_z, self.z)
+        self.metrics = torch.where(w, self.start_metrics, self.metrics)
+        self.location_count = torch.where(w, self._start_count, self.location_count)
+        self.steps = self.steps.masked_fill(which, 0)
         h, c = self.hidden
-        h[:, which] = 0.0
-        c[:, which] = 0.0
+        self.hidden = (h.masked_fill(w[None], 0.0), c.masked_fill(w[None], 0.0))
 
     def masks(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """xfer mask [B, N+1] and location mask [B, N+1, L] from the predicted counts (NO-OP: location 0)."""
-        n = torch.round(self.counts).clamp(0, self.max_locations)
-        n = torch.cat([n, torch.ones(self.num_envs, 1)], dim=1)
+        """xfer mask [B, N+1] and the dense location mask [B, N+1, L] (for inspection and tests only)."""
+        n = self.location_count
         return n > 0, self._loc_range[None, None, :] < n[..., None]
 
     def observation(self) -> dict[str, torch.Tensor]:
-        xfer_mask, location_mask = self.masks()
-        return {"features": torch.cat([self.z, self.hidden[0][0]], dim=-1), "xfer_mask": xfer_mask,
-                "location_mask": location_mask, "metrics": self.metrics}
+        return {"features": torch.cat([self.z, self.hidden[0][0]], dim=-1), "xfer_mask": self.location_count > 0,
+                "location_count": self.location_count, "metrics": self.metrics}
 
     def reset(self) -> dict[str, torch.Tensor]:
         B = self.num_envs
         self.z = self.start_z.expand(B, -1).clone()
         self.metrics = self.start_metrics.expand(B, -1).clone()
-        self.counts = self.start_counts.expand(B, -1).clone()
+        self.location_count = self._start_count.expand(B, -1).clone()
         self.steps = torch.zeros(B, dtype=torch.long)
         self.hidden = self.wm.initial_hidden(B)
         return self.observation()
@@ -84,23 +94,23 @@ class DreamEnv:
     def step_batch(self, xfer: torch.Tensor, loc: torch.Tensor):
         """Actions xfer [B], loc [B] -> (next observation, reward [B], done [B])."""
         B = self.num_envs
-        xfer_mask, location_mask = self.masks()
-        valid = xfer_mask[torch.arange(B), xfer] & location_mask[torch.arange(B), xfer, loc.clamp(0, self.max_locations - 1)]
+        n_chosen = self.location_count[self._rows, xfer]                    # valid locations of the chosen rule
+        valid = loc.clamp(0, self.max_locations - 1) < n_chosen
         noop = xfer == self.n_xfers
         move = valid & ~noop
         out = self.wm.step(self.z, torch.stack([xfer, loc], dim=-1), self.hidden)
         z_next = self.wm.sample_z(out, self.temperature, self.generator)
-        metrics_next = self.wm.metrics_after(self.metrics.float(), out.deltas).double()
-        counts_next = self.wm.counts(out.log_counts)
+        metrics_next = self.wm.metrics_after(self.metrics, out.deltas.double())
+        count_next = self._location_count(self.wm.counts(out.log_counts))
         prev = {k: self.metrics[:, i] for i, k in enumerate(METRIC_NAMES)}
         cur = {k: metrics_next[:, i] for i, k in enumerate(METRIC_NAMES)}
-        reward = torch.where(move, self.reward_fn(prev, cur, self.first).float(), torch.zeros(B))
-        reward = torch.where(valid, reward, torch.full((B,), self.reward_fn.invalid_penalty))
+        reward = torch.where(move, self.reward_fn(prev, cur, self.first).float(), self._zeros)
+        reward = torch.where(valid, reward, self._penalty)
         # moved copies take the predicted next state; the others keep theirs (hidden included)
         m = move[:, None]
         self.z = torch.where(m, z_next, self.z)
         self.metrics = torch.where(m, metrics_next, self.metrics)
-        self.counts = torch.where(m, counts_next, self.counts)
+        self.location_count = torch.where(m, count_next, self.location_count)
         h, c = out.hidden
         self.hidden = (torch.where(m[None], h, self.hidden[0]), torch.where(m[None], c, self.hidden[1]))
         self.steps += 1

@@ -88,9 +88,27 @@ class MDNRNN(nn.Module):
 
     def step(self, z_t: torch.Tensor, action_t: torch.Tensor, hidden: tuple | None = None) -> WorldModelOutput:
         """One step: z_t [B, Z], action_t [B, 2], hidden (h, c) [1, B, H] or None -> predictions without
-        the T axis, and the next hidden state."""
-        o = self.forward(z_t.unsqueeze(1), action_t.unsqueeze(1), hidden)
-        return WorldModelOutput(*(t.squeeze(1) for t in o[:-1]), o.hidden)
+        the T axis, and the next hidden state.
+
+        The same function as :meth:`forward` on a one-step sequence (a test compares them), computed as an
+        LSTM cell that never builds the (N+1)-wide one-hot input: its product with the input weights is the
+        rule's column of those weights, gathered (the dream's hot path; N ~ 1,200 on bert)."""
+        B, Z, N1 = z_t.shape[0], self.z_dim, self.n_xfers + 1
+        if hidden is None:
+            hidden = self.initial_hidden(B, z_t.device)
+        h, c = hidden[0][0], hidden[1][0]
+        xfer = action_t[..., 0].long().clamp(0, self.n_xfers)
+        loc = action_t[..., 1].long().clamp(0, self.max_locations - 1)
+        w_ih, w_hh = self.rnn.weight_ih_l0, self.rnn.weight_hh_l0        # [4H, in_dim], [4H, H]
+        z_t = z_t.to(w_ih.dtype)
+        loc_in = torch.cat([(loc.to(z_t.dtype) / self.max_locations).unsqueeze(-1), self.loc_emb(loc)], -1)
+        gates = torch.addmm(self.rnn.bias_ih_l0 + self.rnn.bias_hh_l0, z_t, w_ih[:, :Z].t())
+        gates = gates + w_ih[:, Z:Z + N1].t()[xfer]                      # one_hot(xfer) @ W^T
+        gates = gates.addmm_(loc_in, w_ih[:, Z + N1:].t()).addmm_(h, w_hh.t())
+        i, f, g, o = gates.chunk(4, dim=-1)                              # PyTorch's gate order
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        return self._heads(h, (h.unsqueeze(0), c.unsqueeze(0)))
 
     def initial_hidden(self, batch: int, device=None) -> tuple:
         h = torch.zeros(1, batch, self.hidden_size, device=device)

@@ -6,6 +6,12 @@ are replaced by the lowest float before the softmax), so a sampled action is alw
 
 Shapes: B = batch, D = input features (for the controller [z, h]; for the model-free agent the encoder's z),
 N1 = rules + 1 (the last is the NO-OP), L = max_locations.
+
+Locations come in one of two forms (``locations`` below), both meaning the same thing for rule k:
+a dense boolean mask [B, N1, L] (the real environment's ``location_mask``), or per-rule counts [B, N1] (integer
+dtype; the dream's ``location_count``): rule k's valid locations are 0 .. count_k - 1, as in the real
+environment, whose mask rows are exactly such prefixes. Only the chosen rule's row is ever built from counts,
+so the dream never materialises N1 x L masks.
 """
 
 from __future__ import annotations
@@ -26,6 +32,18 @@ def masked_entropy(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return -(p * logp).masked_fill(~mask.bool(), 0.0).sum(-1)
 
 
+def location_rows(locations: torch.Tensor, xfer: torch.Tensor, max_locations: int) -> torch.Tensor:
+    """The location mask [B, L] of each chosen rule ``xfer`` [B], from a dense mask [B, N1, L] or counts [B, N1]
+    (see the module docstring)."""
+    rows = torch.arange(len(xfer), device=xfer.device)
+    if locations.dim() == 3:
+        return locations[rows, xfer].bool()
+    if locations.dtype.is_floating_point or locations.dtype == torch.bool:
+        raise TypeError("location counts must be an integer tensor [B, N1] (or pass a dense [B, N1, L] mask)")
+    n = locations[rows, xfer]
+    return torch.arange(max_locations, device=xfer.device)[None, :] < n[:, None]
+
+
 class HierarchicalPolicy(nn.Module):
     def __init__(self, in_dim: int, n_xfers: int, max_locations: int, hidden: int = 128, xfer_embed: int = 32):
         super().__init__()
@@ -40,40 +58,37 @@ class HierarchicalPolicy(nn.Module):
         """x [B, D] -> [B]."""
         return self.value_head(x).squeeze(-1)
 
-    def _heads(self, x: torch.Tensor, xfer: torch.Tensor | None, xfer_mask: torch.Tensor,
-               location_mask: torch.Tensor, generator: torch.Generator | None = None):
-        h = self.trunk(x)
-        xl = masked_logits(self.xfer_head(h), xfer_mask)                              # [B, N1]
-        if xfer is None:
-            xfer = torch.multinomial(torch.softmax(xl, -1), 1, generator=generator).squeeze(-1)
-        loc_mask = location_mask[torch.arange(len(xfer)), xfer]                       # [B, L]
-        ll = self.loc_head(torch.cat([h, self.xfer_embed(xfer)], -1))
-        ll = masked_logits(ll, loc_mask)                                              # [B, L]
-        return xl, ll, xfer, loc_mask
+    def _location_logits(self, h: torch.Tensor, xfer: torch.Tensor, locations: torch.Tensor):
+        """Raw location logits [B, L] given the trunk output and the chosen rules, and their mask [B, L]."""
+        loc_mask = location_rows(locations, xfer, self.max_locations)
+        return self.loc_head(torch.cat([h, self.xfer_embed(xfer)], -1)), loc_mask
 
     @torch.no_grad()
-    def act(self, x: torch.Tensor, xfer_mask: torch.Tensor, location_mask: torch.Tensor,
+    def act(self, x: torch.Tensor, xfer_mask: torch.Tensor, locations: torch.Tensor,
             generator: torch.Generator | None = None, greedy: bool = False):
-        """Sample (or, greedy, take the most likely) actions. x [B, D], xfer_mask [B, N1], location_mask
-        [B, N1, L] -> xfer [B], location [B], log-probability [B], value [B]."""
+        """Sample (or, greedy, take the most likely) actions. x [B, D], xfer_mask [B, N1], locations (a mask
+        [B, N1, L] or counts [B, N1]) -> xfer [B], location [B], log-probability [B], value [B]."""
         h = self.trunk(x)
-        xl = masked_logits(self.xfer_head(h), xfer_mask)
+        xl = masked_logits(self.xfer_head(h), xfer_mask)                              # [B, N1]
         if greedy:
             xfer = xl.argmax(-1)
         else:
             xfer = torch.multinomial(torch.softmax(xl, -1), 1, generator=generator).squeeze(-1)
-        xl, ll, xfer, _ = self._heads(x, xfer, xfer_mask, location_mask)
+        ll, loc_mask = self._location_logits(h, xfer, locations)
+        ll = masked_logits(ll, loc_mask)                                              # [B, L]
         loc = ll.argmax(-1) if greedy else torch.multinomial(torch.softmax(ll, -1), 1, generator=generator).squeeze(-1)
         logp = torch.log_softmax(xl, -1).gather(-1, xfer[:, None]).squeeze(-1) + \
             torch.log_softmax(ll, -1).gather(-1, loc[:, None]).squeeze(-1)
         return xfer, loc, logp, self.value(x)
 
     def evaluate(self, x: torch.Tensor, xfer: torch.Tensor, loc: torch.Tensor, xfer_mask: torch.Tensor,
-                 location_mask: torch.Tensor):
+                 locations: torch.Tensor):
         """Log-probability [B], entropy [B] (rule head + location head) and value [B] of given actions."""
-        xl, ll, _, loc_mask = self._heads(x, xfer, xfer_mask, location_mask)
+        h = self.trunk(x)
+        xl_raw = self.xfer_head(h)
+        ll_raw, loc_mask = self._location_logits(h, xfer, locations)
+        xl, ll = masked_logits(xl_raw, xfer_mask), masked_logits(ll_raw, loc_mask)
         logp = torch.log_softmax(xl, -1).gather(-1, xfer[:, None]).squeeze(-1) + \
             torch.log_softmax(ll, -1).gather(-1, loc[:, None]).squeeze(-1)
-        entropy = masked_entropy(self.xfer_head(self.trunk(x)), xfer_mask) + masked_entropy(
-            self.loc_head(torch.cat([self.trunk(x), self.xfer_embed(xfer)], -1)), loc_mask)
+        entropy = masked_entropy(xl_raw, xfer_mask) + masked_entropy(ll_raw, loc_mask)
         return logp, entropy, self.value(x)

@@ -274,6 +274,11 @@ PROBLEM_ARGS = (("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--rules", 
 
 
 
+def _section_keys(section: str) -> list[str]:
+    """The keys of one config section, as the schema lists them."""
+    return list(load_schema()["properties"][section]["properties"])
+
+
 def _controller_outputs(folder: str) -> dict[str, str]:
     """What a controller-training job writes (train_controller and each sweep job), in its folder."""
     return {"checkpoint": f"{folder}/controller.pt", "metrics": f"{folder}/metrics.json",
@@ -457,8 +462,7 @@ STAGES: dict[str, Stage] = {
             inputs=CONTROLLER.inputs,
             outputs=_controller_outputs("results/{model}/controller/temperature-{tau}"),
             params={k: v for k, v in CONTROLLER.params.items() if k != "controller"} | {
-                "updates": "controller.updates", "num_envs": "controller.num_envs",
-                "steps_per_update": "controller.steps_per_update"},
+                key: f"controller.{key}" for key in _section_keys("controller") if key != "temperature"},
             args=CONTROLLER.args,
             wildcards=("model", "tau"),
             code=CONTROLLER.code,

@@ -51,3 +51,17 @@ def load_problem(args: argparse.Namespace) -> Problem:
     rules = load_rules(args.rules)
     cost = make_cost_model(config, device, getattr(args, "costs", None))
     return Problem(config, device, graph, rules, cost)
+
+
+def single_cpu_thread(device: str) -> None:
+    """On the CPU, give torch one intra-op thread unless OMP_NUM_THREADS says otherwise. The training stages
+    run small ops (an LSTM over batches of 16, a GNN on one graph per step, the policy's MLPs) that are
+    latency-bound: on a busy 2-core machine, two threads made them 10-40x slower (thread hand-offs stall when
+    another job holds the other core), and Snakemake runs several jobs side by side."""
+    import os
+
+    if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(1)
+

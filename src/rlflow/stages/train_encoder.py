@@ -8,13 +8,15 @@ checkpointed every epoch to OUT.partial: a killed run, rerun with the same input
 
 Outputs: the encoder checkpoint (--out), the z of every step of every episode with the episodes' actions,
 metrics, counts and flags (--latents, npz; the world model's input; format in rlflow/agents/encoder_training.py)
-and --metrics (held-out errors: relative runtime error, match-count accuracy; loss per epoch; seconds).
+and --metrics (held-out errors: relative runtime error, match-count accuracy; loss per epoch; seconds), and the
+--logs folder (dvclive, rlflow.agents.logging: train and held-out losses per epoch, the final held-out errors;
+rebuilt from epoch 1, with the checkpoint's saved epochs, when a run resumes).
 
 Examples:
   rlflow train-encoder --config config.yaml --model bert --onnx results/bert/model.onnx \\
       --rules results/rules/rules.json --costs results/costs/auto/bert.json --rollouts results/bert/rollouts.json \\
       --out results/bert/encoder/encoder.pt --latents results/bert/encoder/latents.npz \\
-      --metrics results/bert/encoder/metrics.json
+      --metrics results/bert/encoder/metrics.json --logs results/bert/encoder/live
   rlflow train-encoder ... --set encoder.epochs=2 --set encoder.max_graphs=200      (a quick run)
 
 Pipeline: Snakemake rule train_encoder and the dvc.yaml stage of the same name, both from
@@ -32,7 +34,7 @@ from pathlib import Path
 
 from rlflow.config import get
 from rlflow.errors import RLFlowError
-from rlflow.stages.common import add_config_arguments, add_problem_arguments, load_problem
+from rlflow.stages.common import add_config_arguments, add_problem_arguments, load_problem, single_cpu_thread
 
 NAME = "train-encoder"
 HELP = "train the graph encoder on rollout graphs; write it and the z of every step (pipeline stage train_encoder)"
@@ -45,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, metavar="PT", help="encoder checkpoint to write")
     parser.add_argument("--latents", required=True, type=Path, metavar="NPZ", help="z of every rollout step")
     parser.add_argument("--metrics", required=True, type=Path, metavar="JSON", help="held-out errors, losses")
+    parser.add_argument("--logs", type=Path, metavar="DIR",
+                        help="dvclive folder: train and held-out losses per epoch "
+                             "(the pipeline gives it; without it: no curves)")
 
 
 def _load_rollouts(path: Path) -> dict:
@@ -62,12 +67,14 @@ def run(args: argparse.Namespace) -> int:
 
     from rlflow.agents.checkpoint import Checkpointer, fingerprint
     from rlflow.agents.encoder_training import check_rollouts, train_encoder
+    from rlflow.agents.logging import TrainingLog
     from rlflow.agents.rollouts import rules_digest
     from rlflow.atomic import atomic_path, write_text
     from rlflow.env import make_env
 
     t0 = time.perf_counter()
     problem = load_problem(args)
+    single_cpu_thread(problem.device)
     config = problem.config
     seed, cfg = int(get(config, "seed")), dict(get(config, "encoder"))
     env = make_env(config, problem.graph, problem.rules, problem.cost, reward=False, device=problem.device)
@@ -87,8 +94,9 @@ def run(args: argparse.Namespace) -> int:
     def log_epoch(epoch: int, loss: float, seconds: float) -> None:
         print(f"train_encoder: epoch {epoch}/{cfg['epochs']}: loss {loss:.4f} ({seconds:.1f} s)", flush=True)
 
+    live = TrainingLog(args.logs, params=values)
     result = train_encoder(env, episodes, cfg, seed, problem.device, ckpt, progress=not args.no_progress,
-                           on_epoch=log_epoch)
+                           on_epoch=log_epoch, live=live)
     model = result.model
     if result.metrics["resumed_from_epoch"]:
         print(f"train_encoder: resumed from epoch {result.metrics['resumed_from_epoch']} ({ckpt.partial})", flush=True)
@@ -115,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
         "metric_names": ["runtime_ms", "flops", "bytes", "launches"],
     })
     h = result.metrics["heldout"]
+    live.summary({"final/heldout_runtime_rel_err": h.get("runtime_rel_err"),
+                  "final/heldout_counts_exact_acc": h.get("counts_exact_acc"),
+                  "final/heldout_counts_mask_acc": h.get("counts_mask_acc"), "final/seconds": seconds})
+    live.close()
     if h.get("graphs"):
         err = (f"held-out ({h['graphs']} graphs): runtime rel. error {h['runtime_rel_err']:.2e}, counts exact "
                f"{h['counts_exact_acc']:.4f}, mask {h['counts_mask_acc']:.4f}")

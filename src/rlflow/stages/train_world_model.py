@@ -10,23 +10,24 @@ batch_size). Held-out episodes are never trained on. Writes:
   --metrics  held-out quality: next-z log-likelihood per dimension, Pearson correlation of the rewards
              (weighted, delta) from predicted vs true metric deltas, rule-mask accuracy/recall, done accuracy
   --curve    per-epoch train and held-out losses (CSV)
+  --logs     the same curves as a dvclive folder (rlflow.agents.logging), and the final held-out figures;
+             rebuilt from epoch 1, with the checkpoint's saved epochs, when a run resumes
 
 Example:
   rlflow train-world-model --config config.yaml --model bert --latents results/bert/encoder/latents.npz \\
       --out results/bert/world_model/world_model.pt --metrics results/bert/world_model/metrics.json \\
-      --curve results/bert/world_model/loss.csv
+      --curve results/bert/world_model/loss.csv --logs results/bert/world_model/live
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
 from rlflow.config import get, load_config, resolve_device
-from rlflow.stages.common import add_config_arguments
+from rlflow.stages.common import add_config_arguments, single_cpu_thread
 
 NAME = "train-world-model"
 HELP = "train the MDN-RNN world model on the encoder's latents (pipeline stage train_world_model)"
@@ -40,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, metavar="PT", help="checkpoint to write")
     parser.add_argument("--metrics", required=True, type=Path, metavar="JSON", help="held-out quality figures")
     parser.add_argument("--curve", required=True, type=Path, metavar="CSV", help="per-epoch loss curve")
+    parser.add_argument("--logs", type=Path, metavar="DIR",
+                        help="dvclive folder: loss terms (train and held-out) and learning rate per epoch "
+                             "(the pipeline gives it; without it: no curves)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
@@ -48,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from rlflow.agents.checkpoint import Checkpointer, fingerprint
+    from rlflow.agents.logging import TrainingLog
     from rlflow.agents.world_model import curve_csv, evaluate, load_latents, train
     from rlflow.atomic import write_text
 
@@ -58,15 +63,13 @@ def run(args: argparse.Namespace) -> int:
     data = load_latents(args.latents)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        # a small LSTM over batches of 16 is latency-bound: one intra-op thread was ~10x faster than the default
-        # on a busy 2-core machine (set OMP_NUM_THREADS to choose otherwise)
-        torch.set_num_threads(1)
+    single_cpu_thread(device)
 
     t0 = time.perf_counter()
     ckpt = Checkpointer(args.out, fingerprint({"stage": NAME, "seed": seed, "world_model": wm}, [args.latents]))
+    live = TrainingLog(args.logs, params={"seed": seed, "device": get(config, "device"), "world_model": wm})
     res = train(data, wm, seed, device, checkpointer=ckpt, progress=not args.no_progress,
-                log=lambda s: print(f"train_world_model: {s}"))
+                log=lambda s: print(f"train_world_model: {s}"), live=live)
     model = res["model"]
     seconds = time.perf_counter() - t0
     held = res["heldout_episodes"]
@@ -103,6 +106,12 @@ def run(args: argparse.Namespace) -> int:
     write_text(args.curve, curve_csv(res["rows"]))
     write_text(args.metrics, json.dumps(_clean(metrics), indent=2, allow_nan=False) + "\n")
     ckpt.finish(payload)
+    live.summary({f"final/{on}_loglik_per_dim": quality.get("loglik_per_dim"),
+                  "final/mask_accuracy": quality.get("mask_accuracy"), "final/mask_recall": quality.get("mask_recall"),
+                  "final/done_accuracy": quality.get("done_accuracy"),
+                  **{f"final/reward_corr_{k}": v for k, v in quality.get("reward_corr", {}).items()},
+                  "final/seconds": seconds})
+    live.close()
     corr = quality.get("reward_corr", {})
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     print(f"train_world_model: wrote {args.out}: {metrics['epochs']} epochs in {seconds:.1f} s on {device}; "

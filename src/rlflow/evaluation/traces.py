@@ -1,0 +1,103 @@
+"""Read a method's ``trace.json`` (format ``rlflow.search-trace/1``) into the few figures the evaluation reports.
+
+Every method writes one: the searches (``rlflow.search.result.SearchResult.to_json``) and the RL agents, which add
+``training_seconds`` and ``real_interactions`` (``{..., "total": N}``, or a plain count). What is read:
+
+* ``initial`` / ``final``: the cost model's estimate of the original / optimised graph (``nodes``, ``runtime_ms``,
+  ``flops``, ``bytes``, ``launches``);
+* ``steps``: the rewrites applied (their number is ``rules_applied``);
+* ``seconds``: the optimisation time; ``training_seconds``, ``real_interactions``: only the RL methods.
+
+A missing, unreadable or malformed trace is a one-line :class:`rlflow.errors.RLFlowError` naming the file and key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlflow.errors import RLFlowError
+
+TRACE_FORMAT = "rlflow.search-trace/1"
+#: the cost-model figures of ``initial`` and ``final`` (``runtime_ms`` is the estimate reported as ``cost_ms``)
+COST_KEYS = ("nodes", "runtime_ms", "flops", "bytes", "launches")
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    """What the evaluation takes from one method's trace."""
+
+    path: str
+    method: str | None
+    """The trace's own ``method`` field, if any."""
+    initial: dict[str, float]
+    """Cost estimate of the original graph: ``COST_KEYS``."""
+    final: dict[str, float]
+    """Cost estimate of the optimised graph: ``COST_KEYS``."""
+    rules_applied: int
+    optimisation_s: float
+    training_s: float | None
+    """RL methods: agent training time (absent for the searches)."""
+    real_interactions: int | None
+    """RL methods: real-environment steps in all (absent for the searches)."""
+
+
+def _number(doc: dict, key: str, path: Path, where: str = "") -> float:
+    v = doc.get(key) if isinstance(doc, dict) else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        got = "missing" if not isinstance(doc, dict) or key not in doc else f"{v!r}"
+        raise RLFlowError(f"{path}: trace key '{where}{key}' must be a finite number (got {got})")
+    return float(v)
+
+
+def _costs(doc: dict, key: str, path: Path) -> dict[str, float]:
+    sub = doc.get(key)
+    if not isinstance(sub, dict):
+        raise RLFlowError(f"{path}: trace has no '{key}' mapping (cost of the {key} graph)")
+    return {k: _number(sub, k, path, f"{key}.") for k in COST_KEYS}
+
+
+def _interactions(v: Any, path: Path) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, dict):
+        if "total" not in v:
+            raise RLFlowError(f"{path}: trace key 'real_interactions' has no 'total'")
+        v = v["total"]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
+        raise RLFlowError(f"{path}: trace key 'real_interactions' must be a count (got {v!r})")
+    return int(v)
+
+
+def load_trace(path: str | Path) -> TraceSummary:
+    """Read and check one trace file."""
+    path = Path(path)
+    if not path.is_file():
+        raise RLFlowError(f"{path}: trace file not found")
+    try:
+        doc = json.loads(path.read_text())
+    except UnicodeDecodeError:
+        raise RLFlowError(f"{path}: not a JSON trace (not text)") from None
+    except json.JSONDecodeError as e:
+        raise RLFlowError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    if not isinstance(doc, dict):
+        raise RLFlowError(f"{path}: a trace must be a JSON object")
+    if doc.get("format") != TRACE_FORMAT:
+        raise RLFlowError(f"{path}: trace format {doc.get('format')!r}, expected {TRACE_FORMAT!r}")
+    steps = doc.get("steps")
+    if not isinstance(steps, list):
+        raise RLFlowError(f"{path}: trace has no 'steps' list")
+    training = doc.get("training_seconds")
+    return TraceSummary(
+        path=str(path),
+        method=doc.get("method") if isinstance(doc.get("method"), str) else None,
+        initial=_costs(doc, "initial", path),
+        final=_costs(doc, "final", path),
+        rules_applied=len(steps),
+        optimisation_s=_number(doc, "seconds", path),
+        training_s=None if training is None else _number(doc, "training_seconds", path),
+        real_interactions=_interactions(doc.get("real_interactions"), path),
+    )

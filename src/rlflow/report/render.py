@@ -1,0 +1,431 @@
+"""A model's report: one section per table or figure of the paper, this run's numbers beside the paper's.
+
+:func:`render_report` turns :class:`rlflow.report.data.ReportData` into the HTML document. Each ``_section``
+function returns (id, title, body); a section whose inputs are absent says so (``html.missing``) instead of
+failing.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from rlflow.report import figures, paper
+from rlflow.report import html as h
+from rlflow.report import tables as t
+from rlflow.report.data import BACKEND_LABEL, METHOD_LABEL, METHOD_ORDER, ReportData, reported_config
+
+
+def _m(method: str) -> str:
+    return METHOD_LABEL.get(method, method)
+
+
+def _b(backend: str | None) -> str:
+    return h.DASH if backend is None else BACKEND_LABEL.get(backend, backend)
+
+
+def _kv(pairs, caption: str | None = None) -> str:
+    return h.table(["key", "value"], [(k, h.auto(v)) for k, v in pairs], caption, cls="kv")
+
+
+def _paper_model(model: str) -> str | None:
+    return paper.RLFLOW_MODEL.get(model)
+
+
+def _label(v) -> str:
+    """A sweep value as written in the config (a temperature 1.0 stays 1.0)."""
+    return str(v) if isinstance(v, (float, str)) else h.auto(v)
+
+
+def _not_evaluated(d: ReportData) -> str:
+    """A note naming the methods evaluation.csv has no row for (their stage or the evaluation did not run)."""
+    absent = [m for m in METHOD_ORDER if m not in t.methods(d.evaluation)]
+    if not absent:
+        return ""
+    return h.missing("Not evaluated: evaluation.csv has no row for " + ", ".join(_m(m) for m in absent) + ".")
+
+
+# -- sections -------------------------------------------------------------------------------------------------
+def how_to_read(d: ReportData) -> tuple[str, str, str]:
+    body = (
+        h.p(f"This page reproduces, for the model '{d.model}', the tables and figures of the RLFlow paper with the "
+            "numbers of this pipeline run, read from the files under "
+            f"{d.results}. Blue boxes quote the papers' own numbers (RLFlow, X-RLflow, TASO); they were measured on "
+            "GPUs, so compare trends rather than absolute values. Orange boxes say where a stage has not run or "
+            "an input is missing.")
+        + h.ul([
+            "Methods: 'original' is the exported graph; 'TASO search' is TASO's cost-based backtracking search; "
+            "'greedy' applies the best cost-lowering rewrite until none is left; 'model-free PPO' is a PPO agent "
+            "trained on the real rewrite environment; 'RLFlow' is the controller trained only inside the learned "
+            "world model (the 'dream') and then run once on the real environment.",
+            "Backends: each graph is timed end to end with onnxruntime, torch (op by op), TensorFlow (a tf.function, "
+            "Grappler on) and TF-XLA. Latency is the median of the timed runs; the IQR shows their spread.",
+            "Improvement percentages are (baseline - value) / baseline x 100: positive means faster or smaller.",
+            "The cost model is the estimate the searches and agents optimise (a sum of per-op costs); the "
+            "'cost model vs end-to-end' section shows how far it is from measured latency.",
+            "Real interactions count steps in the real rewrite environment (the expensive part in the paper); "
+            "steps in the dream cost none.",
+            "Everything here is computed from the result files at report time; nothing is typed in by hand "
+            "except the papers' numbers, which are quoted with their source.",
+        ]))
+    return "how", "How to read this report", body
+
+
+def table2(d: ReportData) -> tuple[str, str, str]:
+    r = t.table2(d.evaluation)
+    parts = [h.p("Each graph's latency against the original graph run by TensorFlow (backend tf, Grappler on), "
+                 "first on TensorFlow itself (the effect of the rewrites alone), then on whichever backend ran that "
+                 "graph fastest (the evaluate stage's improvement_vs_tf_pct, the figure set beside RLFlow's Table 2).")]
+    if r["baseline_ms"] is None:
+        parts.append(h.missing("No TensorFlow baseline: evaluation.csv has no 'ok' row for the original graph on "
+                               "backend tf (TensorFlow not evaluated or unsupported), so the latency improvements "
+                               "cannot be computed."))
+    mem_label = ("peak memory on TensorFlow (MB)" if r["memory_kind"] == "peak"
+                 else "activation memory, estimate (MB)")
+    rows = [(_m(x["method"]), h.num(x["tf_ms"]), h.pct(x["tf_pct"]), _b(x["best_backend"]), h.num(x["best_ms"]),
+             h.pct(x["best_pct"]), h.num(x["memory_mb"]), h.pct(x["memory_pct"])) for x in r["rows"]]
+    parts.append(h.table(["graph", "TensorFlow latency (ms)", "improvement vs TF (same backend)", "fastest backend",
+                          "its latency (ms)", "improvement vs TF (fastest backend)", mem_label, "memory improvement"],
+                         rows, f"This run: improvement vs TensorFlow in inference latency and memory ({d.model})"))
+    parts.append(_not_evaluated(d))
+    if r["memory_kind"] != "peak":
+        parts.append(h.p("Memory: the backends reported no peak memory for every graph (they do on CUDA only), so "
+                         "the column is the activation-memory estimate: the peak size of live intermediate tensors "
+                         "when the graph runs node by node (the same for every backend)."))
+    pm = _paper_model(d.model)
+    prow = [(_bold(name == pm, name), h.pct(a), h.pct(b)) for name, (a, b) in paper.RLFLOW_TABLE2.items()]
+    parts.append(h.paper(f"{paper.RLFLOW_TABLE2_SOURCE}: "
+                         + (f"{pm}: inference {h.pct(paper.RLFLOW_TABLE2[pm][0])}, memory "
+                            f"{h.pct(paper.RLFLOW_TABLE2[pm][1])}." if pm else
+                            f"the paper has no row for '{d.model}'.")))
+    parts.append(h.details("The paper's Table 2 (all models)",
+                           h.table(["model", "inference improvement", "memory improvement"], prow)))
+    return "table2", "Table 2: improvement vs TensorFlow (latency and memory)", "".join(parts)
+
+
+def _bold(bold: bool, text: str) -> str:
+    """Bold a table cell (the row of this report's model in a paper's table)."""
+    return h.Raw(f"<strong>{h.esc(text)}</strong>") if bold else text
+
+
+def fig6(d: ReportData) -> tuple[str, str, str]:
+    grid = t.latency_grid(d.evaluation)
+    parts = [h.figure(figures.latency_bars(grid), "bar chart of latency per method and backend",
+                      "Fig. 6: median end-to-end latency of each graph on each backend (error bars: +/- half the "
+                      "interquartile range, the lower one cut short above zero).")]
+    rows = []
+    for m in grid["methods"]:
+        cells = []
+        for b in grid["backends"]:
+            c = grid["cells"][(m, b)]
+            if c is None:
+                cells.append(h.DASH)
+            elif c["status"] != "ok":
+                cells.append(c["status"])
+            else:
+                cells.append(f"{h.num(c['latency_ms_median'])} (IQR {h.num(c['latency_ms_iqr'])})")
+        diffs = [c["max_rel_diff"] for b in grid["backends"] if (c := grid["cells"][(m, b)]) is not None
+                 and c["max_rel_diff"] is not None]
+        rows.append((_m(m), *cells, f"{max(diffs):.1e}" if diffs else h.DASH))
+    parts.append(h.table(["graph", *(f"{_b(b)} (ms)" for b in grid["backends"]), "max output difference"], rows,
+                         "This run: median latency in ms (IQR); 'unsupported': the backend cannot run the graph; "
+                         "'mismatch': its outputs for the original disagree with onnxruntime (left out)"))
+    parts.append(_not_evaluated(d))
+    pm = _paper_model(d.model)
+    if pm in paper.RLFLOW_LATENCY_MS:
+        vals = paper.RLFLOW_LATENCY_MS[pm]
+        tf = vals[0]
+        prow = [(s, h.num(v, 2), h.pct(t.improvement_pct(tf, v))) for s, v in zip(paper.RLFLOW_LATENCY_SYSTEMS, vals)]
+        parts.append(h.paper(f"{paper.RLFLOW_LATENCY_SOURCE}, {pm}:"))
+        parts.append(h.table(["system", "latency (ms)", "improvement vs TensorFlow (computed)"], prow))
+    else:
+        parts.append(h.paper(f"{paper.RLFLOW_LATENCY_SOURCE}: the paper reports no latency for '{d.model}'."))
+    tm = paper.TASO_MODEL.get(d.model)
+    if tm:
+        parts.append(h.paper(f"{paper.TASO_SPEEDUP_SOURCE}: {tm} {paper.TASO_SPEEDUP[tm]}x."))
+    return "fig6", "Fig. 6: runtime of every method on each backend", "".join(parts)
+
+
+def fig7(d: ReportData) -> tuple[str, str, str]:
+    rows = t.optimisation_times(d)
+    parts = [h.figure(figures.optimisation_bars(rows), "bar chart of optimisation time per method",
+                      "Fig. 7: optimisation time per method (solid); training time of the RL agents (hatched).")]
+    parts.append(h.table(["method", "optimisation (s)", "training (s)", "from"],
+                         [(_m(r["method"]), h.num(r["optimisation_s"], 2), h.num(r["training_s"], 2), r["source"])
+                          for r in rows]))
+    parts.append(h.p("Optimisation time: the search's run time (TASO, greedy), or the trained agent's run on the "
+                     "real environment (model-free, RLFlow); the agents' training is listed separately."))
+    pm = _paper_model(d.model)
+    if pm in paper.RLFLOW_OPT_TIME_S:
+        a, b = paper.RLFLOW_OPT_TIME_S[pm]
+        parts.append(h.paper(f"{paper.RLFLOW_OPT_TIME_SOURCE}, {pm}: TASO {a:g} s, RLFlow {b:g} s."))
+    else:
+        parts.append(h.paper(f"{paper.RLFLOW_OPT_TIME_SOURCE}: none for '{d.model}'."))
+    return "fig7", "Fig. 7: optimisation time per method", "".join(parts)
+
+
+def fig8(d: ReportData) -> tuple[str, str, str]:
+    parts = []
+    if d.wm_curve.ok:
+        parts.append(h.figure(figures.world_model_curve(d.wm_curve.data), "world-model loss per epoch",
+                              "Fig. 8: the MDN-RNN's training and held-out loss, and its next-z negative "
+                              "log-likelihood per dimension, per epoch."))
+    else:
+        parts.append(h.missing(d.wm_curve.why()))
+    if d.world_model.ok:
+        w = d.world_model.data
+        keys = ("epochs", "train_episodes", "heldout_episodes", "evaluated_on", "final_train_loss",
+                "final_train_nll", "final_heldout_nll", "loglik_per_dim", "reward_corr", "delta_rmse_ms",
+                "mask_accuracy", "mask_recall", "mask_precision", "done_accuracy", "train_seconds")
+        parts.append(_kv([(k, v) for k, v in t.flatten({k: w[k] for k in keys if k in w})],
+                         "World-model quality (on held-out episodes unless 'evaluated_on' says train)"))
+    else:
+        parts.append(h.missing(d.world_model.why()))
+    parts.append(h.paper(f"{paper.RLFLOW}: MDN-RNN with {paper.RLFLOW_WORLD_MODEL}; the paper plots the loss curve "
+                         "without giving numbers."))
+    return "fig8", "Fig. 8: world-model loss", "".join(parts)
+
+
+def fig9(d: ReportData) -> tuple[str, str, str]:
+    parts = []
+    series = []
+    if d.controller.ok:
+        series.append(("RLFlow controller: reward predicted in the dream", *t.reward_curve(d.controller)))
+    else:
+        parts.append(h.missing(d.controller.why()))
+    if d.model_free.ok:
+        series.append(("model-free PPO: reward in the real environment", *t.reward_curve(d.model_free)))
+    if series:
+        parts.append(h.figure(figures.reward_curves(series, "mean reward per step"), "reward per PPO update",
+                              "Fig. 9: mean reward per PPO update: predicted by the world model while the controller "
+                              "trains in the dream (and, for comparison, the model-free agent's real reward)."))
+    rows = []
+    for method, inp in (("rlflow", d.controller), ("model_free", d.model_free)):
+        r = t.real_run(inp)
+        if r:
+            rows.append((_m(method), h.num(r["initial_ms"]), h.num(r["best_ms"]), h.pct(r["improvement_pct"], 2),
+                         h.count(r["steps"])))
+        else:
+            rows.append((_m(method), *(["not run" if not inp.ok else h.DASH] * 4)))
+    parts.append(h.table(["agent", "cost before (ms)", "best cost (ms)", "improvement (cost model)", "real steps"],
+                         rows, "Each trained agent's run on the real environment (cost-model runtime)"))
+    if d.controller.ok and d.controller.data.get("reward"):
+        parts.append(h.p(f"Reward: {d.controller.data['reward']}; temperature "
+                         f"{h.auto(d.controller.data.get('temperature'))}."))
+    parts.append(h.paper(f"{paper.RLFLOW}: the paper plots the reward predicted in the dream per epoch (controller "
+                         "trained up to 1000 epochs in mini-batches of 10) without giving numbers."))
+    return "fig9", "Fig. 9: reward predicted in the dream", "".join(parts)
+
+
+def fig10(d: ReportData) -> tuple[str, str, str]:
+    a = t.rules_applied(d.traces)
+    parts = []
+    for m, inp in a["missing"].items():
+        parts.append(h.missing(f"{_m(m)}: {inp.why()}"))
+    if a["methods"] and not a["rules"]:
+        parts.append(h.p("No method applied any rule: every trace found has an empty list of steps."))
+    elif a["rules"]:
+        shown = min(40, len(a["rules"]))
+        parts.append(h.figure(figures.rules_heatmap(a), "heatmap of rules applied by each method",
+                              f"Fig. 10: how often each method applied each rule (the {shown} most used of "
+                              f"{len(a['rules'])})."))
+        rows = [(r, *(a["counts"].get((r, m), 0) for m in a["methods"])) for r in a["rules"]]
+        parts.append(h.details("Every rule applied, per method",
+                               h.table(["rule", *(_m(m) for m in a["methods"])], rows)))
+    totals = [(_m(m), len(d.traces[m].data.get("steps") or [])) for m in a["methods"]]
+    if totals:
+        parts.append(h.p("Rewrites applied in all: " + ", ".join(f"{m} {n}" for m, n in totals) + "."))
+    return "fig10", "Fig. 10: transformations applied by each method", "".join(parts)
+
+
+def fig5(d: ReportData) -> tuple[str, str, str]:
+    rows = t.reward_rows(d)
+    runs = [r for r in rows if r["input"].ok]
+    parts = []
+    if not d.rewards:
+        parts.append(h.missing("Not run: the config's sweeps.rewards is empty, so only the main run's reward "
+                               f"({rows[0]['label']}) was trained; set sweeps.rewards to compare reward functions."))
+    else:
+        for r in rows[1:]:
+            if not r["input"].ok:
+                parts.append(h.missing(f"reward '{r['label']}': {r['input'].why()}"))
+        if len(runs) < 2:
+            parts.append(h.missing("Fewer than two reward functions have results, so there is nothing to compare yet."))
+        else:
+            labels = [f"{r['label']}{' (main run)' if r['main'] else ''}" for r in runs]
+            parts.append(h.figure(figures.small_panels([(lab, *t.reward_curve(r["input"])) for lab, r in
+                                                        zip(labels, runs)], "mean dream reward"),
+                                  "dream reward per reward function",
+                                  "Fig. 5 (left): reward predicted in the dream per update, one panel per reward "
+                                  "function (their scales differ)."))
+            parts.append(h.figure(figures.value_bars(labels, [r["improvement_pct"] for r in runs],
+                                                     "real improvement of the cost-model runtime (%)"),
+                                  "real improvement per reward function",
+                                  "Fig. 5 (right): the trained controller's improvement on the real environment."))
+            parts.append(_sweep_table(rows, "reward function"))
+    parts.append(h.paper(paper.RLFLOW_REWARD_SOURCE + "."))
+    return "fig5", "Fig. 5: reward functions", "".join(parts)
+
+
+def _sweep_table(rows: list[dict], what: str) -> str:
+    body = []
+    for r in rows:
+        label = f"{_label(r['label'])}{' (main run)' if r['main'] else ''}"
+        if not r["input"].ok:
+            body.append((label, *(["not run"] * 5)))
+            continue
+        body.append((label, h.num(r.get("initial_ms")), h.num(r.get("best_ms")), h.pct(r.get("improvement_pct"), 2),
+                     h.num(r["final_dream_reward"], 4), h.count(r["real_interactions"])))
+    return h.table([what, "cost before (ms)", "best cost (ms)", "real improvement", "final dream reward",
+                    "real interactions"], body)
+
+
+def table3(d: ReportData) -> tuple[str, str, str]:
+    parts = []
+    if not d.temperatures:
+        parts.append(h.missing("Not run: the config's sweeps.temperatures is empty (the main controller ran at "
+                               f"temperature {h.auto((d.config.get('controller') or {}).get('temperature'))} only)."))
+    else:
+        rows = t.temperature_rows(d)
+        for r in rows:
+            if not r["input"].ok and not r["main"]:
+                parts.append(h.missing(f"temperature {_label(r['label'])}: {r['input'].why()}"))
+        parts.append(_sweep_table(rows, "temperature tau"))
+        done = [r for r in rows if r["input"].ok and r.get("improvement_pct") is not None]
+        if len(done) > 1:
+            top = max(r["improvement_pct"] for r in done)
+            best = [_label(r["label"]) for r in done if r["improvement_pct"] == top]
+            if len(best) == len(done):
+                parts.append(h.p(f"Every temperature run gave the same real improvement ({h.pct(top, 2)})."))
+            else:
+                parts.append(h.p(f"Best real improvement in this run: {h.pct(top, 2)} at tau "
+                                 f"{', '.join(dict.fromkeys(best))}."))
+    parts.append(h.paper(f"{paper.RLFLOW_TEMPERATURE_SOURCE}; values swept: "
+                         f"{', '.join(f'{v:g}' for v in paper.RLFLOW_TEMPERATURES)}."))
+    return "table3", "Table 3: temperature sweep", "".join(parts)
+
+
+def cost_vs_e2e(d: ReportData) -> tuple[str, str, str]:
+    c = t.cost_discrepancy(d.evaluation)
+    parts = [h.p("The cost model's estimate of each graph (cost_ms, what the searches and agents optimise) against "
+                 "its measured end-to-end latency; difference = |E2E - cost| / cost, as X-RLflow reports it.")]
+    if not c["rows"]:
+        parts.append(h.missing("No row of evaluation.csv has both a cost estimate and a measured latency."))
+    else:
+        parts.append(h.table(["graph", "backend", "cost model (ms)", "end to end (ms)", "difference"],
+                             [(_m(r["method"]), _b(r["backend"]), h.num(r["cost_ms"]), h.num(r["e2e_ms"]),
+                               f"{r['diff_pct']:.1f}%") for r in c["rows"]], "This run", cls="left2"))
+        parts.append(h.p("Mean difference per backend: " + ", ".join(
+            f"{_b(b)} {v:.1f}%" for b, v in c["mean_by_backend"].items()) + "."))
+    xm = paper.X_RLFLOW_MODEL.get(d.model)
+    prow = [(_bold(name == xm, name), h.num(a, 4), h.num(b, 4), f"{p:.1f}%")
+            for name, (a, b, p) in paper.X_RLFLOW_COST_DISCREPANCY.items()]
+    parts.append(h.paper(paper.X_RLFLOW_COST_SOURCE + (f" (the row of this model: {xm})" if xm else "") + ":"))
+    parts.append(h.table(["model", "cost model (ms)", "end to end (ms)", "difference"], prow))
+    return "cost", "Cost model vs end-to-end latency", "".join(parts)
+
+
+def sample_efficiency(d: ReportData) -> tuple[str, str, str]:
+    rows = t.sample_efficiency(d)
+    parts = []
+    body = []
+    for r in rows:
+        if r["total"] is None:
+            body.append((_m(r["method"]), "not run", h.DASH, h.DASH, r["input"].why() if not r["input"].ok else h.DASH))
+            continue
+        parts_txt = ", ".join(f"{k} {h.auto(v)}" for k, v in r["parts"].items()) or h.DASH
+        body.append((_m(r["method"]), h.count(r["total"]), parts_txt, h.count(r["dream_steps"]), r["source"]))
+    parts.append(h.table(["agent", "real interactions", "of which", "dream steps (no real cost)", "from"], body,
+                         "Real-environment interactions per agent"))
+    totals = {r["method"]: r["total"] for r in rows}
+    if totals.get("model_free") and totals.get("rlflow"):
+        parts.append(h.p(f"The model-free agent used {totals['model_free'] / totals['rlflow']:.2f}x as many real "
+                         "interactions as RLFlow (whose count includes the random rollouts the world model "
+                         "learnt from)."))
+    parts.append(h.figure(figures.value_bars([_m(r["method"]) for r in rows], [r["total"] for r in rows],
+                                             "real-environment interactions", log=True),
+                          "real interactions per agent", "Real-environment interactions per agent."))
+    pi = paper.RLFLOW_INTERACTIONS
+    ps = paper.RLFLOW_STEP_MS
+    parts.append(h.paper(f"{paper.RLFLOW_SAMPLE_SOURCE}: " + "; ".join(f"{k} ~{v:,}" for k, v in pi.items())
+                         + "; one step: " + "; ".join(f"{k} ~{v:g} ms" for k, v in ps.items()) + "."))
+    return "sample", "Sample efficiency: real-environment interactions", "".join(parts)
+
+
+def encoder(d: ReportData) -> tuple[str, str, str]:
+    if not d.encoder.ok:
+        return "encoder", "Graph encoder: held-out prediction error", h.missing(d.encoder.why())
+    e = d.encoder.data
+    held, train = e.get("heldout") or {}, e.get("train_eval") or {}
+    base = held.get("baseline_median_counts") or {}
+    names = ["graphs", "runtime_rel_err", *(f"metric_rel_err.{k}" for k in (held.get("metric_rel_err") or {})),
+             "counts_exact_acc", "counts_mask_acc", "counts_exact_acc_where_matched"]
+    flat_h, flat_t = dict(t.flatten(held)), dict(t.flatten(train))
+    baseline = {"runtime_rel_err": held.get("baseline_mean_runtime_rel_err"), **base}
+    rows = [(n, h.auto(flat_h.get(n)), h.auto(flat_t.get(n)), h.auto(baseline.get(n))) for n in names
+            if n in flat_h or n in flat_t]
+    parts = [h.p("The graph encoder is trained to predict each rollout graph's cost metrics and per-rule match "
+                 "counts from its z; errors on graphs of held-out episodes (relative errors: lower is better; "
+                 "accuracies: higher is better). The baseline predicts the mean runtime / median counts."),
+             h.table(["figure", "held-out", "training graphs", "baseline"], rows)]
+    other = {k: e[k] for k in ("episodes", "graphs", "replay_check", "seconds") if k in e}
+    if other:
+        parts.append(_kv(t.flatten(other)))
+    return "encoder", "Graph encoder: held-out prediction error", "".join(parts)
+
+
+def rollouts(d: ReportData) -> tuple[str, str, str]:
+    if not d.rollouts.ok:
+        return "rollouts", "Random rollouts (the world model's data)", h.missing(d.rollouts.why())
+    r = d.rollouts.data
+    keep = {k: v for k, v in r.items() if k not in ("format", "model")}
+    return "rollouts", "Random rollouts (the world model's data)", _kv(t.flatten(keep))
+
+
+def rules(d: ReportData) -> tuple[str, str, str]:
+    parts = []
+    if d.rules_stats.ok:
+        parts.append(h.p("TASO's generator, numeric verification and pruning (stage generate_rules): the count "
+                         "after every step and the seconds each step took."))
+        parts.append(_kv([(k, v) for k, v in t.flatten(d.rules_stats.data) if k != "format"]))
+    else:
+        parts.append(h.missing(d.rules_stats.why()))
+    parts.append(h.paper(f"{paper.TASO_RULES_SOURCE}: "
+                         + "; ".join(f"{k} {v}" for k, v in paper.TASO_RULES.items()) + "."))
+    return "rules", "Rule generation", "".join(parts)
+
+
+def evaluation(d: ReportData) -> tuple[str, str, str]:
+    cols = list(d.evaluation[0])
+    rows = [[h.auto(r[c]) if not isinstance(r[c], str) else r[c] for c in cols] for r in d.evaluation]
+    parts = [h.details(f"evaluation.csv ({len(rows)} rows)", h.table(cols, rows))]
+    if d.eval_metrics.ok:
+        parts.append(h.details("metrics.json (the evaluate stage's DVC metrics)", _kv(t.flatten(d.eval_metrics.data))))
+    else:
+        parts.append(h.missing(d.eval_metrics.why()))
+    return "evaluation", "Evaluation data", "".join(parts)
+
+
+def config_versions(d: ReportData) -> tuple[str, str, str]:
+    text = yaml.safe_dump(reported_config(d.config, d.model), sort_keys=False, default_flow_style=None, width=100)
+    parts = [h.p("The config this run used (every section the report depends on, after merging config files and "
+                 "--set overrides), and the software and machine."), h.pre(text),
+             _kv(d.versions.items(), "Package versions"), _kv(d.machine.items(), "Machine")]
+    return "config", "Config, versions and machine", "".join(parts)
+
+
+SECTIONS = (how_to_read, table2, fig6, fig7, fig8, fig9, fig10, fig5, table3, cost_vs_e2e, sample_efficiency,
+            encoder, rollouts, rules, evaluation, config_versions)
+
+
+def render_report(d: ReportData) -> str:
+    sections = [s(d) for s in SECTIONS]
+    cfg = d.config
+    reward = (cfg.get("env") or {}).get("reward") or {}
+    header = _kv([("model", d.model), *d.machine.items(),
+                  ("cost model", (cfg.get("cost") or {}).get("model")),
+                  ("reward", reward.get("name")),
+                  ("controller temperature", (cfg.get("controller") or {}).get("temperature")),
+                  ("seed", cfg.get("seed")), ("results", str(d.results))])
+    body = "\n".join(h.section(i, title, b) for i, title, b in sections)
+    return h.page(f"RLFlow report: {d.model}", f'<div class="meta">{header}</div>',
+                  [(i, title) for i, title, _ in sections], body)

@@ -1,0 +1,264 @@
+"""The numbers of each table and figure, derived from the loaded files (no formatting, no HTML).
+
+Every function takes :class:`rlflow.report.data.ReportData` parts and returns plain rows/dicts; a value the
+inputs do not give is None. Percentages are "improvement": positive means faster / smaller than the baseline.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from rlflow.report.data import BACKEND_ORDER, METHOD_ORDER, Input, ReportData
+
+
+def improvement_pct(base: float | None, new: float | None) -> float | None:
+    """(base - new) / base x 100; None where either is missing or base is 0."""
+    if base is None or new is None or base == 0:
+        return None
+    return (base - new) / base * 100.0
+
+
+def ordered(values, order) -> list:
+    """``values`` in ``order`` first, then any others sorted (so an unexpected method still shows)."""
+    values = list(dict.fromkeys(values))
+    return [v for v in order if v in values] + sorted(v for v in values if v not in order)
+
+
+def methods(rows: list[dict]) -> list[str]:
+    return ordered((r["method"] for r in rows), METHOD_ORDER)
+
+
+def backends(rows: list[dict]) -> list[str]:
+    return ordered((r["backend"] for r in rows), BACKEND_ORDER)
+
+
+def cell(rows: list[dict], method: str, backend: str) -> dict | None:
+    """The evaluation row of (method, backend), or None."""
+    for r in rows:
+        if r["method"] == method and r["backend"] == backend:
+            return r
+    return None
+
+
+def ok_cell(rows: list[dict], method: str, backend: str) -> dict | None:
+    r = cell(rows, method, backend)
+    return r if r is not None and r["status"] == "ok" else None
+
+
+def best_backend(rows: list[dict], method: str) -> tuple[str | None, float | None]:
+    """The backend on which the method's graph ran fastest (median latency), and that latency."""
+    ok = [r for r in rows if r["method"] == method and r["status"] == "ok"]
+    if not ok:
+        return None, None
+    best = min(ok, key=lambda r: (r["latency_ms_median"], r["backend"]))  # ties: as the evaluate stage
+    return best["backend"], best["latency_ms_median"]
+
+
+def method_value(rows: list[dict], method: str, column: str) -> float | None:
+    """A per-method column (optimisation_s, training_s, real_interactions, rules_applied, activation memory):
+    the first row of the method that has it."""
+    for r in rows:
+        if r["method"] == method and r.get(column) is not None:
+            return r[column]
+    return None
+
+
+# -- Table 2 ------------------------------------------------------------------------------------------------
+def table2(rows: list[dict]) -> dict:
+    """Improvement vs TensorFlow (the original graph on backend ``tf``) of every graph, in latency and memory.
+
+    Returns ``{"baseline_ms", "memory_kind", "rows": [{method, tf_ms, tf_pct, best_backend, best_ms, best_pct,
+    memory_mb, memory_pct}]}``. Memory: the measured peak on ``tf`` where the backend reported one for both
+    graphs (CUDA), else the activation-memory estimate (the same for every backend)."""
+    base = ok_cell(rows, "original", "tf")
+    base_ms = base["latency_ms_median"] if base else None
+    peak_base = base["peak_memory_mb"] if base else None
+    act_base = method_value(rows, "original", "activation_memory_mb")
+    use_peak = peak_base is not None and all(
+        (ok_cell(rows, m, "tf") or {}).get("peak_memory_mb") is not None for m in methods(rows))
+    out = []
+    for m in methods(rows):
+        tf = ok_cell(rows, m, "tf")
+        tf_ms = tf["latency_ms_median"] if tf else None
+        bb, best_ms = best_backend(rows, m)
+        if use_peak:
+            mem, mem_base = (tf or {}).get("peak_memory_mb"), peak_base
+        else:
+            mem, mem_base = method_value(rows, m, "activation_memory_mb"), act_base
+        out.append({"method": m, "tf_ms": tf_ms, "tf_pct": improvement_pct(base_ms, tf_ms), "best_backend": bb,
+                    "best_ms": best_ms, "best_pct": improvement_pct(base_ms, best_ms), "memory_mb": mem,
+                    "memory_pct": improvement_pct(mem_base, mem)})
+    return {"baseline_ms": base_ms, "memory_kind": "peak" if use_peak else "activation", "rows": out}
+
+
+# -- Fig. 6 -------------------------------------------------------------------------------------------------
+def latency_grid(rows: list[dict]) -> dict:
+    """``{"methods", "backends", "cells": {(method, backend): row or None}}`` for the runtime figure/table."""
+    ms, bs = methods(rows), backends(rows)
+    return {"methods": ms, "backends": bs, "cells": {(m, b): cell(rows, m, b) for m in ms for b in bs}}
+
+
+# -- Fig. 7 -------------------------------------------------------------------------------------------------
+def optimisation_times(data: ReportData) -> list[dict]:
+    """Per optimising method: optimisation seconds (the search, or the trained agent's run) and training seconds
+    (RL agents), from evaluation.csv, else from the method's trace."""
+    out = []
+    for m in methods(data.evaluation):
+        if m == "original":
+            continue
+        opt = method_value(data.evaluation, m, "optimisation_s")
+        train = method_value(data.evaluation, m, "training_s")
+        source = "evaluation.csv"
+        tr = data.traces.get(m)
+        if opt is None and tr is not None and tr.ok and _num(tr.data.get("seconds")) is not None:
+            opt, source = _num(tr.data.get("seconds")), "trace.json"
+        if train is None and tr is not None and tr.ok:
+            train = _num(tr.data.get("training_seconds"))
+        out.append({"method": m, "optimisation_s": opt, "training_s": train, "source": source})
+    return out
+
+
+# -- Fig. 10 ------------------------------------------------------------------------------------------------
+def rules_applied(traces: dict[str, Input]) -> dict:
+    """Which rules each method's trace applied: ``{"methods": [...], "rules": [label, ...], "counts":
+    {(label, method): n}, "missing": {method: Input}}``; rules ordered by total uses, then name."""
+    counts: Counter = Counter()
+    names: dict[str, str] = {}
+    present, missing = [], {}
+    for m, tr in traces.items():
+        if not tr.ok or not isinstance(tr.data.get("steps"), list):
+            missing[m] = tr
+            continue
+        present.append(m)
+        for s in tr.data["steps"]:
+            if not isinstance(s, dict):
+                continue
+            rid = str(s.get("rule_id", "?"))
+            names.setdefault(rid, str(s.get("rule_name") or rid))
+            counts[(rid, m)] += 1
+    label = {}
+    for rid, name in names.items():
+        clash = sum(1 for n in names.values() if n == name) > 1
+        label[rid] = f"{name} [{rid}]" if clash else name
+    totals = Counter()
+    for (rid, _), n in counts.items():
+        totals[rid] += n
+    rids = sorted(totals, key=lambda r: (-totals[r], label[r]))
+    return {"methods": present, "rules": [label[r] for r in rids],
+            "counts": {(label[rid], m): n for (rid, m), n in counts.items()}, "missing": missing}
+
+
+# -- cost model vs end to end -------------------------------------------------------------------------------
+def cost_discrepancy(rows: list[dict]) -> dict:
+    """Per (method, backend) with both figures: cost-model estimate, measured latency and X-RLflow's
+    difference |E2E - cost| / cost x 100; plus the mean difference per backend."""
+    out, per_backend = [], {}
+    for m in methods(rows):
+        for b in backends(rows):
+            r = ok_cell(rows, m, b)
+            if r is None or r["cost_ms"] is None or not r["cost_ms"]:
+                continue
+            diff = abs(r["latency_ms_median"] - r["cost_ms"]) / r["cost_ms"] * 100.0
+            out.append({"method": m, "backend": b, "cost_ms": r["cost_ms"], "e2e_ms": r["latency_ms_median"],
+                        "diff_pct": diff})
+            per_backend.setdefault(b, []).append(diff)
+    means = {b: sum(v) / len(v) for b, v in per_backend.items()}
+    return {"rows": out, "mean_by_backend": means}
+
+
+# -- sample efficiency ----------------------------------------------------------------------------------------
+def sample_efficiency(data: ReportData) -> list[dict]:
+    """Real-environment interactions per agent: from the agent's metrics.json (with the breakdown), else the
+    evaluation table or its trace; plus the dream steps (RLFlow) that cost no real interaction."""
+    out = []
+    for method, inp in (("model_free", data.model_free), ("rlflow", data.controller)):
+        total, parts, source = None, {}, None
+        if inp.ok and isinstance(inp.data.get("real_interactions"), dict):
+            ri = inp.data["real_interactions"]
+            total = _num(ri.get("total"))
+            parts = {k: v for k, v in ri.items() if k != "total" and _num(v) is not None}
+            source = str(inp.path)
+        elif inp.ok and _num(inp.data.get("real_interactions")) is not None:
+            total, source = _num(inp.data.get("real_interactions")), str(inp.path)
+        if total is None:
+            v = method_value(data.evaluation, method, "real_interactions")
+            if v is not None:
+                total, source = v, "evaluation.csv"
+        if total is None:
+            tr = data.traces.get(method)
+            ri = tr.data.get("real_interactions") if tr is not None and tr.ok else None
+            v = _num(ri.get("total")) if isinstance(ri, dict) else _num(ri)
+            if v is not None:
+                total, source = v, str(tr.path)
+        dream = _num(inp.data.get("dream_steps")) if inp.ok else None
+        out.append({"method": method, "total": total, "parts": parts, "dream_steps": dream, "source": source,
+                    "input": inp})
+    return out
+
+
+# -- learning curves and sweeps -------------------------------------------------------------------------------
+def reward_curve(inp: Input) -> tuple[list[float], list[float]]:
+    """(update, mean_reward) per PPO update from an agent's metrics.json ``curve``."""
+    xs, ys = [], []
+    if inp.ok and isinstance(inp.data.get("curve"), list):
+        for i, c in enumerate(inp.data["curve"]):
+            if isinstance(c, dict) and _num(c.get("mean_reward")) is not None:
+                xs.append(_num(c.get("update")) or i + 1)
+                ys.append(_num(c["mean_reward"]))
+    return xs, ys
+
+
+def real_run(inp: Input) -> dict:
+    """The agent's run in the real environment (metrics.json ``real``): initial and best cost-model runtime,
+    improvement %, steps."""
+    real = inp.data.get("real") if inp.ok else None
+    if not isinstance(real, dict):
+        return {}
+    return {"initial_ms": _num((real.get("initial") or {}).get("runtime_ms")),
+            "best_ms": _num((real.get("best") or {}).get("runtime_ms")),
+            "improvement_pct": _num(real.get("improvement_pct")), "steps": _num(real.get("steps")),
+            "best_step": _num(real.get("best_step"))}
+
+
+def sweep_row(label: Any, inp: Input, main: bool = False) -> dict:
+    """One controller run of a sweep: its real-run figures, its final dream reward and interactions."""
+    _, ys = reward_curve(inp)
+    ri = inp.data.get("real_interactions") if inp.ok else None
+    return {"label": label, "main": main, "input": inp, **real_run(inp),
+            "final_dream_reward": ys[-1] if ys else None,
+            "real_interactions": _num(ri.get("total")) if isinstance(ri, dict) else _num(ri)}
+
+
+def temperature_rows(data: ReportData) -> list[dict]:
+    """Table 3: every configured sweep temperature, plus the main controller run at controller.temperature."""
+    main_tau = _num((data.config.get("controller") or {}).get("temperature"))
+    rows = [sweep_row(tau, inp) for tau, inp in data.temperatures]
+    rows.append(sweep_row(main_tau, data.controller, main=True))
+    return sorted(rows, key=lambda r: (r["label"] is None, r["label"] or 0.0, r["main"]))
+
+
+def reward_rows(data: ReportData) -> list[dict]:
+    """Fig. 5: the main run (env.reward.name) and every configured sweep reward."""
+    main = str(((data.config.get("env") or {}).get("reward") or {}).get("name", "?"))
+    return [sweep_row(main, data.controller, main=True), *(sweep_row(n, inp) for n, inp in data.rewards)]
+
+
+def flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested dicts as (dotted key, leaf) pairs in document order; lists of scalars are kept as leaves."""
+    out: list[tuple[str, Any]] = []
+    if isinstance(d, dict):
+        for k, v in d.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, dict) and v:
+                out += flatten(v, key)
+            elif not isinstance(v, (list, dict)) or all(not isinstance(x, (list, dict)) for x in v):
+                out.append((key, v))
+    return out
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    v = float(v)
+    return v if v == v and abs(v) != float("inf") else None

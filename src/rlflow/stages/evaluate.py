@@ -1,0 +1,138 @@
+"""Evaluate end to end (pipeline stage ``evaluate``): the original model and every method's optimised graph on
+every configured backend -- latency, memory, the cost model's estimate, the method's effort, output check.
+
+For each graph (original, taso, greedy, model_free, rlflow) and backend (evaluate.backends: ort, torch, tf,
+tf-xla) on the configured device: build the runner, run it once on the same seeded random inputs and compare its
+outputs with the ORIGINAL graph run by onnxruntime; then warm-up (run.warmup) and timed runs (run.repeats),
+interleaved across the graphs with the order rotated every round, one backend at a time
+(rlflow.evaluation.runs). Graphs that are the same computation share one runner; when the runners would not fit in
+half the available memory (paper-size models on TensorFlow), the methods are timed in batches beside the
+original. A progress bar over the (method, backend) runs goes to stderr; a line per backend to stdout.
+
+Wrong results are never reported: if any optimised graph's outputs differ from the original's by more than
+evaluate.tolerance (relative; rlflow.graph.exec.max_rel_diff) on any backend, the stage stops with one line naming
+the method, backend and difference, exit status 1, and writes nothing. A backend that cannot run a graph (e.g.
+tf-xla and an opaque op) is reported in one line; its row is kept with status ``unsupported`` (no latency) and
+the other runs go on. Bad input (a missing or corrupt ONNX file or trace, an optimised graph whose inputs differ
+from the original's) is one line and exit status 2, nothing written.
+
+Reads these config keys: seed (the inputs), device, run.warmup, run.repeats, evaluate.backends,
+evaluate.tolerance. Each method needs its optimised ONNX and its trace (rlflow.search-trace/1; the cost
+estimate, rules applied, optimisation seconds, and for the RL methods training seconds and real interactions);
+methods not given are left out. Writes, atomically and only once everything has run:
+  --out       evaluation.csv: one row per (method, backend); columns in rlflow.evaluation.tables.COLUMNS
+  --metrics   metrics.json (DVC): latency, speedup vs the original, improvement vs TensorFlow (RLFlow's
+              Table 2), max output difference
+  --headline  summary/<model>.json: the model's row of the cross-model summary
+(their contents are documented in rlflow.evaluation.tables).
+
+Examples:
+  rlflow evaluate --config config.yaml --model bert --onnx results/bert/model.onnx \\
+      --taso results/bert/taso/model.onnx --taso-trace results/bert/taso/trace.json \\
+      --greedy results/bert/greedy/model.onnx --greedy-trace results/bert/greedy/trace.json \\
+      --out results/bert/evaluation.csv --metrics results/bert/metrics.json --headline results/summary/bert.json
+  rlflow evaluate --model bert --onnx m.onnx --greedy g.onnx --greedy-trace g.json --set evaluate.backends=[ort] \\
+      --set run.repeats=5 --out /tmp/e.csv --metrics /tmp/m.json --headline /tmp/h.json
+
+Pipeline: Snakemake rule evaluate and dvc.yaml stage evaluate run this; both come from
+rlflow.pipeline.registry.STAGES["evaluate"].
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from rlflow.config import get, load_config, resolve_device
+from rlflow.errors import RLFlowError
+from rlflow.pipeline.registry import METHODS
+from rlflow.stages.common import add_config_arguments
+
+NAME = "evaluate"
+HELP = "run the original and every method's graph on every backend: latency, memory, output check (stage evaluate)"
+
+
+def _flag(method: str) -> str:
+    return "--" + method.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, "run.repeats=5")
+    parser.add_argument("--model", required=True, metavar="NAME", help="the model's name (labels the outputs)")
+    parser.add_argument("--onnx", required=True, type=Path, metavar="ONNX", help="the original model")
+    for m in METHODS:
+        parser.add_argument(_flag(m), dest=m, type=Path, metavar="ONNX", help=f"{m}'s optimised model")
+        parser.add_argument(_flag(m) + "-trace", dest=f"{m}_trace", type=Path, metavar="JSON", help=f"{m}'s trace")
+    parser.add_argument("--out", required=True, type=Path, metavar="CSV", help="evaluation table to write")
+    parser.add_argument("--metrics", required=True, type=Path, metavar="JSON", help="DVC metrics to write")
+    parser.add_argument("--headline", required=True, type=Path, metavar="JSON",
+                        help="the model's summary row to write (results/summary/<model>.json)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlflow.atomic import write_text
+    from rlflow.evaluation import (activation_memory_bytes, evaluate_graphs, headline, load_trace, make_rows,
+                                   metrics, to_csv)
+    from rlflow.evaluation.tables import summary_lines
+    from rlflow.graph.onnx_io import load_onnx
+
+    t0 = time.perf_counter()
+    config = load_config(args.config, args.overrides)
+    device = resolve_device(config)
+    seed, warmup, repeats = get(config, "seed"), get(config, "run.warmup"), get(config, "run.repeats")
+    backends, tolerance = list(get(config, "evaluate.backends")), float(get(config, "evaluate.tolerance"))
+    for p in (args.out, args.metrics, args.headline):
+        if p.is_dir():
+            raise RLFlowError(f"{p}: is a folder, expected a file path")
+    methods = []
+    for m in METHODS:
+        onnx_path, trace_path = getattr(args, m), getattr(args, f"{m}_trace")
+        if (onnx_path is None) != (trace_path is None):
+            raise RLFlowError(f"{m}: give both {_flag(m)} ONNX and {_flag(m)}-trace JSON, or neither")
+        if onnx_path is not None:
+            methods.append((m, onnx_path, trace_path))
+
+    # -- load every input before running anything (bad input: one line, exit 2, nothing written)
+    loaded: dict[Path, object] = {}
+
+    def load(path: Path):
+        key = path.resolve()
+        if key not in loaded:
+            loaded[key] = load_onnx(path)
+        return loaded[key]
+
+    original = load(args.onnx)
+    graphs, traces = [("original", original)], {}
+    for m, onnx_path, trace_path in methods:
+        traces[m] = load_trace(trace_path)
+        graphs.append((m, load(onnx_path)))
+    print(f"evaluate: {args.model} on {device}: {len(graphs)} graphs ({', '.join(m for m, _ in graphs)}) x "
+          f"{len(backends)} backends ({', '.join(backends)}); warm-up {warmup}, repeats {repeats}, tolerance "
+          f"{tolerance:g}; loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+    differ = [f"{m} {int(traces[m].final['nodes'])} -> {len(g.nodes)}" for m, g in graphs[1:]
+              if int(traces[m].final["nodes"]) != len(g.nodes)]
+    if differ:
+        print("evaluate: note: nodes in the trace (the IR the method scored) -> in its ONNX file (what runs; fused "
+              "ops export as several ONNX ops): " + ", ".join(differ) + "; the table reports the file's", flush=True)
+
+    # -- run, check, time
+    measurements = evaluate_graphs(graphs, backends, device, seed=seed, warmup=warmup, repeats=repeats,
+                                   tolerance=tolerance, progress=not args.no_progress,
+                                   log=lambda line: print(line, flush=True))
+    rows = make_rows(args.model, device, measurements, nodes={m: len(g.nodes) for m, g in graphs},
+                     activation_bytes={m: activation_memory_bytes(g) for m, g in graphs}, traces=traces)
+    table = to_csv(rows)
+    dvc_metrics = json.dumps(metrics(rows), indent=1, allow_nan=False) + "\n"
+    head = json.dumps(headline(args.model, device, backends, tolerance, rows), indent=1, allow_nan=False) + "\n"
+    for line in summary_lines(rows, backends):
+        print("evaluate: " + line)
+    # -- write (each file atomically; all three only after everything ran)
+    write_text(args.out, table)
+    write_text(args.metrics, dvc_metrics)
+    write_text(args.headline, head)
+    print(f"evaluate: wrote {args.out}, {args.metrics} and {args.headline} ({time.perf_counter() - t0:.1f} s in all)",
+          flush=True)
+    return 0

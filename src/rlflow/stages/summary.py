@@ -1,0 +1,51 @@
+"""Write the table across models (pipeline stage ``summary``): results/summary.csv and results/summary.html.
+
+Reads every ``<model>.json`` headline in ``--headlines`` (written by each evaluate job: best backend, best
+latency, speedup vs the original on onnxruntime, improvement vs TensorFlow, optimisation seconds, real
+interactions per method) -- every model that was evaluated, the config's ``models`` first. One row per model x
+method. The HTML page is self-contained and links each model's report.html by relative path. No headline files:
+one line, exit 2, nothing written.
+
+Example:
+  rlflow summary --config config.yaml --headlines results/summary --csv results/summary.csv --out results/summary.html
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rlflow.stages.common import add_config_arguments
+
+NAME = "summary"
+HELP = "write the table across every evaluated model (pipeline stage summary)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, "models=[bert,vit]")
+    parser.add_argument("--headlines", required=True, type=Path, metavar="DIR",
+                        help="folder of the evaluate stage's <model>.json headlines (results/summary)")
+    parser.add_argument("--csv", required=True, type=Path, metavar="CSV", help="the table to write (results/summary.csv)")
+    parser.add_argument("--out", required=True, type=Path, metavar="HTML", help="the page to write (results/summary.html)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlflow.atomic import write_text
+    from rlflow.config import load_config
+    from rlflow.errors import RLFlowError
+    from rlflow.report.summary import read_headlines, summary_rows, to_csv, to_html
+
+    for p in (args.csv, args.out):
+        if p.is_dir():
+            raise RLFlowError(f"{p}: is a folder, expected a file path")
+    config = load_config(args.config, args.overrides)
+    models = list(config.get("models") or [])
+    headlines = read_headlines(args.headlines, models)
+    rows = summary_rows(headlines)
+    have = {str(d["model"]) for d in headlines}
+    html = to_html(rows, headlines, args.out, args.headlines, [m for m in models if m not in have])
+    table = to_csv(rows)
+    write_text(args.csv, table)
+    write_text(args.out, html)
+    print(f"summary: wrote {args.csv} and {args.out}: {len(headlines)} models, {len(rows)} rows", flush=True)
+    return 0

@@ -1,0 +1,386 @@
+"""The evaluate stage (rlflow.evaluation, rlflow.stages.evaluate): the activation-memory estimate, interleaved
+timing, the output check that refuses wrong graphs, unsupported backends, bad input, and the three outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shlex
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from rlflow.cli import main
+from rlflow.errors import RLFlowError
+from rlflow.evaluation import COLUMNS, activation_memory_bytes, activation_memory_mb, evaluate_graphs, load_trace
+from rlflow.graph.ir import Constant, Graph, Node, TensorType
+from rlflow.pipeline.registry import METHODS, STAGES
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ["--config", str(ROOT / "config.yaml"), "--config", str(ROOT / "tests/configs/tiny.yaml")]
+RL_METHODS = ("model_free", "rlflow")
+
+
+# ====================================================================================== activation memory
+def _liveness_graph(dead_after: str) -> Graph:
+    """x[1,256] -> a = x @ W -> b = relu(a) -> c = a + b -> y = c @ W^T, plus a dead value d = relu(x)[1,768]
+    computed right after node ``dead_after``; W^T is a weight-only node (256 KiB: must not count)."""
+    f = 4  # bytes per float32
+    types = {"x": TensorType((1, 256)), "W": TensorType((256, 256)), "wt": TensorType((256, 256)),
+             "a": TensorType((1, 256)), "b": TensorType((1, 256)), "c": TensorType((1, 256)),
+             "y": TensorType((1, 256)), "d": TensorType((1, 768))}
+    assert types["a"].nbytes == 256 * f and types["d"].nbytes == 768 * f
+    chain = [Node("n_a", "MatMul", ("x", "W"), ("a",)), Node("n_wt", "Transpose", ("W",), ("wt",), {"perm": (1, 0)}),
+             Node("n_b", "Relu", ("a",), ("b",)), Node("n_c", "Add", ("a", "b"), ("c",)),
+             Node("n_y", "MatMul", ("c", "wt"), ("y",))]
+    dead = Node("n_d", "Relu", ("x",), ("d",))
+    k = [n.name for n in chain].index(dead_after) + 1
+    nodes = chain[:k] + [dead] + chain[k:]
+    return Graph(inputs=["x"], outputs=["y"], nodes=nodes, types=types,
+                 constants={"W": Constant(np.zeros((256, 256), np.float32))})
+
+
+def test_activation_memory_by_hand():
+    # by hand, sizes in KiB (a, b, c, y: 1 each; d: 3; x is an input and W, W^T weights: not counted):
+    #   d right after n_a:  n_a {a}=1 | n_d {a,d}=4, d dead -> {a} | n_b {a,b}=2 | n_c {a,b,c}=3 -> {c} | n_y {c,y}=2
+    #   d right after n_b:  n_a 1 | n_b {a,b}=2 | n_d {a,b,d}=5 -> {a,b} | n_c 3 -> {c} | n_y 2
+    #   d right after n_y:  ... n_c 3 | n_y {c,y}=2 -> {y} | n_d {y,d}=4
+    assert activation_memory_bytes(_liveness_graph("n_a")) == 4 * 1024
+    assert activation_memory_bytes(_liveness_graph("n_b")) == 5 * 1024
+    assert activation_memory_bytes(_liveness_graph("n_y")) == 4 * 1024
+    assert activation_memory_mb(_liveness_graph("n_b")) == 5 * 1024 / 2**20
+
+
+def test_activation_memory_bounds_on_a_real_graph(tiny):
+    from rlflow.evaluation.memory import weight_values
+    from rlflow.graph.onnx_io import load_onnx
+
+    g = load_onnx(tiny["onnx"])
+    weights = weight_values(g)
+    acts = [g.types[v].nbytes for n in g.nodes for v in n.outputs if v not in weights]
+    peak = activation_memory_bytes(g)
+    # at least the largest single intermediate plus its producer's input, at most everything at once
+    assert max(acts) < peak < sum(acts)
+
+
+# ====================================================================================== interleaved timing
+class _FakeRunner:
+    def __init__(self, name: str, log: list, value: float):
+        self.name, self.log, self.value = name, log, value
+
+    def __call__(self, feeds):
+        self.log.append(self.name)
+        return [np.full((2, 3), self.value, np.float32)]
+
+
+def _fake_graphs(ops: dict[str, str]) -> list[tuple[str, Graph]]:
+    """method -> a one-op graph named after the method (equal ops: equal graphs, which share a runner)."""
+    types = {"x": TensorType((2, 3)), "y": TensorType((2, 3))}
+    return [(m, Graph(inputs=["x"], outputs=["y"], nodes=[Node("n", op, ("x",), ("y",))], types=types, name=m))
+            for m, op in ops.items()]
+
+
+def _fake_runs(monkeypatch, log: list, built: list | None = None, values: dict | None = None) -> None:
+    """first_run builds a _FakeRunner named after its graph (recorded in ``built``); outputs ``values[name]``."""
+    import rlflow.evaluation.runs as runs
+
+    def first_run(g, backend, device, feeds):
+        if built is not None:
+            built.append((g.name, backend))
+        v = (values or {}).get(g.name, 1.0)
+        return _FakeRunner(g.name, log, v), [np.full((2, 3), v, np.float32)], None
+
+    monkeypatch.setattr(runs, "reference_outputs", lambda g, feeds: [np.ones((2, 3), np.float32)])
+    monkeypatch.setattr(runs, "first_run", first_run)
+
+
+def test_timing_is_interleaved_and_rotated(monkeypatch):
+    log: list[str] = []
+    _fake_runs(monkeypatch, log)
+    graphs = _fake_graphs({"original": "Relu", "taso": "Sigmoid", "greedy": "Tanh"})
+    res = evaluate_graphs(graphs, ["ort", "tf"], "cpu", warmup=2, repeats=6, progress=False, log=lambda s: None)
+    assert [(r.method, r.backend, r.status) for r in res] == [
+        (m, b, "ok") for m in ("original", "taso", "greedy") for b in ("ort", "tf")]
+    per_backend = 3 * (2 + 6)  # (the checked first run is first_run's, faked here)
+    assert len(log) == 2 * per_backend
+    for part in (log[:per_backend], log[per_backend:]):
+        rounds = [part[3 * k: 3 * k + 3] for k in range(8)]  # 2 warm-up rounds, then 6 timed rounds
+        assert all(sorted(r) == ["greedy", "original", "taso"] for r in rounds)  # every graph once per round
+        assert [r[0] for r in rounds[2:]] == ["original", "taso", "greedy"] * 2  # each round starts one later
+        assert rounds[3] == ["taso", "greedy", "original"]
+    assert all(len(r.times_ms) == 6 and r.median_ms is not None for r in res)
+
+
+def test_equal_graphs_share_one_runner_and_are_timed_per_method(monkeypatch):
+    log, built = [], []
+    _fake_runs(monkeypatch, log, built)
+    graphs = _fake_graphs({"original": "Relu", "taso": "Tanh", "greedy": "Tanh", "model_free": "Relu"})
+    res = evaluate_graphs(graphs, ["ort"], "cpu", warmup=0, repeats=4, progress=False, log=lambda s: None)
+    assert built == [("original", "ort"), ("taso", "ort")]  # greedy = taso's graph, model_free = the original
+    assert sorted(log) == sorted(["original", "taso"] * 8)  # each shared runner called once per method per round
+    assert all(r.status == "ok" and len(r.times_ms) == 4 for r in res)
+
+
+def test_batches_when_memory_is_short(monkeypatch):
+    """With room for one more runner at a time, each method is timed in its own batch beside the original, whose
+    runner stays alive (built once) and whose samples are pooled over the batches."""
+    import rlflow.evaluation.runs as runs
+
+    log, built = [], []
+    _fake_runs(monkeypatch, log, built)
+    monkeypatch.setattr(runs, "batch_capacity", lambda footprint: 1)
+    lines = []
+    graphs = _fake_graphs({"original": "Relu", "taso": "Sigmoid", "greedy": "Tanh", "rlflow": "Tanh"})
+    res = evaluate_graphs(graphs, ["ort"], "cpu", warmup=1, repeats=3, progress=False, log=lines.append)
+    assert built == [("original", "ort"), ("taso", "ort"), ("greedy", "ort")]  # rlflow shares greedy's runner
+    o, t = "original", "taso"
+    assert log[:8] == [o, t] + [o, t, t, o, o, t]  # batch 1: 1 warm-up round, 3 timed rounds rotated
+    assert [len(r.times_ms) for r in res] == [6, 3, 3, 3]  # the original: 3 calls beside each of the 2 batches
+    assert set(log[8:]) == {"original", "greedy"}  # (rlflow's calls go to greedy's runner)
+    assert "2 batches" in lines[-1]
+
+
+def test_mismatch_of_an_optimised_graph_stops_before_timing(monkeypatch):
+    import rlflow.evaluation.runs as runs
+
+    log: list[str] = []
+    values = {"original": 1.0, "taso": 1.0 + 2e-4}
+    _fake_runs(monkeypatch, log, values=values)
+    graphs = _fake_graphs({"original": "Relu", "taso": "Tanh"})
+    with pytest.raises(runs.OutputMismatch) as err:
+        evaluate_graphs(graphs, ["ort"], "cpu", warmup=1, repeats=3, tolerance=1e-4, progress=False)
+    assert err.value.exit_code == 1 and "taso on ort" in str(err.value) and "0.0002" in str(err.value)
+    assert log == []  # nothing timed (the checked first runs are the fake first_run's, not logged)
+    # within the tolerance it passes
+    values["taso"] = 1.0 + 5e-5
+    res = evaluate_graphs(graphs, ["ort"], "cpu", warmup=1, repeats=3, tolerance=1e-4, progress=False)
+    assert [r.status for r in res] == ["ok", "ok"] and res[1].max_rel_diff == pytest.approx(5e-5, rel=1e-2)
+
+
+# ====================================================================================== end to end on tiny graphs
+def _write_trace(src: Path, dst: Path, method: str) -> None:
+    """An RL method's trace: a search trace plus training seconds and real interactions."""
+    doc = json.loads(src.read_text())
+    doc.update(method=method, training_seconds=12.5, real_interactions={"training": 100, "evaluation": 7, "total": 107})
+    dst.write_text(json.dumps(doc))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict:
+    """Tiny bert and each method's graph and trace: taso and greedy by the real searches (builtin rules,
+    analytic cost; verified and written by rlflow.search.output), the RL methods as copies of greedy's graph with
+    traces that add training_seconds and real_interactions."""
+    from rlflow.cost import make_cost_model
+    from rlflow.graph import zoo
+    from rlflow.graph.onnx_io import load_onnx
+    from rlflow.rewrite.builtin import verified_builtin_rules
+    from rlflow.search.output import run_method, verify_and_write
+
+    d = tmp_path_factory.mktemp("evaluate")
+    paths = {"onnx": d / "model.onnx"}
+    zoo.export_model("bert", paths["onnx"], zoo.TINY_SIZES["bert"])
+    g = load_onnx(paths["onnx"])
+    rules, cost = verified_builtin_rules(), make_cost_model({}, "cpu", kind="analytic")
+    for m in ("taso", "greedy"):
+        paths[m], paths[f"{m}_trace"] = d / m / "model.onnx", d / m / "trace.json"
+        verify_and_write(g, run_method(m, g, rules, cost, budget=20), paths[m], paths[f"{m}_trace"], {"model": "r"})
+    for m in RL_METHODS:
+        (d / m).mkdir()
+        paths[m], paths[f"{m}_trace"] = d / m / "model.onnx", d / m / "trace.json"
+        paths[m].write_bytes(paths["greedy"].read_bytes())
+        _write_trace(paths["greedy_trace"], paths[f"{m}_trace"], m)
+    return paths
+
+
+def _outputs(folder: Path) -> dict[str, Path]:
+    return {"out": folder / "evaluation.csv", "metrics": folder / "metrics.json",
+            "headline": folder / "summary" / "bert.json"}
+
+
+def _argv(paths: dict, out: dict, methods=tuple(METHODS), sets=()) -> list[str]:
+    argv = ["evaluate", *CONFIGS, "--model", "bert", "--onnx", str(paths["onnx"]), "--no-progress"]
+    for m in methods:
+        flag = "--" + m.replace("_", "-")
+        argv += [flag, str(paths[m]), flag + "-trace", str(paths[f"{m}_trace"])]
+    for k, v in out.items():
+        argv += [f"--{k}", str(v)]
+    for s in sets:
+        argv += ["--set", s]
+    return argv
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    return rows[0], [dict(zip(rows[0], r)) for r in rows[1:]]
+
+
+def test_registry_command_line_parses():
+    from rlflow.cli import build_parser
+
+    cmd = STAGES["evaluate"].dvc_cmd().replace("${item}", "bert")
+    args = build_parser().parse_args(shlex.split(cmd)[1:])
+    assert args.model == "bert" and str(args.onnx) == "results/bert/model.onnx"
+    for m, folder in METHODS.items():
+        assert str(getattr(args, m)) == f"results/bert/{folder}/model.onnx"
+        assert str(getattr(args, f"{m}_trace")) == f"results/bert/{folder}/trace.json"
+    assert str(args.headline) == "results/summary/bert.json"
+
+
+def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
+    out = _outputs(tmp_path)
+    assert main(_argv(tiny, out, sets=["run.warmup=1", "run.repeats=3"])) == 0
+    header, rows = _read_csv(out["out"])
+    assert tuple(header) == COLUMNS
+    backends = ["ort", "torch", "tf", "tf-xla"]
+    assert [(r["method"], r["backend"]) for r in rows] == [
+        (m, b) for m in ("original", "taso", "greedy", "model_free", "rlflow") for b in backends]
+    for r in rows:
+        assert r["model"] == "bert" and r["device"] == "cpu" and r["status"] == "ok", r
+        assert float(r["latency_ms_median"]) > 0 and float(r["latency_ms_iqr"]) >= 0
+        assert r["peak_memory_mb"] == ""  # the CPU backends cannot tell
+        assert float(r["max_rel_diff"]) <= 1e-4
+        assert float(r["activation_memory_mb"]) > 0 and int(r["nodes"]) > 0
+        assert float(r["cost_ms"]) > 0 and float(r["flops"]) > 0 and float(r["bytes"]) > 0
+    nodes = {r["method"]: int(r["nodes"]) for r in rows}
+    assert nodes["greedy"] == nodes["original"] - 1  # tiny bert: greedy folds one constant add (a real rewrite)
+    greedy_trace, taso_trace = load_trace(tiny["greedy_trace"]), load_trace(tiny["taso_trace"])
+    for r in rows:
+        if r["method"] == "original":
+            assert r["optimisation_s"] == r["rules_applied"] == r["training_s"] == r["real_interactions"] == ""
+            assert float(r["cost_ms"]) == pytest.approx(taso_trace.initial["runtime_ms"], rel=1e-5)
+            assert r["backend"] != "ort" or float(r["max_rel_diff"]) == 0.0  # the reference itself
+        else:
+            t = load_trace(tiny[f"{r['method']}_trace"])
+            assert float(r["cost_ms"]) == pytest.approx(t.final["runtime_ms"], rel=1e-5)
+            assert int(r["rules_applied"]) == t.rules_applied == greedy_trace.rules_applied
+            assert float(r["optimisation_s"]) == pytest.approx(t.optimisation_s, rel=1e-5)
+            rl = r["method"] in RL_METHODS
+            assert (r["training_s"], r["real_interactions"]) == (("12.5", "107") if rl else ("", ""))
+    lat = {(r["method"], r["backend"]): float(r["latency_ms_median"]) for r in rows}
+    metrics = json.loads(out["metrics"].read_text())
+    assert metrics["max_rel_diff"] == pytest.approx(max(float(r["max_rel_diff"]) for r in rows), rel=1e-5)
+    for m in ("taso", "greedy", "model_free", "rlflow"):
+        for b in backends:
+            assert metrics["speedup"][m][b] == pytest.approx(lat[("original", b)] / lat[(m, b)], rel=1e-4)
+            assert metrics["improvement_vs_tf_pct"][m][b] == pytest.approx(
+                100 * (lat[("original", "tf")] - lat[(m, b)]) / lat[("original", "tf")],
+                abs=1e-3 * (1 + lat[(m, b)] / lat[("original", "tf")]))  # the CSV has 6 significant digits
+    assert metrics["real_interactions"] == {"model_free": 107, "rlflow": 107}
+    head = json.loads(out["headline"].read_text())
+    assert head["model"] == "bert" and head["device"] == "cpu" and head["backends"] == backends
+    for m, h in head["methods"].items():
+        best = min(backends, key=lambda b: lat[(m, b)])
+        assert h["best_backend"] == best and h["latency_ms"] == pytest.approx(lat[(m, best)], rel=1e-5)
+        assert h["speedup_ort"] == pytest.approx(lat[("original", "ort")] / lat[(m, "ort")], rel=1e-4)
+        assert h["improvement_vs_tf_pct"] == pytest.approx(metrics["improvement_vs_tf_pct"][m]["best"], rel=1e-9)
+    assert head["methods"]["rlflow"]["real_interactions"] == 107 and head["methods"]["taso"]["training_s"] is None
+    assert "evaluate: wrote" in capsys.readouterr().out
+
+
+def _altered_copy(src: Path, dst: Path, scale: float) -> None:
+    """The same model with its first weight scaled: it computes something else."""
+    model = onnx.load(str(src))
+    init = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+    arr = onnx.numpy_helper.to_array(init) * np.float32(scale)
+    init.CopyFrom(onnx.numpy_helper.from_array(arr.astype(np.float32), init.name))
+    onnx.save(model, str(dst))
+
+
+def test_a_wrong_graph_fails_and_writes_nothing(tiny, tmp_path, capsys):
+    paths = dict(tiny, greedy=tmp_path / "wrong.onnx")
+    _altered_copy(tiny["greedy"], paths["greedy"], 1.5)
+    out = _outputs(tmp_path / "out")
+    code = main(_argv(paths, out, methods=("taso", "greedy"),
+                      sets=["evaluate.backends=[torch, ort]", "run.warmup=0", "run.repeats=1"]))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert len(err) == 1 and err[0].startswith("rlflow: error: greedy on torch:"), err
+    assert "tolerance 0.0001" in err[0]
+    assert not any(p.exists() for p in out.values()) and not (tmp_path / "out").exists()
+
+
+def test_unsupported_backend_is_a_row_not_a_failure(tmp_path, capsys):
+    """tf-xla refuses an opaque op: its rows say 'unsupported' with no latency; onnxruntime's rows are measured."""
+    from onnx_models import with_opaque_op
+
+    src = tmp_path / "opaque.onnx"
+    onnx.save(with_opaque_op(), str(src))
+    trace = {"format": "rlflow.search-trace/1", "method": "greedy", "steps": [], "seconds": 0.5,
+             "initial": {"nodes": 4, "runtime_ms": 1.0, "flops": 10, "bytes": 20, "launches": 4},
+             "final": {"nodes": 4, "runtime_ms": 1.0, "flops": 10, "bytes": 20, "launches": 4}}
+    (tmp_path / "trace.json").write_text(json.dumps(trace))
+    paths = {"onnx": src, "greedy": src, "greedy_trace": tmp_path / "trace.json"}
+    out = _outputs(tmp_path / "out")
+    code = main(_argv(paths, out, methods=("greedy",),
+                      sets=["evaluate.backends=[ort, tf-xla]", "run.warmup=0", "run.repeats=2"]))
+    printed = capsys.readouterr().out
+    assert code == 0
+    _, rows = _read_csv(out["out"])
+    assert [(r["method"], r["backend"], r["status"]) for r in rows] == [
+        ("original", "ort", "ok"), ("original", "tf-xla", "unsupported"),
+        ("greedy", "ort", "ok"), ("greedy", "tf-xla", "unsupported")]
+    for r in rows:
+        assert (r["latency_ms_median"] == "") == (r["status"] == "unsupported")
+        assert r["rules_applied"] == ("0" if r["method"] == "greedy" else "")
+    lines = [s for s in printed.splitlines() if "tf-xla cannot run" in s]
+    assert len(lines) == 2 and "opaque op Elu" in lines[0]
+    head = json.loads(out["headline"].read_text())
+    assert head["methods"]["greedy"]["best_backend"] == "ort"
+    assert head["methods"]["greedy"]["improvement_vs_tf_pct"] is None  # tf was not run
+
+
+@pytest.mark.parametrize("damage", ["missing_onnx", "corrupt_onnx", "missing_trace", "bad_json", "wrong_format",
+                                    "no_final", "half_a_method", "other_model"])
+def test_bad_input_is_one_line_exit_2_and_no_output(tiny, tmp_path, capsys, damage):
+    paths = dict(tiny)
+    methods = ("greedy",)
+    if damage == "missing_onnx":
+        paths["greedy"] = tmp_path / "absent.onnx"
+    elif damage == "corrupt_onnx":
+        paths["greedy"] = tmp_path / "corrupt.onnx"
+        paths["greedy"].write_bytes(tiny["greedy"].read_bytes()[:1000])
+    elif damage == "other_model":  # a graph with other inputs: not an optimised version of this model
+        from onnx_models import with_opaque_op
+
+        paths["greedy"] = tmp_path / "other.onnx"
+        onnx.save(with_opaque_op(), str(paths["greedy"]))
+    elif damage == "half_a_method":
+        paths["taso_trace"] = None
+        methods = ("greedy", "taso")
+    else:
+        paths["greedy_trace"] = tmp_path / "trace.json"
+        if damage == "bad_json":
+            paths["greedy_trace"].write_text("{not json")
+        elif damage == "wrong_format":
+            paths["greedy_trace"].write_text(json.dumps({"format": "something/1"}))
+        elif damage == "no_final":
+            doc = json.loads(tiny["greedy_trace"].read_text())
+            del doc["final"]["runtime_ms"]
+            paths["greedy_trace"].write_text(json.dumps(doc))
+    out = _outputs(tmp_path / "out")
+    argv = _argv({k: v for k, v in paths.items()}, out, methods=methods, sets=["evaluate.backends=[ort]"])
+    argv = [a for i, a in enumerate(argv) if not (a == "None" or (i + 1 < len(argv) and argv[i + 1] == "None"))]
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("rlflow: error: "), err
+    expect = {"missing_onnx": "absent.onnx", "corrupt_onnx": "corrupt.onnx", "missing_trace": "trace file not found",
+              "bad_json": "not valid JSON", "wrong_format": "something/1", "no_final": "final.runtime_ms",
+              "half_a_method": "--taso-trace", "other_model": "greedy's graph: inputs ['x']"}[damage]
+    assert expect in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_load_trace_reads_rl_fields(tmp_path, tiny):
+    t = load_trace(tiny["rlflow_trace"])
+    assert t.training_s == 12.5 and t.real_interactions == 107
+    s = load_trace(tiny["taso_trace"])
+    assert s.training_s is None and s.real_interactions is None and s.rules_applied == len(
+        json.loads(tiny["taso_trace"].read_text())["steps"])
+    doc = json.loads(tiny["rlflow_trace"].read_text())
+    doc["real_interactions"] = {"training": 3}
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    with pytest.raises(RLFlowError, match="real_interactions' has no 'total'"):
+        load_trace(tmp_path / "t.json")

@@ -1,0 +1,403 @@
+"""The trained agents as optimisers: the train_controller and train_model_free stages' verified ONNX, trace and
+dvclive outputs, their self-contained checkpoints, and `rlflow optimize --method rlflow --agent CKPT` on the
+model they were trained on and on another model; its one-line errors.
+
+A module fixture runs the real learning chain in-process on tiny bert (tiny config, analytic costs): rules,
+rollouts, encoder, world model, controller, model-free (about 30 s)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from rlflow.cli import main
+
+TINY_ARGS = ["--set", "cost.model=analytic", "--set", "device=cpu"]
+
+
+def _cfg(root: Path) -> list[str]:
+    return ["--config", str(root / "config.yaml"), "--config", str(root / "tests/configs/tiny.yaml"), *TINY_ARGS]
+
+
+def _run(argv: list[str]) -> None:
+    assert main(argv) == 0, argv
+
+
+def _agent_args(root, d: Path, which: str, out: Path, *extra: str) -> list[str]:
+    problem = ["--model", "bert", "--onnx", str(d / "bert.onnx"), "--rules", str(d / "rules.json"), "--no-progress"]
+    if which == "controller":
+        return ["train-controller", *_cfg(root), *problem, "--encoder", str(d / "enc/encoder.pt"),
+                "--latents", str(d / "enc/latents.npz"), "--world-model", str(d / "wm/world_model.pt"),
+                "--out", str(out / "controller.pt"), "--metrics", str(out / "metrics.json"),
+                "--optimised", str(out / "model.onnx"), "--trace", str(out / "trace.json"), "--logs",
+                str(out / "live"), *extra]
+    return ["train-model-free", *_cfg(root), *problem, "--encoder", str(d / "enc/encoder.pt"),
+            "--out", str(out / "model_free.pt"), "--metrics", str(out / "metrics.json"),
+            "--optimised", str(out / "model.onnx"), "--trace", str(out / "trace.json"), "--logs", str(out / "live"),
+            *extra]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, root):
+    """Tiny bert, tiny rules, rollouts, encoder, world model, controller and model-free agent (stage CLIs)."""
+    from rlflow.graph import zoo
+
+    d = tmp_path_factory.mktemp("agents")
+    cfg = _cfg(root)
+    zoo.export_model("bert", d / "bert.onnx", zoo.TINY_SIZES["bert"])
+    _run(["generate-rules", *cfg, "--out", str(d / "rules.json"), "--no-progress"])
+    problem = ["--model", "bert", "--onnx", str(d / "bert.onnx"), "--rules", str(d / "rules.json"), "--no-progress"]
+    for k in (0, 1):
+        _run(["collect-rollouts", *cfg, *problem, "--shard", str(k), "--out", str(d / f"shards/shard-{k}.json")])
+    _run(["merge-rollouts", *cfg, "--model", "bert", "--shards-dir", str(d / "shards"), "--out",
+          str(d / "rollouts.json")])
+    _run(["train-encoder", *cfg, *problem, "--rollouts", str(d / "rollouts.json"), "--out", str(d / "enc/encoder.pt"),
+          "--latents", str(d / "enc/latents.npz"), "--metrics", str(d / "enc/metrics.json"), "--logs",
+          str(d / "enc/live")])
+    _run(["train-world-model", *cfg, "--model", "bert", "--latents", str(d / "enc/latents.npz"),
+          "--out", str(d / "wm/world_model.pt"), "--metrics", str(d / "wm/metrics.json"),
+          "--curve", str(d / "wm/loss.csv"), "--logs", str(d / "wm/live"), "--no-progress"])
+    _run(_agent_args(root, d, "controller", d / "ctl"))
+    _run(_agent_args(root, d, "model_free", d / "mf"))
+    return d
+
+
+def _tsv(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(f, delimiter="\t"))
+
+
+# ------------------------------------------------------------------ the stages' outputs
+@pytest.mark.parametrize("which, method", [("ctl", "rlflow"), ("mf", "model_free")])
+def test_stage_writes_a_verified_graph_and_a_search_format_trace(trained, which, method):
+    from rlflow.cost import AnalyticCost
+    from rlflow.graph import load_onnx
+    from rlflow.graph.exec import get_runner, make_inputs, max_rel_diff
+    from rlflow.graph.fold import fold_constants
+    from rlflow.rewrite.matcher import MatchIndex
+    from rlflow.rewrite.rule import load_rules
+
+    d = trained
+    trace = json.loads((d / which / "trace.json").read_text())
+    metrics = json.loads((d / which / "metrics.json").read_text())
+    # the searches' keys, with the same meaning
+    for key in ("format", "method", "model", "onnx", "rules", "num_rules", "device", "cost_model", "cost", "config",
+                "settings", "initial", "final", "speedup", "steps", "rules_applied", "expansions",
+                "candidates_generated", "candidates_kept", "stop_reason", "seconds", "ms_per_expansion", "stats",
+                "max_rel_diff", "tolerance", "training_seconds", "real_interactions"):
+        assert key in trace, key
+    assert trace["format"] == "rlflow.search-trace/1" and trace["method"] == method and trace["model"] == "bert"
+    assert trace["device"] == "cpu" and trace["cost_model"] == "analytic" and trace["tolerance"] == 1e-4
+    assert 0 <= trace["max_rel_diff"] <= 1e-4
+    assert trace["seconds"] > 0 and trace["training_seconds"] > 0
+    ri = trace["real_interactions"]
+    assert ri == metrics["real_interactions"]
+    assert ri["evaluation"] == metrics["real"]["steps"] == trace["expansions"] >= 1
+    if method == "rlflow":
+        assert set(ri) == {"rollouts", "training", "evaluation", "total"} and ri["training"] == 0
+        assert ri["rollouts"] == int(np.load(d / "enc/latents.npz")["lengths"].sum()) > 0
+    else:
+        assert set(ri) == {"training", "evaluation", "total"} and ri["training"] == 2 * 2 * 4  # updates x envs x steps
+    assert ri["total"] == sum(v for k, v in ri.items() if k != "total")
+    assert len(trace["steps"]) == trace["rules_applied"] <= metrics["real"]["best_step"]
+
+    # the trace replays on the original graph to the written graph, with the metrics it states
+    graph, rules = load_onnx(d / "bert.onnx"), load_rules(d / "rules.json")
+    cost = AnalyticCost("cpu")
+    assert trace["initial"]["runtime_ms"] == pytest.approx(cost.graph_metrics(graph).runtime_ms)
+    assert trace["initial"]["nodes"] == len(graph.nodes)
+    index = MatchIndex(graph, rules)
+    by_id = {r.id: k for k, r in enumerate(rules)}
+    for step in trace["steps"]:
+        k = by_id[step["rule_id"]]
+        m = index.matches[k][step["location"]]
+        assert list(m.nodes) == step["nodes"] and rules[k].name == step["rule_name"]
+        index = index.apply(k, step["location"])
+        assert step["metrics"]["runtime_ms"] == pytest.approx(cost.graph_metrics(index.graph).runtime_ms)
+    optimised = load_onnx(d / which / "model.onnx")
+    assert optimised.structural_hash() == fold_constants(index.graph).structural_hash()
+    assert trace["final"]["runtime_ms"] == pytest.approx(cost.graph_metrics(optimised).runtime_ms)
+    assert trace["final"]["runtime_ms"] <= trace["initial"]["runtime_ms"]
+    assert trace["final"]["runtime_ms"] == pytest.approx(metrics["real"]["best"]["runtime_ms"])
+    assert trace["final"]["nodes"] == len(optimised.nodes)
+    # and computes what the original computes (onnxruntime, on the files as written)
+    onnx.checker.check_model(str(d / which / "model.onnx"))
+    feeds = make_inputs(graph, 3)
+    want = get_runner(graph, "ort", "cpu")(feeds)
+    got = get_runner(optimised, "ort", "cpu")(feeds)
+    assert max_rel_diff(want, got) <= 1e-4
+
+
+@pytest.mark.parametrize("which, names, rows", [
+    ("enc/live", ["train/loss", "train/loss_metrics", "train/loss_counts", "heldout/loss"], 2),   # encoder.epochs
+    ("wm/live", ["train/loss", "train/nll", "heldout/nll", "heldout/count_mse", "lr"], 3),       # world_model.epochs
+    ("ctl/live", ["dream/reward", "dream/episode_length", "dream/episode_return", "loss/value", "loss/clip"], 2),
+    ("mf/live", ["real/reward", "real/interactions", "loss/entropy"], 2),
+])
+def test_training_stages_log_their_curves_with_dvclive(trained, which, names, rows):
+    folder = trained / which
+    summary = json.loads((folder / "metrics.json").read_text())
+    assert summary["step"] == rows
+    for name in names:
+        table = _tsv(folder / "plots" / "metrics" / f"{name}.tsv")
+        assert [int(r["step"]) for r in table] == list(range(1, rows + 1)), name
+        values = [float(r[name.split("/")[-1]]) for r in table]
+        assert all(np.isfinite(values)), name
+    assert (folder / "params.yaml").is_file()
+    assert not (folder / "dvc.yaml").exists() and not (folder / "report.html").exists()
+
+
+def test_curves_match_the_stages_own_records(trained):
+    d = trained
+    enc = json.loads((d / "enc/metrics.json").read_text())
+    logged = [float(r["loss"]) for r in _tsv(d / "enc/live/plots/metrics/train/loss.tsv")]
+    assert logged == pytest.approx(enc["train_loss"])
+    wm_rows = list(csv.DictReader((d / "wm/loss.csv").open()))
+    logged = [float(r["nll"]) for r in _tsv(d / "wm/live/plots/metrics/heldout/nll.tsv")]
+    assert logged == pytest.approx([float(r["heldout_nll"]) for r in wm_rows], rel=1e-5)
+    mf = json.loads((d / "mf/metrics.json").read_text())
+    logged = [float(r["reward"]) for r in _tsv(d / "mf/live/plots/metrics/real/reward.tsv")]
+    assert logged == pytest.approx([row["mean_reward"] for row in mf["curve"]])
+    assert [int(float(r["interactions"])) for r in _tsv(d / "mf/live/plots/metrics/real/interactions.tsv")] == [8, 16]
+    ctl = json.loads((d / "ctl/metrics.json").read_text())
+    lengths = [float(r["episode_length"]) for r in _tsv(d / "ctl/live/plots/metrics/dream/episode_length.tsv")]
+    assert all(1 <= x <= 5 for x in lengths)  # env.max_steps = 5 in the tiny config
+    assert ctl["dream_steps"] == 2 * 4 * 4
+
+
+def test_model_free_stage_resumes_after_a_kill_with_whole_curves(trained, root, tmp_path, monkeypatch, capsys):
+    import rlflow.agents.logging as logmod
+
+    out = tmp_path / "mf"
+    argv = _agent_args(root, trained, "model_free", out, "--set", "model_free.updates=3")
+    real = logmod.TrainingLog.log_row
+    calls = {"n": 0}
+
+    def dying(self, row, *a, **k):  # update 2 is killed after update 1's partial checkpoint was saved
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(self, row, *a, **k)
+
+    monkeypatch.setattr(logmod.TrainingLog, "log_row", dying)
+    assert main(argv) == 130
+    assert (out / "model_free.pt.partial").is_file() and not (out / "model_free.pt").exists()
+    assert not (out / "model.onnx").exists() and not (out / "trace.json").exists()
+    monkeypatch.setattr(logmod.TrainingLog, "log_row", real)
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "resuming after update 1" in capsys.readouterr().out
+    assert [int(r["step"]) for r in _tsv(out / "live/plots/metrics/real/reward.tsv")] == [1, 2, 3]
+    assert [int(float(r["interactions"])) for r in _tsv(out / "live/plots/metrics/real/interactions.tsv")] == \
+        [8, 16, 24]
+    trace = json.loads((out / "trace.json").read_text())
+    assert trace["real_interactions"]["training"] == 24
+    assert not (out / "model_free.pt.partial").exists()
+
+
+# ------------------------------------------------------------------ self-contained checkpoints
+@pytest.mark.parametrize("name, method", [("ctl/controller.pt", "rlflow"), ("mf/model_free.pt", "model_free")])
+def test_agent_checkpoint_is_self_contained(trained, name, method):
+    from rlflow.agents.checkpoint import AGENT_KINDS, load_agent, rules_fingerprint
+    from rlflow.rewrite.rule import load_rules
+
+    data = torch.load(trained / name, weights_only=True)
+    assert data["kind"] == AGENT_KINDS[method]
+    assert {"policy", "encoder", "rules", "env", "config"} <= set(data)
+    assert ("world_model" in data) == (method == "rlflow")
+    assert data["rules"] == rules_fingerprint(load_rules(trained / "rules.json"))
+    episodes = 2  # tests/configs/tiny.yaml: controller.eval_episodes and model_free.eval_episodes
+    assert data["rules"]["count"] == 86 and data["env"] == {"max_steps": 5, "max_locations": 200, "episodes": episodes}
+    agent = load_agent(trained / name)
+    assert agent.method == method and agent.policy_args["n_xfers"] == 86
+
+
+# ------------------------------------------------------------------ rlflow optimize --method rlflow
+@pytest.mark.parametrize("which, ckpt", [("ctl", "controller.pt"), ("mf", "model_free.pt")])
+def test_optimize_with_an_agent_repeats_the_stages_run(trained, which, ckpt, tmp_path, capsys):
+    """The checkpoint alone (no encoder, world model or latents files) reproduces the stage's real run."""
+    import shutil
+
+    d = trained
+    agent = tmp_path / ckpt
+    shutil.copy2(d / which / ckpt, agent)  # alone, away from the files it was trained from
+    out, trace = tmp_path / "opt.onnx", tmp_path / "trace.json"
+    code = main(["optimize", str(d / "bert.onnx"), "--out", str(out), "--method", "rlflow", "--agent", str(agent),
+                 "--rules", str(d / "rules.json"), "--cost-model", "analytic", "--trace", str(trace),
+                 "--no-progress"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "wrote" in text and str(out) in text
+    mine, stage = json.loads(trace.read_text()), json.loads((d / which / "trace.json").read_text())
+    assert mine["format"] == "rlflow.search-trace/1"
+    assert mine["method"] == ("rlflow" if which == "ctl" else "model_free")
+    assert mine["agent"] == str(agent) and mine["agent_trained_on"] == "bert"
+    assert mine["steps"] == stage["steps"] and mine["final"] == stage["final"] and mine["initial"] == stage["initial"]
+    assert mine["real_interactions"]["evaluation"] == stage["real_interactions"]["evaluation"]
+    assert onnx.load(out).SerializeToString() == onnx.load(d / which / "model.onnx").SerializeToString()
+
+
+def _forced_agent(trained, tmp_path, favour: str | None) -> Path:
+    """The model-free checkpoint with its rule head overridden: always the rule named ``favour`` where it
+    matches (the NO-OP never before the horizon), or (None) the NO-OP right away."""
+    from rlflow.rewrite.rule import load_rules
+
+    data = torch.load(trained / "mf/model_free.pt", weights_only=True)
+    sd = data["policy"]["state_dict"]
+    n = data["rules"]["count"]
+    sd["xfer_head.weight"].zero_()
+    bias = torch.zeros(n + 1)
+    if favour is None:
+        bias[n] = 100.0
+    else:
+        bias[n] = -100.0
+        names = [r.name for r in load_rules(trained / "rules.json")]
+        bias[names.index(favour)] = 100.0
+    sd["xfer_head.bias"].copy_(bias)
+    path = tmp_path / f"forced-{favour}.pt"
+    torch.save(data, path)
+    return path
+
+
+def test_an_agent_that_applies_rewrites_writes_them_all_in_order(trained, tmp_path):
+    from rlflow.cost import AnalyticCost
+    from rlflow.graph import load_onnx
+
+    agent = _forced_agent(trained, tmp_path, "matmul-merge")
+    out, trace = tmp_path / "opt.onnx", tmp_path / "trace.json"
+    assert main(["optimize", str(trained / "bert.onnx"), "--out", str(out), "--method", "rlflow", "--agent", str(agent),
+                 "--rules", str(trained / "rules.json"), "--cost-model", "analytic", "--trace", str(trace),
+                 "--no-progress"]) == 0
+    doc = json.loads(trace.read_text())
+    names = [s["rule_name"] for s in doc["steps"]]
+    assert doc["rules_applied"] == len(names) >= 1 and names[0] == "matmul-merge"
+    k = names.count("matmul-merge")
+    assert names[:k] == ["matmul-merge"] * k  # while it matches, the favoured rule is taken
+    costs = [doc["initial"]["runtime_ms"]] + [s["cost_ms"] for s in doc["steps"]]
+    assert costs[-1] < costs[0] and doc["speedup"] > 1
+    assert doc["final"]["runtime_ms"] == pytest.approx(AnalyticCost("cpu").graph_metrics(load_onnx(out)).runtime_ms)
+    assert doc["max_rel_diff"] <= 1e-4
+
+
+def test_an_agent_that_finds_nothing_writes_the_original(trained, tmp_path):
+    from rlflow.graph import load_onnx
+
+    agent = _forced_agent(trained, tmp_path, None)
+    out, trace = tmp_path / "opt.onnx", tmp_path / "trace.json"
+    assert main(["optimize", str(trained / "bert.onnx"), "--out", str(out), "--method", "rlflow", "--agent", str(agent),
+                 "--rules", str(trained / "rules.json"), "--cost-model", "analytic", "--trace", str(trace),
+                 "--no-progress"]) == 0
+    doc = json.loads(trace.read_text())
+    assert doc["steps"] == [] and doc["rules_applied"] == 0 and doc["stop_reason"] == "noop"
+    # one real step (the NO-OP) in each of the 2 episodes (tests/configs/tiny.yaml: model_free.eval_episodes)
+    assert doc["expansions"] == 2 and doc["speedup"] == 1.0 and doc["final"] == doc["initial"]
+    assert load_onnx(out).structural_hash() == load_onnx(trained / "bert.onnx").structural_hash()
+
+
+@pytest.mark.parametrize("ckpt", ["ctl/controller.pt", "mf/model_free.pt"])
+def test_optimize_runs_an_agent_on_another_model(trained, ckpt, tmp_path, capsys):
+    """The agent is not tied to the model it was trained on: any graph, the same rules."""
+    from rlflow.graph import zoo
+
+    src = tmp_path / "vit.onnx"
+    zoo.export_model("vit", src, zoo.TINY_SIZES["vit"])
+    out = tmp_path / "vit.opt.onnx"
+    code = main(["optimize", str(src), "--out", str(out), "--method", "rlflow", "--agent", str(trained / ckpt),
+                 "--rules", str(trained / "rules.json"), "--cost-model", "analytic", "--json", "--no-progress"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["out"] == str(out) and doc["max_rel_diff"] <= 1e-4 and out.is_file()
+    episodes = 2  # tests/configs/tiny.yaml: controller.eval_episodes and model_free.eval_episodes
+    assert doc["final"]["runtime_ms"] <= doc["initial"]["runtime_ms"] and 1 <= doc["expansions"] <= 5 * episodes
+    assert doc["stats"]["episodes"] == episodes
+
+
+def _rules_variant(trained, tmp_path, how: str) -> Path:
+    doc = json.loads((trained / "rules.json").read_text())
+    if how == "fewer":
+        doc["rules"] = doc["rules"][:-1]
+    else:  # the same rules in another order
+        doc["rules"] = doc["rules"][::-1]
+    path = tmp_path / f"rules-{how}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("case", ["missing", "corrupt", "truncated", "encoder", "world_model", "partial", "old",
+                                  "fewer_rules", "reordered_rules", "no_agent", "agent_with_taso",
+                                  "agent_with_greedy", "search_option"])
+def test_optimize_rlflow_errors_are_one_line_and_write_nothing(trained, tmp_path, capsys, case):
+    d = trained
+    agent, rules = d / "ctl/controller.pt", d / "rules.json"
+    method, extra = "rlflow", []
+    want = {"missing": "no such checkpoint", "corrupt": "not a readable checkpoint",
+            "truncated": "not a readable checkpoint", "encoder": "an encoder checkpoint",
+            "world_model": "a world-model checkpoint", "partial": "partial checkpoint",
+            "old": "older rlflow", "fewer_rules": "trained with 86 rules", "reordered_rules": "other rules",
+            "no_agent": "needs --agent", "agent_with_taso": "--agent", "agent_with_greedy": "--agent",
+            "search_option": "--budget"}[case]
+    if case == "missing":
+        agent = tmp_path / "none.pt"
+    elif case == "corrupt":
+        agent = tmp_path / "bad.pt"
+        agent.write_bytes(b"not a checkpoint at all")
+    elif case == "truncated":
+        agent = tmp_path / "cut.pt"
+        agent.write_bytes((d / "ctl/controller.pt").read_bytes()[:2000])
+    elif case == "encoder":
+        agent = d / "enc/encoder.pt"
+    elif case == "world_model":
+        agent = d / "wm/world_model.pt"
+    elif case == "partial":
+        agent = tmp_path / "controller.pt.partial"
+        torch.save({"policy": {}, "updates": 1, "curve": [], "fingerprint": "x"}, agent)
+    elif case == "old":
+        agent = tmp_path / "old.pt"
+        data = torch.load(d / "ctl/controller.pt", weights_only=True)
+        torch.save({"kind": "rlflow.controller/1", "policy": data["policy"]["state_dict"], "config": {}}, agent)
+    elif case in ("fewer_rules", "reordered_rules"):
+        rules = _rules_variant(d, tmp_path, case.split("_")[0])
+    elif case == "no_agent":
+        agent = None
+    elif case.startswith("agent_with_"):
+        method = case.removeprefix("agent_with_")
+    elif case == "search_option":
+        extra = ["--budget", "10"]
+    out, trace = tmp_path / "out.onnx", tmp_path / "trace.json"
+    argv = ["optimize", str(d / "bert.onnx"), "--out", str(out), "--method", method, "--rules", str(rules),
+            "--cost-model", "analytic", "--trace", str(trace), "--no-progress", *extra]
+    if agent is not None:
+        argv += ["--agent", str(agent)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("rlflow: error: ") and want in err, err
+    if case == "fewer_rules":
+        assert "has 85" in err
+    assert not out.exists() and not trace.exists()
+
+
+def test_damaged_agent_checkpoint_is_one_line(trained, tmp_path, capsys):
+    data = torch.load(trained / "ctl/controller.pt", weights_only=True)
+    del data["policy"]["state_dict"]["trunk.0.weight"]
+    agent = tmp_path / "damaged.pt"
+    torch.save(data, agent)
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", str(trained / "bert.onnx"), "--out", str(out), "--method", "rlflow", "--agent", str(agent),
+                 "--rules", str(trained / "rules.json"), "--cost-model", "analytic", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "damaged agent checkpoint" in err and not out.exists()
+
+
+def test_optimize_help_explains_the_agent(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["optimize", "--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for word in ("rlflow", "--agent", "controller.pt", "model_free.pt", "train_controller", "rule set"):
+        assert word in text, word

@@ -1,0 +1,366 @@
+"""The report and summary stages on a fake but schema-correct results folder: one self-contained HTML file with
+every section, the input's numbers in it, honest "not run" sections, and one-line errors without output."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import re
+import shlex
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from rlflow import cli
+from rlflow.pipeline import registry
+
+EVAL_COLUMNS = ("model,method,backend,device,latency_ms_median,latency_ms_iqr,peak_memory_mb,activation_memory_mb,"
+                "nodes,cost_ms,flops,bytes,launches,optimisation_s,training_s,real_interactions,rules_applied,"
+                "max_rel_diff,status").split(",")
+BACKENDS = ("ort", "torch", "tf", "tf-xla")
+#: median latency (ms) per method and backend; None = unsupported
+LATENCY = {
+    "original": (12.5, 30.0, 20.0, 16.0),
+    "taso": (12.0, 28.0, 18.5, 15.5),
+    "greedy": (12.25, 29.0, 19.0, 15.75),
+    "model_free": (11.75, 27.0, 18.0, 15.0),
+    "rlflow": (11.5, 26.0, 17.5, None),
+}
+ACTIVATION_MB = {"original": 8.0, "taso": 7.5, "greedy": 8.0, "model_free": 7.0, "rlflow": 6.0}
+COST_MS = {"original": 10.0, "taso": 9.5, "greedy": 9.75, "model_free": 9.25, "rlflow": 10.0}
+OPT_S = {"taso": 42.5, "greedy": 3.25, "model_free": 1.5, "rlflow": 0.75}
+TRAIN_S = {"model_free": 250.0, "rlflow": 125.0}
+INTERACTIONS = {"model_free": 2408, "rlflow": 608}
+STEPS = {"taso": ["conv-relu", "conv-relu", "matmul-merge"], "greedy": ["conv-relu"],
+         "model_free": ["add-const-fold"], "rlflow": ["matmul-merge", "matmul-merge", "matmul-merge"]}
+FOLDER = {"taso": "taso", "greedy": "greedy", "model_free": "model_free", "rlflow": "controller"}
+
+SECTION_TITLES = ("How to read this report", "Table 2", "Fig. 6", "Fig. 7", "Fig. 8", "Fig. 9", "Fig. 10",
+                  "Fig. 5", "Table 3", "Cost model vs end-to-end latency", "Sample efficiency", "Graph encoder",
+                  "Random rollouts", "Rule generation", "Config, versions and machine")
+
+
+# -- a fake results folder ----------------------------------------------------------------------------------
+def write_json(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1))
+
+
+def write_evaluation(folder: Path, model: str = "bert", methods=tuple(LATENCY)) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "evaluation.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, EVAL_COLUMNS)
+        w.writeheader()
+        for m in methods:
+            for b, lat in zip(BACKENDS, LATENCY[m]):
+                row = dict.fromkeys(EVAL_COLUMNS, "")
+                row.update(model=model, method=m, backend=b, device="cpu")
+                if lat is None:
+                    row["status"] = "unsupported"
+                else:
+                    row.update(latency_ms_median=lat, latency_ms_iqr=0.5, activation_memory_mb=ACTIVATION_MB[m],
+                               nodes=100, cost_ms=COST_MS[m], flops=1e9, bytes=1e8, launches=90, max_rel_diff=1e-7,
+                               status="ok")
+                    if m != "original":
+                        row.update(optimisation_s=OPT_S[m], rules_applied=len(STEPS[m]))
+                    if m in TRAIN_S:
+                        row.update(training_s=TRAIN_S[m], real_interactions=INTERACTIONS[m])
+                w.writerow(row)
+
+
+def trace(method: str) -> dict:
+    metrics = {"runtime_ms": COST_MS[method], "flops": 1e9, "bytes": 1e8, "launches": 90.0}
+    doc = {"format": "rlflow.search-trace/1", "method": method, "model": "bert",
+           "initial": {"nodes": 100, **metrics, "runtime_ms": COST_MS["original"]},
+           "final": {"nodes": 98, **metrics},
+           "steps": [{"rule_id": f"r-{name}", "rule_name": name, "location": 0, "nodes": ["n"],
+                      "cost_ms": COST_MS[method], "metrics": metrics} for name in STEPS[method]],
+           "seconds": OPT_S[method]}
+    if method in TRAIN_S:
+        doc.update(training_seconds=TRAIN_S[method], real_interactions={"total": INTERACTIONS[method]})
+    return doc
+
+
+def controller_metrics(improvement: float, rewards=(0.111, 0.222, 0.333), reward="WeightedReward(alpha=0.8)") -> dict:
+    return {"model": "bert", "temperature": 1.5, "reward": reward, "dream_steps": 4096,
+            "real": {"initial": {"runtime_ms": 10.0}, "best": {"runtime_ms": 10.0 * (1 - improvement / 100)},
+                     "best_step": 3, "steps": 8, "improvement_pct": improvement, "actions": [[1, 0]]},
+            "real_interactions": {"rollouts": 600, "training": 0, "evaluation": 8, "total": INTERACTIONS["rlflow"]},
+            "curve": [{"update": i + 1, "mean_reward": r} for i, r in enumerate(rewards)], "seconds": 12.0}
+
+
+def make_results(root: Path, model: str = "bert") -> Path:
+    """A complete results tree: results/<model>/... and results/rules/stats.json."""
+    res = root / "results" / model
+    write_evaluation(res, model)
+    write_json(res / "metrics.json", {"max_rel_diff": 1e-7, "speedup": {"rlflow": {"ort": 1.087}}})
+    for m, folder in FOLDER.items():
+        write_json(res / folder / "trace.json", trace(m))
+    write_json(res / "encoder" / "metrics.json", {
+        "model": model, "heldout": {"graphs": 40, "runtime_rel_err": 0.0123, "metric_rel_err": {"runtime_ms": 0.0123},
+                                    "counts_exact_acc": 0.875, "counts_mask_acc": 0.9375,
+                                    "baseline_mean_runtime_rel_err": 0.0456},
+        "train_eval": {"graphs": 160, "runtime_rel_err": 0.0111}})
+    write_json(res / "world_model" / "metrics.json", {"epochs": 3, "loglik_per_dim": -1.25, "mask_accuracy": 0.96875,
+                                                      "reward_corr": {"weighted": 0.625, "delta": 0.5}})
+    (res / "world_model" / "loss.csv").write_text(
+        "epoch,lr,train_loss,train_nll,heldout_loss,heldout_nll,seconds\n"
+        "1,0.001,3.5,1.5,3.75,1.625,0.1\n2,0.0005,2.5,1.25,2.75,1.375,0.1\n3,0.0001,1.75,1.0,2.0,1.125,0.1\n")
+    write_json(res / "controller" / "metrics.json", controller_metrics(7.25))
+    write_json(res / "model_free" / "metrics.json", {
+        "model": model, "reward": "WeightedReward(alpha=0.8)",
+        "real": {"initial": {"runtime_ms": 10.0}, "best": {"runtime_ms": 9.5}, "best_step": 2, "steps": 8,
+                 "improvement_pct": 5.0},
+        "real_interactions": {"training": 2400, "evaluation": 8, "total": INTERACTIONS["model_free"]},
+        "curve": [{"update": 1, "interactions": 1200, "mean_reward": 0.05},
+                  {"update": 2, "interactions": 2400, "mean_reward": 0.07}]})
+    write_json(res / "controller" / "temperature-0.5" / "metrics.json", controller_metrics(3.5))
+    write_json(res / "controller" / "reward-delta" / "metrics.json",
+               controller_metrics(4.75, rewards=(1.5, 2.5), reward="DeltaReward()"))
+    write_json(res / "rollouts.json", {"format": "rlflow.rollouts/1", "model": model, "seed": 0,
+                                       "stats": {"episodes": 200, "steps": 6170, "mean_length": 30.85},
+                                       "episodes": [{"actions": [[0, 0]]}]})
+    write_json(root / "results" / "rules" / "stats.json", {
+        "format": 1, "graphs_enumerated": 148225, "candidates": 29012,
+        "after_each_pruning_step": {"trivial": 13704, "renaming": 6235}, "verified": 1295,
+        "generated_rules": 1163, "builtin_rules": 34, "final_rules": 1197, "seconds": {"total": 36.1}})
+    return res
+
+
+# -- running the stages through the CLI ------------------------------------------------------------------------
+@pytest.fixture
+def rlflow(monkeypatch, capsys):
+    """``rlflow ...`` in-process (the stages registered whether or not cli.py lists them yet): (code, stderr)."""
+    mods = list(cli.COMMAND_MODULES)
+    for m in ("rlflow.stages.report", "rlflow.stages.summary"):
+        if m not in mods:
+            mods.append(m)
+    monkeypatch.setattr(cli, "COMMAND_MODULES", mods)
+
+    def run(*args: str) -> tuple[int, str]:
+        code = cli.main([str(a) for a in args])
+        return code, capsys.readouterr().err
+
+    return run
+
+
+def report_args(root: Path, out: Path, *sets: str, model: str = "bert") -> list[str]:
+    args = ["report", "--model", model, "--results", root / "results" / model,
+            "--rules-stats", root / "results" / "rules" / "stats.json", "--out", out]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+def section(html: str, sid: str) -> str:
+    m = re.search(rf'<section id="{sid}">(.*?)</section>', html, re.S)
+    assert m, f"no section {sid}"
+    return m.group(1)
+
+
+def text(fragment: str) -> str:
+    """Visible text of an HTML fragment (tags dropped, entities for quotes undone)."""
+    return re.sub(r"<[^>]+>", " ", fragment).replace("&#x27;", "'").replace("&quot;", '"').replace("&amp;", "&")
+
+
+def assert_self_contained(html: str) -> None:
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", html, re.I)
+    assert not re.search(r"<(script|link|iframe|object|embed)\b", html, re.I)
+    assert "@import" not in html and "url(" not in html
+    for src in re.findall(r'<img[^>]*\ssrc="([^"]*)"', html):
+        assert src.startswith("data:image/svg+xml;base64,")
+        svg = base64.b64decode(src.split(",", 1)[1])
+        root = ET.fromstring(svg)  # a well-formed SVG document
+        assert root.tag.endswith("svg")
+        # inside the SVG too, every reference is internal ("#id" or data:); namespaces and the DTD are not fetched
+        refs = re.findall(rb"""(?:href|src)\s*=\s*["']([^"']*)["']|url\(\s*['"]?([^)'"]*)""", svg)
+        assert all(r.startswith((b"#", b"data:")) for pair in refs for r in pair if r), refs
+
+
+# -- the report ------------------------------------------------------------------------------------------------
+def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_path, rlflow):
+    make_results(tmp_path)
+    out = tmp_path / "results" / "bert" / "report.html"
+    code, err = rlflow(*report_args(tmp_path, out, "sweeps.temperatures=[0.5,1.0]", "sweeps.rewards=[delta]",
+                                    "controller.temperature=1.5", "env.reward.name=weighted"))
+    assert code == 0, err
+    html = out.read_text()
+    assert html.startswith("<!DOCTYPE html>")
+    assert_self_contained(html)
+    # figures: 6, 7, 8, 9, 10, 5 (two) and the interactions bars
+    assert len(re.findall(r"<img ", html)) == 8
+    visible = text(html)
+    for title in SECTION_TITLES:
+        assert re.search(rf"<h2>{re.escape(title)}", html), title
+
+    t2 = text(section(html, "table2"))
+    # baseline: the original on TensorFlow 20 ms; RLFlow's graph 17.5 ms on tf (+12.5%), 11.5 ms on ort (+42.5%)
+    assert "20.000" in t2 and "17.500" in t2 and "+12.5%" in t2 and "+42.5%" in t2
+    assert "+25.0%" in t2  # activation memory 8 -> 6 MB
+    assert "+32.4%" in t2 and "+4.5%" in t2  # RLFlow's Table 2, BERT-Base
+    f6 = text(section(html, "fig6"))
+    assert "11.500 (IQR 0.500)" in f6 and "unsupported" in f6  # rlflow on tf-xla
+    assert "2.98" in f6  # the paper's RLFlow latency for BERT-Base
+    f7 = text(section(html, "fig7"))
+    assert "42.50" in f7 and "125.00" in f7 and "10.8" in f7  # TASO's time, RLFlow's training, the paper's TASO
+    f8 = text(section(html, "fig8"))
+    assert "-1.25" in f8 and "0.9688" in f8
+    f9 = text(section(html, "fig9"))
+    assert "+7.25%" in f9 and "+5.00%" in f9  # each agent's real improvement
+    f10 = section(html, "fig10")
+    assert "conv-relu" in f10 and "matmul-merge" in f10 and "add-const-fold" in f10
+    assert re.search(r"<td>matmul-merge</td><td>1</td><td>0</td><td>0</td><td>3</td>", f10)
+    f5 = text(section(html, "fig5"))
+    assert "weighted (main run)" in f5 and "delta" in f5 and "+4.75%" in f5
+    t3 = text(section(html, "table3"))
+    assert "0.5" in t3 and "+3.50%" in t3 and "1.5 (main run)" in t3 and "0.3330" in t3
+    assert "temperature 1.0: Not run" in t3 and "stage sweep_temperature has not run" in t3
+    assert "Best real improvement in this run: +7.25% at tau 1.5" in t3
+    cost = text(section(html, "cost"))
+    assert "15.0%" in cost  # rlflow on ort: |11.5 - 10| / 10
+    assert "24.0%" in cost and "BERT" in cost  # X-RLflow's table
+    se = text(section(html, "sample"))
+    assert "2,408" in se and "608" in se and "4,096" in se and "3.96x" in se
+    assert "rollouts 600" in se
+    assert "0.0123" in text(section(html, "encoder")) and "0.0456" in text(section(html, "encoder"))
+    assert "6,170" in text(section(html, "rollouts"))
+    rules = text(section(html, "rules"))
+    assert "1,197" in rules and "29,012" in rules and "743" in rules
+    cfg = text(section(html, "config"))
+    assert "temperature: 1.5" in cfg and "temperatures: [0.5, 1.0]" in cfg and "zoo:" in cfg
+    assert "onnxruntime" in cfg and "python" in cfg and "cpu" in visible
+    assert "Not run" not in text(section(html, "fig8")) + text(section(html, "fig9"))
+
+
+def test_report_says_which_stages_have_not_run(tmp_path, rlflow):
+    res = tmp_path / "results" / "bert"
+    write_evaluation(res, methods=("original", "taso"))
+    out = tmp_path / "report.html"
+    code, err = rlflow(*report_args(tmp_path, out))
+    assert code == 0, err
+    html = out.read_text()
+    assert_self_contained(html)
+    for title in SECTION_TITLES:
+        assert re.search(rf"<h2>{re.escape(title)}", html), title
+    assert "Not evaluated: evaluation.csv has no row for greedy, model-free PPO, RLFlow" in text(section(html, "table2"))
+    assert "stage train_world_model has not run" in text(section(html, "fig8"))
+    assert "stage train_controller has not run" in text(section(html, "fig9"))
+    f10 = text(section(html, "fig10"))
+    assert "stage search_taso has not run" in f10 and "stage train_model_free has not run" in f10
+    assert "sweeps.rewards is empty" in text(section(html, "fig5"))
+    assert "sweeps.temperatures is empty" in text(section(html, "table3"))
+    assert "stage train_encoder has not run" in text(section(html, "encoder"))
+    assert "stage merge_rollouts has not run" in text(section(html, "rollouts"))
+    assert "stage generate_rules has not run" in text(section(html, "rules"))
+    assert "not run" in text(section(html, "sample"))
+    # what evaluation.csv has is still reported: the original on TensorFlow and TASO's graph
+    assert "20.000" in text(section(html, "table2")) and "18.500" in text(section(html, "table2"))
+
+
+def test_report_broken_optional_input_is_reported_not_fatal(tmp_path, rlflow):
+    res = make_results(tmp_path)
+    (res / "controller" / "metrics.json").write_text("{not json")
+    out = tmp_path / "r.html"
+    code, err = rlflow(*report_args(tmp_path, out))
+    assert code == 0, err
+    assert "Could not read" in text(section(out.read_text(), "fig9"))
+
+
+def test_report_temperature_ties_name_no_winner(tmp_path, rlflow):
+    res = make_results(tmp_path)
+    write_json(res / "controller" / "temperature-0.5" / "metrics.json", controller_metrics(7.25))
+    out = tmp_path / "r.html"
+    code, err = rlflow(*report_args(tmp_path, out, "sweeps.temperatures=[0.5]"))
+    assert code == 0, err
+    t3 = text(section(out.read_text(), "table3"))
+    assert "Every temperature run gave the same real improvement (+7.25%)" in t3 and "Best real" not in t3
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda p: p.unlink(), "evaluation table not found"),
+    (lambda p: p.write_text("model,method,backend\nbert,original,ort\n"), "lacks column(s)"),
+    (lambda p: p.write_text(p.read_text().replace("12.5,", "fast,", 1)), "not a number"),
+    (lambda p: p.write_text(",".join(EVAL_COLUMNS) + "\n"), "has no rows"),
+])
+def test_report_without_a_valid_evaluation_is_one_line_exit_2_and_no_output(tmp_path, rlflow, damage, needle):
+    res = make_results(tmp_path)
+    damage(res / "evaluation.csv")
+    out = res / "report.html"
+    code, err = rlflow(*report_args(tmp_path, out))
+    assert code == 2
+    assert needle in err and "evaluation.csv" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists() and not list(res.glob(".report.html.*"))
+
+
+def test_report_evaluation_of_another_model_is_refused(tmp_path, rlflow):
+    make_results(tmp_path)
+    code, err = rlflow(*report_args(tmp_path, tmp_path / "r.html", model="vit"))
+    assert code == 2 and not (tmp_path / "r.html").exists()
+    write_evaluation(tmp_path / "results" / "vit", model="bert")
+    code, err = rlflow(*report_args(tmp_path, tmp_path / "r.html", model="vit"))
+    assert code == 2 and "for model 'bert', not 'vit'" in err
+
+
+def test_the_registry_command_lines_parse():
+    """The flags the pipeline passes (registry -> Snakemake/DVC) are the flags the stages take."""
+    import argparse
+
+    from rlflow.stages import report, summary
+
+    for name, mod in (("report", report), ("summary", summary)):
+        st = registry.STAGES[name]
+        assert mod.NAME == st.command.split()[1]
+        parser = argparse.ArgumentParser()
+        mod.add_arguments(parser)
+        argv = shlex.split(st.dvc_cmd().replace("${item}", "bert"))[2:]
+        args = parser.parse_args(argv + ["--set", "seed=0"])
+        assert args.config == ["config.yaml"] and args.overrides == ["seed=0"]
+
+
+# -- the summary --------------------------------------------------------------------------------------------------
+def headline(model: str, rlflow_ms: float) -> dict:
+    return {"format": "rlflow.evaluation-headline/1", "model": model, "device": "cpu",
+            "methods": {
+                "original": {"best_backend": "ort", "latency_ms": 12.5, "speedup_ort": 1.0,
+                             "improvement_vs_tf_pct": 37.5, "optimisation_s": None, "real_interactions": None},
+                "taso": {"best_backend": "ort", "latency_ms": 12.0, "speedup_ort": 1.0417,
+                         "improvement_vs_tf_pct": 40.0, "optimisation_s": 42.5, "rules_applied": 3},
+                "rlflow": {"best_backend": "tf-xla", "latency_ms": rlflow_ms, "speedup_ort": 1.087,
+                           "improvement_vs_tf_pct": 42.5, "optimisation_s": 0.75, "real_interactions": 608},
+            }}
+
+
+def test_summary_over_two_models(tmp_path, rlflow):
+    heads = tmp_path / "results" / "summary"
+    write_json(heads / "vit.json", headline("vit", 9.25))
+    write_json(heads / "bert.json", headline("bert", 11.5))
+    csv_path, html_path = tmp_path / "results" / "summary.csv", tmp_path / "results" / "summary.html"
+    code, err = rlflow("summary", "--set", "models=[bert,vit,resnet18]", "--headlines", heads, "--csv", csv_path,
+                       "--out", html_path)
+    assert code == 0, err
+    rows = list(csv.DictReader(csv_path.open()))
+    assert [(r["model"], r["method"]) for r in rows] == [(m, x) for m in ("bert", "vit")
+                                                         for x in ("original", "taso", "rlflow")]
+    rl = {r["model"]: r for r in rows if r["method"] == "rlflow"}
+    assert rl["bert"]["latency_ms"] == "11.5" and rl["vit"]["latency_ms"] == "9.25"
+    assert rl["vit"]["best_backend"] == "tf-xla" and rl["vit"]["speedup_vs_original_ort"] == "1.087"
+    assert rl["bert"]["improvement_vs_tf_pct"] == "42.5" and rl["bert"]["real_interactions"] == "608"
+    assert rows[0]["optimisation_s"] == "" and rows[1]["rules_applied"] == "3"
+    html = html_path.read_text()
+    assert_self_contained(html)
+    assert '<a href="bert/report.html">bert</a>' in html and '<a href="vit/report.html">vit</a>' in html
+    assert "9.250" in html and "+42.5%" in html and "1.087x" in html
+    assert "Not evaluated yet (no headline file): resnet18" in html
+
+
+def test_summary_without_headlines_is_one_line_exit_2(tmp_path, rlflow):
+    (tmp_path / "summary").mkdir()
+    out = tmp_path / "summary.html"
+    code, err = rlflow("summary", "--headlines", tmp_path / "summary", "--csv", tmp_path / "s.csv", "--out", out)
+    assert code == 2 and "no <model>.json headline files" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists() and not (tmp_path / "s.csv").exists()
+    (tmp_path / "summary" / "bert.json").write_text("[1, 2]")
+    code, err = rlflow("summary", "--headlines", tmp_path / "summary", "--csv", tmp_path / "s.csv", "--out", out)
+    assert code == 2 and "bert.json" in err and not out.exists()
