@@ -39,7 +39,8 @@ def tiny_repo(tmp_path_factory):
     a git repository (DVC needs one) with this repo's dvc.yaml and DVC config; `snakemake` (rule all) run once."""
     root = tmp_path_factory.mktemp("repo")
     copy_workflow(root)
-    shutil.copy2(REPO / "dvc.yaml", root / "dvc.yaml")
+    for name in ("dvc.yaml", ".gitignore"):  # .gitignore: results/ is git-ignored, so DVC adds no .gitignore there
+        shutil.copy2(REPO / name, root / name)
     shutil.copytree(REPO / ".dvc", root / ".dvc", ignore=shutil.ignore_patterns("cache", "tmp", "config.local"))
     cfg = load_config([CONFIG, TINY])
     cfg["sweeps"] = {"temperatures": [0.5], "rewards": ["delta"]}
