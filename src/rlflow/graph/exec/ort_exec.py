@@ -15,6 +15,11 @@ class OrtRunner:
 
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
+        # No busy-waiting of the intra-op threads after a run. With it (onnxruntime's default), a run that follows
+        # another session's run competes with that session's spinning threads: on 2 cores, BERT took 174 ms after
+        # another session and 140 ms after itself; without it, 129 ms either way. The evaluate stage alternates
+        # sessions, so spinning would bias every comparison.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if threads:
             opts.intra_op_num_threads = threads
         providers = ["CPUExecutionProvider"]
