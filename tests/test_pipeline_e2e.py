@@ -72,6 +72,8 @@ def test_rule_all_builds_the_report_and_the_summary(tiny_repo):
 def test_snakemake_run_is_recorded_in_dvc(tiny_repo):
     root, log = tiny_repo
     assert "dvc: done" in log, log[-3000:]
+    r = sh(tool("snakemake"), "-n", cwd=root)  # recording it touched nothing Snakemake looks at
+    assert r.returncode == 0 and "Nothing to be done" in r.stdout + r.stderr, r.stdout + r.stderr
     dvc = tool("dvc")
     r = sh(dvc, "status", cwd=root)
     assert r.returncode == 0 and "up to date" in r.stdout, r.stdout + r.stderr

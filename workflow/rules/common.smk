@@ -120,7 +120,9 @@ def dvc_commit(config):
     if not stages:
         return
     print(f"dvc: recording {len(stages)} stages in dvc.lock (dvc commit) ...", flush=True)
-    proc = subprocess.run([dvc, "commit", "--force", "--quiet", *stages], cwd=workflow.basedir,
+    # --no-relink: leave the files alone (relinking them from the cache would give them new modification times,
+    # and Snakemake would then see inputs newer than their outputs and rerun everything)
+    proc = subprocess.run([dvc, "commit", "--force", "--no-relink", "--quiet", *stages], cwd=workflow.basedir,
                           capture_output=True, text=True)
     if proc.returncode != 0:
         # the results are fine; only their DVC record failed: say so, do not fail the run
