@@ -165,9 +165,6 @@ def agent_summary(result, diff: float, label: str) -> str:
     lines = [f"{label}: cost {r.initial.runtime_ms:.4f} -> {r.final.runtime_ms:.4f} ms ({r.speedup:.3f}x), nodes "
              f"{r.nodes_before} -> {r.nodes_after}, {len(r.trace)} rewrites applied (best of {r.expansions} real "
              f"steps, stopped: {r.stop_reason}) in {r.seconds:.2f} s; max output difference {diff:.2e}"]
-    if r.trace:
-        names: dict[str, int] = {}
-        for s in r.trace:
-            names[s.rule_name] = names.get(s.rule_name, 0) + 1
-        lines.append(f"{label}: rules: " + ", ".join(f"{n} x{c}" if c > 1 else n for n, c in names.items()))
-    return "\n".join(lines)
+    from rlflow.search.output import rules_line
+
+    return "\n".join(lines + rules_line(r, label))

@@ -87,6 +87,21 @@ def find_rules(path: Path | None) -> Path:
                "(in the rlflow checkout) or give --rules")
 
 
+def _cost_model(args, config: dict, device: str, graph, kind: str, progress: bool):
+    """The configured cost model; a measured one first times the graph's unmeasured ops (and updates --costs).
+    Returns (cost model, number of op signatures timed)."""
+    from rlflow.cost import make_cost_model
+
+    cost = make_cost_model(config, device, args.costs if args.costs is not None and args.costs.exists() else None,
+                           kind=kind)
+    measured = 0
+    if kind == "measured":
+        measured = cost.measure([graph], progress=progress)
+        if args.costs is not None and measured:
+            cost.save(args.costs)
+    return cost, measured
+
+
 def _err(msg: str):
     from rlflow.errors import RLFlowError
 
@@ -98,7 +113,6 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from rlflow.config import get, load_config, resolve_device
-    from rlflow.cost import make_cost_model
     from rlflow.graph import load_onnx
     from rlflow.rewrite.rule import load_rules
     from rlflow.search.output import run_method, summary, verify_and_write
@@ -128,13 +142,7 @@ def run(args: argparse.Namespace) -> int:
     graph = load_onnx(args.model, args.input_shape)
     rules = load_rules(rules_path)
     progress = not args.no_progress and not args.json
-    cost = make_cost_model(config, device, args.costs if args.costs is not None and args.costs.exists() else None,
-                           kind=kind)
-    measured = 0
-    if kind == "measured":
-        measured = cost.measure([graph], progress=progress)
-        if args.costs is not None and measured:
-            cost.save(args.costs)
+    cost, measured = _cost_model(args, config, device, graph, kind, progress)
     result = run_method(args.method, graph, rules, cost, alpha=alpha, budget=budget, time_limit_s=limit,
                         progress=progress)
     used = config_used(config, args.method, alpha, budget, limit)
@@ -164,7 +172,6 @@ def run_agent(args: argparse.Namespace, t0: float) -> int:
     from rlflow.agents.checkpoint import load_agent
     from rlflow.agents.real_env import agent_summary
     from rlflow.config import get, load_config, resolve_device
-    from rlflow.cost import make_cost_model
     from rlflow.graph import load_onnx
     from rlflow.rewrite.rule import load_rules
     from rlflow.search.output import verify_and_write
@@ -193,13 +200,7 @@ def run_agent(args: argparse.Namespace, t0: float) -> int:
     agent.check_rules(rules, str(rules_path))
     graph = load_onnx(args.model, args.input_shape)
     progress = not args.no_progress and not args.json
-    cost = make_cost_model(config, device, args.costs if args.costs is not None and args.costs.exists() else None,
-                           kind=kind)
-    measured = 0
-    if kind == "measured":
-        measured = cost.measure([graph], progress=progress)
-        if args.costs is not None and measured:
-            cost.save(args.costs)
+    cost, measured = _cost_model(args, config, device, graph, kind, progress)
     result, episode = agent.optimise(graph, rules, cost, device)
     label = "rlflow" if agent.method == "rlflow" else "rlflow (model-free agent)"
     extra = {"model": str(args.model), "rules": str(rules_path), "num_rules": len(rules), "device": device,

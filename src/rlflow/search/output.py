@@ -64,9 +64,14 @@ def summary(result: SearchResult, diff: float, label: str) -> str:
         f"{label}: {r.expansions} graphs expanded, {r.generated} candidates ({r.kept} kept) in {r.seconds:.1f} s "
         f"({r.ms_per_expansion:.1f} ms per expansion; stopped: {r.stop_reason}); max output difference {diff:.2e}",
     ]
-    if r.trace:
-        names: dict[str, int] = {}
-        for s in r.trace:
-            names[s.rule_name] = names.get(s.rule_name, 0) + 1
-        lines.append(f"{label}: rules: " + ", ".join(f"{n} x{c}" if c > 1 else n for n, c in names.items()))
-    return "\n".join(lines)
+    return "\n".join(lines + rules_line(r, label))
+
+
+def rules_line(result: SearchResult, label: str) -> list[str]:
+    """The rules a result applied, in first-use order with their counts, as one line (none if it applied none)."""
+    names: dict[str, int] = {}
+    for step in result.trace:
+        names[step.rule_name] = names.get(step.rule_name, 0) + 1
+    if not names:
+        return []
+    return [f"{label}: rules: " + ", ".join(f"{n} x{c}" if c > 1 else n for n, c in names.items())]

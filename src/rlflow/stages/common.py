@@ -65,3 +65,17 @@ def single_cpu_thread(device: str) -> None:
 
         torch.set_num_threads(1)
 
+
+def load_seeded_problem(args: argparse.Namespace) -> Problem:
+    """:func:`load_problem`, then what every training stage does first: one torch thread on the CPU
+    (:func:`single_cpu_thread`) and numpy and torch seeded from ``seed``."""
+    import numpy as np
+    import torch
+
+    problem = load_problem(args)
+    single_cpu_thread(problem.device)
+    seed = problem.config["seed"]
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    return problem
+

@@ -45,7 +45,7 @@ from pathlib import Path
 
 from rlflow.config import get
 from rlflow.errors import RLFlowError
-from rlflow.stages.common import add_config_arguments, add_problem_arguments, load_problem, single_cpu_thread
+from rlflow.stages.common import add_config_arguments, add_problem_arguments, load_seeded_problem
 
 NAME = "train-controller"
 HELP = "train the controller in the dream, let it optimise the model in the real env (pipeline stage train_controller)"
@@ -100,7 +100,6 @@ def progress_bar(enabled: bool, total: int, initial: int, desc: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
     import torch
 
     from rlflow.agents.checkpoint import Agent, Checkpointer, fingerprint, rules_fingerprint
@@ -117,12 +116,9 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     check_output_paths(args)
-    problem = load_problem(args)
+    problem = load_seeded_problem(args)
     config, device = problem.config, problem.device
-    single_cpu_thread(device)
     seed = get(config, "seed")
-    torch.manual_seed(seed)
-    np.random.seed(seed)
     ctl = get(config, "controller")
     max_steps, max_locations = get(config, "env.max_steps"), get(config, "env.max_locations")
     encoder = load_encoder(args.encoder, device)

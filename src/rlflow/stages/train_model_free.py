@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from rlflow.config import get
-from rlflow.stages.common import add_config_arguments, add_problem_arguments, load_problem, single_cpu_thread
+from rlflow.stages.common import add_config_arguments, add_problem_arguments, load_seeded_problem
 from rlflow.stages.train_controller import check_output_paths, describe_cost, progress_bar
 
 NAME = "train-model-free"
@@ -64,7 +64,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
     import torch
 
     from rlflow.agents.checkpoint import Agent, Checkpointer, fingerprint, rules_fingerprint
@@ -79,12 +78,9 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     check_output_paths(args)
-    problem = load_problem(args)
+    problem = load_seeded_problem(args)
     config, device = problem.config, problem.device
-    single_cpu_thread(device)
     seed = get(config, "seed")
-    torch.manual_seed(seed)
-    np.random.seed(seed)
     mf = get(config, "model_free")
     encoder = load_encoder(args.encoder, device)
     envs = [make_env(config, problem.graph, problem.rules, problem.cost, device=device) for _ in range(mf["num_envs"])]
