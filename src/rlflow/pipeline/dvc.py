@@ -50,8 +50,13 @@ def stage_entry(stage: Stage) -> dict:
         "cmd": stage.dvc_cmd(),
         "deps": _deps(stage, values),
         "params": [{CONFIG_FILE: list(stage.config_keys(**values).values())}],
-        "outs": list(stage.output_paths(**values).values()),
     }
+    outs = stage.output_paths(**values)
+    body["outs"] = [p for k, p in outs.items() if k not in stage.metrics + stage.plots]
+    if stage.metrics:
+        body["metrics"] = [outs[k] for k in stage.metrics]
+    if stage.plots:
+        body["plots"] = [outs[k] for k in stage.plots]
     if not stage.wildcards:  # one run in all (e.g. generate_rules): a plain stage
         return body
     if len(stage.wildcards) == 1:

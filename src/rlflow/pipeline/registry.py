@@ -115,6 +115,10 @@ class Stage:
     sets: tuple[tuple[str, str], ...] = ()
     """Config keys the stage fixes from its wildcards, passed last as ``--set KEY=VALUE`` (e.g. a temperature
     sweep job sets ``controller.temperature`` to its ``{tau}``)."""
+    metrics: tuple[str, ...] = ()
+    """Outputs (by name) that DVC lists as ``metrics`` (``dvc metrics show``) rather than plain ``outs``."""
+    plots: tuple[str, ...] = ()
+    """Outputs (by name) that DVC lists as ``plots`` (``dvc plots show``) rather than plain ``outs``."""
     runs: str = ""
     """The stage module it runs when it is not its own (a sweep job runs ``train_controller``); default: ``name``."""
 
@@ -259,8 +263,8 @@ def _check(stage: Stage) -> Stage:
         raise ValueError(f"stage {stage.name}: unknown wildcard(s) {sorted(unknown)}")
     if not re.fullmatch(r"[a-z][a-z0-9_]*", stage.name):
         raise ValueError(f"stage {stage.name}: name must be snake_case")
-    if set(stage.folders) - set(stage.outputs):
-        raise ValueError(f"stage {stage.name}: folders {sorted(set(stage.folders) - set(stage.outputs))} are not outputs")
+    if set(stage.folders + stage.metrics + stage.plots) - set(stage.outputs):
+        raise ValueError(f"stage {stage.name}: folders/metrics/plots name outputs it does not have")
     return stage
 
 
@@ -451,6 +455,7 @@ STAGES: dict[str, Stage] = {
             params={"seed": "seed", "device": "device", "world_model": "world_model"},
             args=(("--model", "{model}"), ("--latents", "{input.latents}"), ("--out", "{output.checkpoint}"),
                   ("--metrics", "{output.metrics}"), ("--curve", "{output.curve}"), ("--logs", "{output.logs}")),
+            plots=("curve",),
             code=("src/rlflow/nn/mdnrnn.py", "src/rlflow/nn/losses.py", "src/rlflow/agents/world_model.py",
                   "src/rlflow/agents/checkpoint.py", "src/rlflow/agents/logging.py"),
             folders=("logs",),
@@ -524,6 +529,7 @@ STAGES: dict[str, Stage] = {
                   *((f"--{m.replace('_', '-')}-trace", f"{{input.{m}_trace}}") for m in METHODS),
                   ("--out", "{output.table}"), ("--metrics", "{output.metrics}"), ("--headline", "{output.headline}")),
             code=("src/rlflow/evaluation", "src/rlflow/graph/exec"),
+            metrics=("metrics",),
             all_cores=True,
         ),
         Stage(
