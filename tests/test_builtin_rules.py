@@ -78,13 +78,34 @@ def test_examples_verify(rid):
 
 
 def test_verified_records_and_rules_file(tmp_path):
-    rules = verified_builtin_rules(trials=1)
-    assert [r.id for r in rules] == list(RULES)
+    """verified_builtin_rules is what the generate_rules stage writes: every rule verified by the project's
+    verifier at its own examples plus random bindings, and the records survive a rules file."""
+    rules = verified_builtin_rules(trials=3, max_dim=4, seed=0)
+    assert [r.id for r in rules] == list(RULES) and len(rules) == 34
     for r in rules:
-        assert r.verified["trials"] >= 2 and r.verified["method"] != "pending", r.id
+        rec, examples = r.verified, RULES[r.id][1]
+        assert rec["method"] == "random-float64" and rec["seed"] == 0 and rec["rtol"] == 1e-9, r.id
+        # every example, then random bindings around them: at least max(trials, #examples) in all
+        assert [s["vars"] for s in rec["shapes"][:len(examples)]] == [e["vars"] for e in examples], r.id
+        assert len(rec["shapes"]) >= max(3, len(examples)), r.id
+        assert rec["examples"] == examples, r.id
+        assert 0.0 <= rec["max_rel_diff"] <= 1e-9, (r.id, rec["max_rel_diff"])
+        # the rule itself is unchanged: only its record is filled in
+        assert {**r.to_json(), "verified": None} == {**RULES[r.id][0].to_json(), "verified": None}
     p = tmp_path / "rules.json"
     p.write_text(json.dumps(rules_document(rules, {"builtin": True})))
     assert load_rules(p) == rules
+
+
+def test_verified_builtin_rules_fails_on_a_broken_rule(monkeypatch):
+    """A builtin rule that does not verify is an error naming the rule and its failing example, never dropped."""
+    import rlflow.rewrite.builtin as builtin
+
+    broken = mutate("b-add-const-chain", lambda raw: raw["dst"][0].update(op="Sub"))
+    rules = [(broken if r.id == "b-add-const-chain" else r, ex) for r, ex in builtin_rules()]
+    monkeypatch.setattr(builtin, "builtin_rules", lambda: rules)
+    with pytest.raises(RLFlowError, match=r"rule 'b-add-const-chain': example 0 .*outputs differ"):
+        builtin.verified_builtin_rules(trials=1)
 
 
 # ============================================================================================ other shapes

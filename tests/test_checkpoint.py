@@ -39,13 +39,33 @@ def test_finish_writes_the_final_file_and_drops_the_partial(tmp_path):
     assert data["config"] == {"lr": 0.1} and torch.equal(data["model"]["w"], torch.zeros(3))
 
 
-def test_damaged_partial_is_ignored_and_bad_final_is_one_line_error(tmp_path):
-    out = tmp_path / "model.pt"
-    c = Checkpointer(out, "fp")
-    c.partial.write_bytes(b"not a checkpoint")
-    assert c.load() is None
+def test_bad_final_is_one_line_error(tmp_path):
     with pytest.raises(RLFlowError, match="no such checkpoint"):
         load_checkpoint(tmp_path / "missing.pt")
+    out = tmp_path / "model.pt"
     out.write_bytes(b"garbage")
     with pytest.raises(RLFlowError, match="not a readable checkpoint"):
         load_checkpoint(out)
+
+
+@pytest.mark.parametrize("damage", [
+    lambda p: p.write_bytes(b"not a checkpoint"),
+    lambda p: p.write_bytes(p.read_bytes()[:40]),  # truncated
+    lambda p: torch.save([1, 2], p),  # readable, but no rlflow partial state
+    lambda p: torch.save({"epoch": 2}, p),  # no fingerprint
+])
+def test_damaged_partial_is_a_one_line_error_naming_it(tmp_path, damage):
+    """A resumable checkpoint that cannot be read is never dropped silently: the error names the file and says
+    to delete it; the file is left as it is."""
+    c = Checkpointer(tmp_path / "model.pt", "fp")
+    c.save({"epoch": 1, "w": torch.ones(3)})
+    damage(c.partial)
+    before = c.partial.read_bytes()
+    with pytest.raises(RLFlowError) as err:
+        c.load()
+    msg = str(err.value)
+    assert msg.startswith(f"{c.partial}: the resumable checkpoint of an interrupted run cannot be read (")
+    assert msg.endswith("; delete it to start over") and "\n" not in msg
+    assert c.partial.read_bytes() == before
+    c.partial.unlink()
+    assert c.load() is None  # deleted: a fresh start

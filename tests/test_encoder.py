@@ -116,7 +116,7 @@ def _stage_args(tiny_zoo, rules_file, rollouts_path, out, *extra):
 
 def test_stage_end_to_end(tiny_zoo, rules_file, rollouts, tmp_path, root, monkeypatch):
     from rlflow.cli import main
-    from rlflow.stages.train_encoder import load_encoder
+    from rlflow.agents.checkpoint import load_encoder
 
     monkeypatch.chdir(root)
     path, doc = rollouts
@@ -183,7 +183,7 @@ def test_stage_resumes_after_a_kill(tiny_zoo, rules_file, rollouts, tmp_path, ro
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["resumed_from_epoch"] == 1 and len(m["train_loss"]) == 2
     assert not (tmp_path / "encoder.pt.partial").exists()
-    from rlflow.stages.train_encoder import load_encoder
+    from rlflow.agents.checkpoint import load_encoder
 
     load_encoder(tmp_path / "encoder.pt")
     # a run with another config ignores the partial file and starts over
@@ -192,3 +192,59 @@ def test_stage_resumes_after_a_kill(tiny_zoo, rules_file, rollouts, tmp_path, ro
     monkeypatch.setattr(Checkpointer, "save", save)
     assert main(_stage_args(tiny_zoo, rules_file, path, tmp_path, "--set", "encoder.lr=0.002")) == 0
     assert json.loads((tmp_path / "metrics.json").read_text())["resumed_from_epoch"] == 0
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda ep: ep["metrics"][1].__setitem__(0, ep["metrics"][1][0] * 1.01),
+     "episode 0, step 1: replaying the actions gives runtime_ms "),
+    (lambda ep: ep["counts"][0].__setitem__(0, [ep["counts"][0][0][0], ep["counts"][0][0][1] + 1]),
+     "episode 0, step 0: replaying the actions gives "),
+])
+def test_replay_mismatch_is_an_error(problem, rollouts, damage, needle):
+    """Rollouts that the environment does not reproduce (other model, rules or cost model) are refused."""
+    import copy
+
+    from rlflow.agents.encoder_training import materialise
+    from rlflow.errors import RLFlowError
+
+    env = problem[0]
+    episodes = copy.deepcopy(rollouts[1]["episodes"][:1])
+    assert len(episodes[0]["actions"]) >= 1 and episodes[0]["counts"][0]
+    _, check = materialise(env, episodes, source="r.json")  # intact: reproduced
+    assert check == {"max_metric_rel_diff": 0.0, "count_mismatch_steps": 0}
+    damage(episodes[0])
+    with pytest.raises(RLFlowError, match="^r.json: " + needle):
+        materialise(env, episodes, source="r.json")
+
+
+def test_stage_refuses_rollouts_it_cannot_reproduce(tiny_zoo, rules_file, rollouts, tmp_path, root, monkeypatch,
+                                                    capsys):
+    from rlflow.cli import main
+
+    monkeypatch.chdir(root)
+    doc = json.loads(rollouts[0].read_text())
+    doc["episodes"][2]["metrics"][0][1] += 1000.0  # flops of the first graph
+    bad = tmp_path / "rollouts.json"
+    bad.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(_stage_args(tiny_zoo, rules_file, bad, out)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"rlflow: error: {bad}: episode 2, step 0: replaying the actions "
+                                               "gives flops "), err
+    assert list(out.iterdir()) == []
+
+
+def test_stage_with_a_damaged_partial_checkpoint_fails_naming_it(tiny_zoo, rules_file, rollouts, tmp_path, root,
+                                                                 monkeypatch, capsys):
+    from rlflow.cli import main
+
+    monkeypatch.chdir(root)
+    partial = tmp_path / "encoder.pt.partial"
+    partial.write_bytes(b"\x80\x02half a checkpoint")
+    assert main(_stage_args(tiny_zoo, rules_file, rollouts[0], tmp_path)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"rlflow: error: {partial}: the resumable checkpoint of an "
+                                               "interrupted run cannot be read ("), err
+    assert err[0].endswith("; delete it to start over")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["encoder.pt.partial"]  # kept; nothing written

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -89,6 +92,60 @@ def test_env_checker_passes(bert, rules):
     check_env(env, skip_render_check=True)
     env = gym.make(ENV_ID, graph=bert, rules=rules, cost_model=AnalyticCost("cpu"), max_steps=5, max_locations=16)
     check_env(env.unwrapped, skip_render_check=True)
+
+
+# ------------------------------------------------------------------------------------------------ registration
+GYM_MAJOR = int(gym.__version__.split(".")[0])
+#: the id `gym.make` resolves with no prior import: Gymnasium 1.x dropped the entry-point plugin loader, so there
+#: the module-prefixed id is the way (Gymnasium imports rlflow.env itself); 0.26-0.29 load our entry point
+NO_IMPORT_ID = f"rlflow.env:{ENV_ID}" if GYM_MAJOR >= 1 else ENV_ID
+
+
+def _python(code: str, cwd) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only what the installed package provides
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_gym_make_with_no_arguments_and_no_import_passes_the_env_checker(tmp_path):
+    """The installed package, a fresh interpreter outside the repository, nothing but gymnasium imported: the
+    env id gives a working default env that Gymnasium's checker accepts."""
+    code = ("import sys, gymnasium as gym; from gymnasium.utils.env_checker import check_env; "
+            "assert 'rlflow' not in sys.modules; "
+            f"check_env(gym.make({NO_IMPORT_ID!r}).unwrapped); print('checked')")
+    r = _python(code, tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "checked", r.stderr[-2000:]
+
+
+def test_the_declared_entry_point_registers_the_env(tmp_path):
+    """pyproject's `gymnasium.envs` entry point (what Gymnasium 0.26-0.29 call at import) registers the id."""
+    code = ("import gymnasium as gym; from importlib.metadata import entry_points; "
+            "(ep,) = [e for e in entry_points(group='gymnasium.envs') if e.name == 'rlflow']; "
+            "assert ep.value == 'rlflow.env:register_envs', ep.value; "
+            "ep.load()(); "
+            f"print(gym.spec({ENV_ID!r}).entry_point)")
+    r = _python(code, tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "rlflow.env.graph_rewrite:GraphRewriteEnv"
+
+
+def test_default_env_is_the_tiny_bert_with_the_builtin_rules(tiny_zoo):
+    from rlflow.cost.model import AnalyticCost as Analytic
+    from rlflow.env.graph_rewrite import DEFAULT_GRAPH
+    from rlflow.rewrite.builtin import builtin_rules
+
+    env = gym.make(ENV_ID).unwrapped
+    builtin = [r for r, _ in builtin_rules()]
+    assert [r.id for r in env.rules] == [r.id for r in builtin] and env.n_xfers == 34
+    # the shipped graph is the zoo's tiny BERT as the exporter makes it now
+    shipped, fresh = load_onnx(DEFAULT_GRAPH), load_onnx(tiny_zoo["bert"])
+    assert shipped.structural_hash() == fresh.structural_hash() and env.graph.structural_hash() == fresh.structural_hash()
+    assert type(env.cost) is Analytic
+    obs, info = env.reset(seed=0)
+    assert info["counts"].sum() > 0 and obs["xfer_mask"][:-1].any()  # builtin rules match: there is work to do
+    xfer = int(np.flatnonzero(obs["xfer_mask"][:-1])[0])
+    _, _, _, _, info = env.step((xfer, 0))
+    assert info["valid"] and info["rule"] == builtin[xfer].id
 
 
 def test_masks_match_find_matches(bert, rules):

@@ -332,6 +332,91 @@ def test_unsupported_backend_is_a_row_not_a_failure(tmp_path, capsys):
     assert head["methods"]["greedy"]["improvement_vs_tf_pct"] is None  # tf was not run
 
 
+def _opaque_case(tmp_path) -> tuple[dict, dict]:
+    """An ONNX model with an opaque op (Elu), evaluated as the original and as greedy's graph."""
+    from onnx_models import with_opaque_op
+
+    src = tmp_path / "opaque.onnx"
+    onnx.save(with_opaque_op(), str(src))
+    trace = {"format": "rlflow.search-trace/1", "method": "greedy", "steps": [], "seconds": 0.5,
+             "initial": {"nodes": 4, "runtime_ms": 1.0, "flops": 10, "bytes": 20, "launches": 4},
+             "final": {"nodes": 4, "runtime_ms": 1.0, "flops": 10, "bytes": 20, "launches": 4}}
+    (tmp_path / "trace.json").write_text(json.dumps(trace))
+    return {"onnx": src, "greedy": src, "greedy_trace": tmp_path / "trace.json"}, _outputs(tmp_path / "out")
+
+
+def test_unsupported_is_decided_before_running(monkeypatch):
+    """'unsupported' comes from the graph alone (tf-xla and an opaque op; an op without a TF lowering): the
+    backend's runner is never built for it."""
+    import rlflow.evaluation.runs as runs
+
+    log, built = [], []
+    _fake_runs(monkeypatch, log, built)
+    graphs = _fake_graphs({"original": "Relu", "taso": "Tanh"})
+    opaque = Node("o", "Opaque", ("x",), ("y",), {"op_type": "Elu", "domain": ""})
+    graphs[1] = ("taso", Graph(inputs=["x"], outputs=["y"], nodes=[opaque], types=graphs[1][1].types, name="taso"))
+    assert runs.unsupported_reason(graphs[1][1], "tf") is None and runs.unsupported_reason(graphs[1][1], "ort") is None
+    lines = []
+    res = evaluate_graphs(graphs, ["ort", "tf-xla"], "cpu", warmup=0, repeats=2, progress=False, log=lines.append)
+    assert [(r.method, r.backend, r.status) for r in res] == [
+        ("original", "ort", "ok"), ("original", "tf-xla", "ok"), ("taso", "ort", "ok"),
+        ("taso", "tf-xla", "unsupported")]
+    assert ("taso", "tf-xla") not in built and ("taso", "ort") in built
+    assert "opaque op Elu" in res[3].reason and res[3].median_ms is None
+    # an op the tf backends have no lowering for, named
+    import dataclasses
+
+    from rlflow.graph.ops import OPS
+
+    monkeypatch.setitem(OPS, "Tanh", dataclasses.replace(OPS["Tanh"], tf=None))
+    assert runs.unsupported_reason(_fake_graphs({"m": "Tanh"})[0][1], "tf") == \
+        "the tf backend has no lowering for op(s) Tanh"
+
+
+def test_a_backend_crash_fails_the_stage(monkeypatch):
+    """An exception while a runner is built or run is a failure naming method, backend and cause, not a row."""
+    import rlflow.evaluation.runs as runs
+
+    log: list[str] = []
+    _fake_runs(monkeypatch, log)
+    fake = runs.first_run
+
+    def crashing(g, backend, device, feeds):
+        if g.name == "greedy" and backend == "torch":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore detail")
+        return fake(g, backend, device, feeds)
+
+    monkeypatch.setattr(runs, "first_run", crashing)
+    graphs = _fake_graphs({"original": "Relu", "taso": "Tanh", "greedy": "Sigmoid"})
+    with pytest.raises(runs.BackendFailure) as err:
+        evaluate_graphs(graphs, ["ort", "torch"], "cpu", warmup=0, repeats=1, progress=False, log=lambda s: None)
+    msg = str(err.value)
+    assert err.value.exit_code == 2 and "\n" not in msg
+    assert msg.startswith("greedy on torch (cpu): the backend failed") and "RuntimeError: CUDA error: an illegal" in msg
+
+
+def test_a_backend_crash_writes_nothing(tmp_path, capsys, monkeypatch):
+    """The stage: a backend raising on a graph is one line naming method, backend and cause; exit 2; no files."""
+    import rlflow.evaluation.runs as runs
+
+    real = runs.first_run
+
+    def crashing(g, backend, device, feeds):
+        if backend == "torch":
+            raise ValueError("boom in the torch runner")
+        return real(g, backend, device, feeds)
+
+    monkeypatch.setattr(runs, "first_run", crashing)
+    paths, out = _opaque_case(tmp_path)
+    code = main(_argv(paths, out, methods=("greedy",), sets=["evaluate.backends=[ort, torch]", "run.warmup=0",
+                                                              "run.repeats=1"]))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err == ["rlflow: error: original on torch (cpu): the backend failed while building or running the graph: "
+                   "ValueError: boom in the torch runner; nothing written"], err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("damage", ["missing_onnx", "corrupt_onnx", "missing_trace", "bad_json", "wrong_format",
                                     "no_final", "half_a_method", "other_model"])
 def test_bad_input_is_one_line_exit_2_and_no_output(tiny, tmp_path, capsys, damage):

@@ -400,11 +400,11 @@ def test_stage_writes_rules_and_stats(tmp_path):
     assert [x.id for x in gen] == [f"g{i:04d}" for i in range(1, len(gen) + 1)]
     doc = json.loads(out.read_text())
     assert doc["generator"]["max_ops"] == 2 and doc["generator"]["trials"] == 3
-    try:
-        import rlflow.rewrite.builtin  # noqa: F401
-        assert stats["builtin_rules"] > 0 and all(x.verified.get("examples") for x in rules if x.origin == "builtin")
-    except ImportError:
-        assert stats["builtin_rules"] == 0
+    from rlflow.rewrite.builtin import verified_builtin_rules
+
+    builtin = [x for x in rules if x.origin == "builtin"]
+    assert stats["builtin_rules"] == len(builtin) == 34
+    assert builtin == verified_builtin_rules(3, doc["generator"]["max_dim"], doc["generator"]["seed"])
     assert sorted(p.name for p in out.parent.iterdir()) == ["rules.json", "stats.json"]  # no temp files
     # the same file from another process (another str-hash seed): DVC sees a reproducible output
     again = tmp_path / "again" / "rules.json"
@@ -424,6 +424,22 @@ def test_stage_bad_config_is_one_line_and_writes_nothing(tmp_path, override, nee
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rlflow: error:") and needle in lines[0], r.stderr
+    assert not (tmp_path / "sub").exists()
+
+
+def test_stage_without_importable_builtin_rules_fails_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """rules.builtin=true and rlflow.rewrite.builtin failing to import: one-line error, exit 2, no rules file
+    (it used to write a rules file without the builtins)."""
+    import sys as _sys
+
+    from rlflow.cli import main
+
+    monkeypatch.setitem(_sys.modules, "rlflow.rewrite.builtin", None)  # `import` raises ImportError
+    out = tmp_path / "sub" / "rules.json"
+    assert main(["generate-rules", "--config", str(CONFIG), *SMALL, "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rlflow: error: rules.builtin is true but the builtin rules "
+                                               "(rlflow.rewrite.builtin) cannot be imported"), err
     assert not (tmp_path / "sub").exists()
 
 

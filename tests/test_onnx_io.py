@@ -110,6 +110,16 @@ def _bad_files(tmp_path):
         "string_dtype": (tmp_path / "string.onnx", "input 'x' has unsupported element type STRING"),
         "dynamic_shape": (tmp_path / "dynamic.onnx", "input 'x' has dynamic dimension 0 ('batch'); pass --input-shape x=Nx4"),
         "no_static_shape": (tmp_path / "nonzero.onnx", "node 'nz' (NonZero): the shape of output 'y' cannot be inferred"),
+        "no_outputs": (tmp_path / "no_outputs.onnx", "the graph has no outputs"),
+        "deleted_initializer": (tmp_path / "no_init.onnx", "node 'conv' (Conv) reads 'w', which no node, graph input "
+                                                           "or initializer defines"),
+        "deleted_node": (tmp_path / "no_node.onnx", "node 'relu' (Relu) reads 'e', which no node, graph input or "
+                                                    "initializer defines"),
+        "dim_minus_one": (tmp_path / "dim_minus_one.onnx", "input 'x' dimension 0 is -1, not a size rlflow can "
+                                                           "run (sizes are >= 1); pass --input-shape x=Nx3x8x8 with "
+                                                           "N >= 1"),
+        "dim_zero": (tmp_path / "dim_zero.onnx", "input 'x' dimension 2 is 0, not a size rlflow can run (sizes are "
+                                                 ">= 1); pass --input-shape x=1x3xNx8 with N >= 1"),
     }
     files["empty"][0].write_bytes(b"")
     files["not_onnx"][0].write_text("name,value\nalpha,1\n" * 40)
@@ -118,10 +128,27 @@ def _bad_files(tmp_path):
     onnx.save(onnx_models.with_string_input(), str(files["string_dtype"][0]))
     onnx.save(onnx_models.with_dynamic_input(), str(files["dynamic_shape"][0]))
     onnx.save(onnx_models.with_data_dependent_shape(), str(files["no_static_shape"][0]))
+    for case, mutate in _MUTATIONS.items():
+        m = onnx_models.with_opaque_op()
+        mutate(m.graph)
+        onnx.save(m, str(files[case][0]))
     return files
 
 
-BAD_CASES = ["missing", "empty", "not_onnx", "truncated", "cycle", "string_dtype", "dynamic_shape", "no_static_shape"]
+def _set_input_dim(d: int, value: int):
+    return lambda g: setattr(g.input[0].type.tensor_type.shape.dim[d], "dim_value", value)
+
+
+#: mutations of with_opaque_op (Conv 'conv' reads x and initializer w -> Elu 'elu' -> e -> Relu 'relu' -> HardSigmoid)
+_MUTATIONS = {
+    "no_outputs": lambda g: g.ClearField("output"),
+    "deleted_initializer": lambda g: g.ClearField("initializer"),
+    "deleted_node": lambda g: g.node.remove(g.node[1]),
+    "dim_minus_one": _set_input_dim(0, -1),
+    "dim_zero": _set_input_dim(2, 0),
+}
+BAD_CASES = ["missing", "empty", "not_onnx", "truncated", "cycle", "string_dtype", "dynamic_shape", "no_static_shape",
+             *_MUTATIONS]
 
 
 @pytest.mark.parametrize("case", BAD_CASES)
@@ -135,6 +162,18 @@ def test_bad_input_one_line_exit_2_no_output(case, tmp_path, capsys):
     assert message in err and str(path) in err, err
     assert not out.exists()
     assert not list(tmp_path.glob(".out.onnx*"))  # no temporary leftovers either
+
+
+@pytest.mark.parametrize("case", ["dim_minus_one", "dim_zero"])
+def test_suggested_input_shape_is_accepted(case, tmp_path, capsys):
+    """The --input-shape the error suggests (N filled in) is one the tool takes, unlike x=-1x3x8x8 before."""
+    path, _ = _bad_files(tmp_path)[case]
+    assert main(["inspect", str(path)]) == 2
+    suggested = capsys.readouterr().err.split("--input-shape ")[1].split()[0]
+    assert suggested in ("x=Nx3x8x8", "x=1x3xNx8")
+    assert main(["inspect", str(path), "--input-shape", suggested.replace("N", "8" if case == "dim_zero" else "1"),
+                 "--json"]) == 0
+    assert '"x": "float32[1x3x8x8]"' in capsys.readouterr().out
 
 
 def test_bad_input_real_process_has_no_traceback(tmp_path, root):

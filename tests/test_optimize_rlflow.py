@@ -99,11 +99,12 @@ def test_stage_writes_a_verified_graph_and_a_search_format_trace(trained, which,
     ri = trace["real_interactions"]
     assert ri == metrics["real_interactions"]
     assert ri["evaluation"] == metrics["real"]["steps"] == trace["expansions"] >= 1
-    if method == "rlflow":
-        assert set(ri) == {"rollouts", "training", "evaluation", "total"} and ri["training"] == 0
-        assert ri["rollouts"] == int(np.load(d / "enc/latents.npz")["lengths"].sum()) > 0
-    else:
-        assert set(ri) == {"training", "evaluation", "total"} and ri["training"] == 2 * 2 * 4  # updates x envs x steps
+    # one definition for both agents: the rollouts the encoder (and world model) learned from, training, the run
+    assert set(ri) == {"rollouts", "training", "evaluation", "total"}
+    rollouts = json.loads((d / "rollouts.json").read_text())["episodes"]
+    assert ri["rollouts"] == sum(len(e["actions"]) for e in rollouts) > 0
+    assert ri["rollouts"] == int(np.load(d / "enc/latents.npz")["lengths"].sum())
+    assert ri["training"] == (0 if method == "rlflow" else 2 * 2 * 4)  # the dream: none; else updates x envs x steps
     assert ri["total"] == sum(v for k, v in ri.items() if k != "total")
     assert len(trace["steps"]) == trace["rules_applied"] <= metrics["real"]["best_step"]
 

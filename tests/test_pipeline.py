@@ -68,7 +68,8 @@ def test_dvc_stage_declares_exactly_the_config_keys_and_files_of_the_registry():
     do = doc["stages"]["export_model"]["do"]
     assert doc["stages"]["export_model"]["foreach"] == "${models}"
     assert do["params"] == [{"config.yaml": ["seed", "export.opset", "export.exporter", "zoo.${item}"]}]
-    assert do["deps"] == ["src/rlflow/stages/export_model.py", "src/rlflow/graph/zoo"]
+    assert do["deps"][0] == "src/rlflow/stages/export_model.py" and "src/rlflow/graph/zoo" in do["deps"]
+    assert do["deps"] == st_.code_paths()
     assert do["outs"] == ["results/${item}/model.onnx"]
     assert do["cmd"] == "rlflow export-model --config config.yaml --model ${item} --out results/${item}/model.onnx"
     cfg = yaml.safe_load(CONFIG.read_text())
@@ -236,6 +237,63 @@ def test_snakemake_lint_has_no_findings():
     r = sh(tool("snakemake"), "--lint")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Congratulations, your workflow is in a good condition!" in r.stdout + r.stderr
+
+
+# -- code dependencies: the import closure of each stage's module ---------------------------------------------
+def _imported_rlflow_modules(module: str) -> set[str]:
+    """The rlflow modules ``module`` imports, transitively, found by the standard library's ModuleFinder
+    (which reads every import in the byte code, inside functions too): a second implementation to check
+    rlflow.pipeline.imports against. Modules outside rlflow are not followed."""
+    import modulefinder
+
+    class RlflowOnly(modulefinder.ModuleFinder):
+        def import_hook(self, name, caller=None, fromlist=None, level=-1):
+            if level in (-1, 0) and not (name == "rlflow" or name.startswith("rlflow.")):
+                return None
+            return super().import_hook(name, caller, fromlist, level)
+
+    finder = RlflowOnly(path=[str(REPO / "src")])
+    finder.run_script(str(REPO / "src" / Path(*module.split("."))) + ".py")
+    return {m for m in finder.modules if m.startswith("rlflow")}
+
+
+def _covered(path: str, deps: list[str]) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in deps)
+
+
+@pytest.mark.parametrize("name", sorted(registry.STAGES))
+def test_every_module_a_stage_imports_is_a_code_dependency_of_its_rule_and_dvc_stage(name):
+    stage = registry.STAGES[name]
+    doc = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"][name]
+    dvc_deps = (doc.get("do") or doc)["deps"]
+    snakemake_inputs = set(stage.code_files())  # what workflow/rules/common.smk gives the rule as `code`
+    imported = _imported_rlflow_modules(stage.module)
+    assert len(imported) > 5, imported
+    for module in imported:
+        base = REPO / "src" / Path(*module.split("."))
+        path = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        rel = str(path.relative_to(REPO))
+        assert rel in snakemake_inputs, f"{name}: {rel} is not a code input of its Snakemake rule"
+        assert _covered(rel, dvc_deps), f"{name}: {rel} is not a dvc.yaml dependency"
+
+
+def test_import_closure_follows_lazy_imports_and_from_imports(tmp_path):
+    from rlflow.pipeline.imports import as_folders, closure, direct_imports
+
+    src = tmp_path / "src"
+    pkg = src / "rlflow"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("X = 1\n")
+    (pkg / "sub" / "leaf.py").write_text("import os\n")
+    (pkg / "sub" / "other.py").write_text("")
+    (pkg / "lazy.py").write_text("def f():\n    from rlflow.sub import leaf, X\n    return leaf\n")
+    (pkg / "top.py").write_text("import json\nfrom . import lazy\n")
+    assert direct_imports("rlflow.lazy", src) == {"rlflow.sub", "rlflow.sub.leaf"}
+    assert closure("rlflow.top", src) == ["rlflow", "rlflow.lazy", "rlflow.sub", "rlflow.sub.leaf", "rlflow.top"]
+    files = ["src/rlflow/sub/__init__.py", "src/rlflow/sub/leaf.py", "src/rlflow/lazy.py"]
+    assert as_folders(files, tmp_path) == ["src/rlflow/lazy.py", "src/rlflow/sub/__init__.py", "src/rlflow/sub/leaf.py"]
+    assert as_folders(files + ["src/rlflow/sub/other.py"], tmp_path) == ["src/rlflow/lazy.py", "src/rlflow/sub"]
 
 
 # -- (d) tiny end to end -----------------------------------------------------------------------------------

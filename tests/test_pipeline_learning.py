@@ -93,3 +93,12 @@ def test_snakemake_tiny_learning_pipeline_and_partial_reruns(tmp_path):
     assert dry("{}") == {}
     assert dry("env: {reward: {alpha: 0.5}}") == {"train_controller": 1, "train_model_free": 1}
     assert dry("controller: {temperature: 0.75}") == {"train_controller": 1}
+
+    # editing a library module reruns exactly the stages whose code imports it (the registry's import closure):
+    # agents/checkpoint.py is what runs a trained agent (Agent.optimise), so both agent stages replan
+    checkpoint = tmp_path / "src/rlflow/agents/checkpoint.py"
+    checkpoint.write_text(checkpoint.read_text() + "\n# edited\n")
+    planned = dry("{}")
+    assert planned.get("train_controller") == 1 and planned.get("train_model_free") == 1, planned
+    readers = {name for name, st in registry.STAGES.items() if "src/rlflow/agents/checkpoint.py" in st.code_files()}
+    assert set(planned) <= readers | {"all"}, set(planned) - readers

@@ -259,13 +259,27 @@ def test_report_says_which_stages_have_not_run(tmp_path, rlflow):
     assert "20.000" in text(section(html, "table2")) and "18.500" in text(section(html, "table2"))
 
 
-def test_report_broken_optional_input_is_reported_not_fatal(tmp_path, rlflow):
+@pytest.mark.parametrize("file, content, needle", [
+    ("controller/metrics.json", "{not json", "not valid JSON (line 1: Expecting property name"),
+    ("taso/trace.json", "[1, 2]", "expected a JSON object, found a list"),
+    ("world_model/loss.csv", "epoch,loss\n", "a CSV without rows"),
+    ("encoder/metrics.json", b"\xff\xfe\x00", "not text"),
+    ("../rules/stats.json", "", "not valid JSON"),
+])
+def test_report_damaged_upstream_file_is_one_line_exit_2_and_no_output(tmp_path, rlflow, file, content, needle):
+    """An upstream output that exists but cannot be read is an error naming it and its stage, not a report that
+    quietly shows it as absent."""
     res = make_results(tmp_path)
-    (res / "controller" / "metrics.json").write_text("{not json")
-    out = tmp_path / "r.html"
+    path = (res / file).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    out = res / "report.html"
     code, err = rlflow(*report_args(tmp_path, out))
-    assert code == 0, err
-    assert "Could not read" in text(section(out.read_text(), "fig9"))
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"rlflow: error: {path}: ") and needle in lines[0], lines
+    assert "it is written by stage " in lines[0]
+    assert not out.exists() and not list(res.glob(".report.html.*"))
 
 
 def test_report_temperature_ties_name_no_winner(tmp_path, rlflow):

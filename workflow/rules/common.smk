@@ -36,7 +36,7 @@ def stage_input(name):
     """Named inputs: the stage's input files (a list where the stage expands over a config list, e.g. the
     rollout shards) and, as `code`, the source files its outputs depend on."""
     st = registry.stage(name)
-    code = st.code_files(workflow.basedir)
+    code = st.code_files()
     return lambda wildcards: {**st.input_paths(config, device=config["device"], **wildcards), "code": code}
 
 

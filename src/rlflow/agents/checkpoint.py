@@ -2,8 +2,10 @@
 
 A training loop saves its state every so often to ``<final>.partial`` (atomically: temp file + rename), tagged
 with a fingerprint of everything that determines the run (config values, input file digests). On a rerun the
-partial file is resumed only if its fingerprint matches; otherwise it is ignored and training starts over. The
-final checkpoint is written atomically and the partial file removed::
+partial file is resumed only if its fingerprint matches; otherwise it is ignored and training starts over. A
+partial file that cannot be read (damaged, or not an rlflow checkpoint) is a one-line error naming it: it is
+never dropped silently, and deleting it starts over. The final checkpoint is written atomically and the partial
+file removed::
 
     ckpt = Checkpointer(out, fingerprint(config_values, input_paths))
     state = ckpt.load()            # None, or the last saved dict
@@ -51,6 +53,11 @@ def fingerprint(values: Mapping[str, Any], inputs: Iterable[str | Path] = ()) ->
     return h.hexdigest()
 
 
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
+
+
 def _atomic_torch_save(obj: Any, path: Path) -> None:
     import torch
 
@@ -74,11 +81,17 @@ class Checkpointer:
 
         try:
             state = torch.load(self.partial, map_location="cpu", weights_only=True)
-        except Exception:  # a damaged partial file: start over
-            return None
-        if not isinstance(state, dict) or state.get("fingerprint") != self.fp:
-            return None
+        except Exception as e:  # noqa: BLE001 -- any reason it cannot be read: never dropped silently
+            raise self._damaged(_first_line(e)) from None
+        if not isinstance(state, dict) or "fingerprint" not in state:
+            raise self._damaged("not an rlflow partial checkpoint")
+        if state["fingerprint"] != self.fp:
+            return None  # another run's (config or inputs changed): start over
         return state
+
+    def _damaged(self, why: str) -> RLFlowError:
+        return RLFlowError(f"{self.partial}: the resumable checkpoint of an interrupted run cannot be read ({why}); "
+                           f"delete it to start over")
 
     def save(self, state: dict) -> None:
         _atomic_torch_save({**state, "fingerprint": self.fp}, self.partial)
@@ -103,6 +116,23 @@ def load_checkpoint(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise RLFlowError(f"{p}: not an rlflow checkpoint")
     return data
+
+
+def load_encoder(path: str | Path, device: str = "cpu"):
+    """The trained GraphEncoder of a ``train_encoder`` checkpoint (eval mode, on ``device``), with the checkpoint's
+    ``rollout_steps`` (the real steps it learned from) as ``encoder.rollout_steps``."""
+    from rlflow.nn.encoder import GraphEncoder
+
+    data = load_checkpoint(path)
+    if data.get("kind") != "rlflow.encoder/1":
+        raise RLFlowError(f"{path}: not an encoder checkpoint")
+    if "rollout_steps" not in data:
+        raise RLFlowError(f"{path}: an encoder checkpoint of an older rlflow without its rollout step count; rerun "
+                          "train_encoder")
+    model = GraphEncoder(**data["encoder_config"])
+    model.load_state_dict(data["state_dict"])
+    model.rollout_steps = int(data["rollout_steps"])
+    return model.to(device).eval()
 
 
 # ============================================================================================ agent checkpoints

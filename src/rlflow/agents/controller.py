@@ -1,5 +1,5 @@
-"""RLFlow's controller: PPO with the hierarchical masked heads, trained only in the dream (the world model),
-on input [z, h]; then run in the real environment from the original graph, keeping the best graph seen: one
+"""RLFlow's controller in the real environment (trained only in the dream by rlflow.agents.driver: PPO with the
+hierarchical masked heads on input [z, h]): run from the original graph, keeping the best graph seen: one
 greedy episode, or (``episodes`` > 1, config ``controller.eval_episodes``) that one and sampled ones, the best
 graph of all kept and every real step counted as an interaction.
 
@@ -11,25 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from rlflow.agents.ppo import PPOConfig, train
 from rlflow.agents.real_env import encode, run_episode, run_episodes
-from rlflow.env.dream import DreamEnv
-from rlflow.nn.policy import HierarchicalPolicy
-
-
-def train_in_dream(world_model, start_z, start_metrics, start_counts, reward, cfg: PPOConfig, updates: int,
-                   num_envs: int, max_steps: int, max_locations: int, temperature: float, hidden: int = 128,
-                   seed: int = 0, on_update=None, policy: HierarchicalPolicy | None = None):
-    """Train (or continue training ``policy``) in the dream; returns (policy, dream env)."""
-    gen = torch.Generator().manual_seed(seed)
-    dream = DreamEnv(world_model, start_z, start_metrics, start_counts, reward, max_steps, max_locations,
-                     temperature, num_envs, generator=gen)
-    if policy is None:
-        policy = HierarchicalPolicy(start_z.shape[-1] + world_model.hidden_size, dream.n_xfers, max_locations,
-                                    hidden)
-    world_model.eval()
-    train(dream, policy, cfg, updates, gen, on_update)
-    return policy, dream
 
 
 @torch.no_grad()

@@ -73,18 +73,27 @@ def split_episodes(n: int, holdout: float, seed: int) -> np.ndarray:
     return mask
 
 
-def materialise(env, episodes: Sequence[dict], progress: bool = False) -> tuple[list[list], dict]:
+#: the largest relative difference between a replayed metric and the rollouts file's (the environment and cost
+#: model are deterministic; this only absorbs summation order)
+REPLAY_RTOL = 1e-6
+
+
+def materialise(env, episodes: Sequence[dict], progress: bool = False,
+                source: str = "the rollouts file") -> tuple[list[list], dict]:
     """Replay every episode; -> (graphs: per episode T_e + 1 ``Data`` with targets, replay check).
 
-    The check compares the replayed metrics and match counts with the file's: max relative metric difference
-    and the number of steps whose counts differ (both 0 when the file matches this environment and cost model).
+    Every replayed step must reproduce the file's metrics (within :data:`REPLAY_RTOL`) and match counts exactly:
+    otherwise the rollouts were collected with another model, rule set or cost model, and the encoder would learn
+    targets that belong to other graphs, so the first step that differs is a one-line RLFlowError naming
+    ``source``, the episode, the step and the value. The check record gives the largest metric difference seen
+    and the steps whose counts differ (0).
     """
     from rlflow.nn.graph_data import to_data
 
     graphs: list[list] = []
-    max_rel, count_mismatch = 0.0, 0
+    max_rel = 0.0
     bar = _bar(progress, total=sum(len(e["actions"]) + 1 for e in episodes), desc="replay", unit="graph")
-    for ep in episodes:
+    for e, ep in enumerate(episodes):
         obs, info = env.reset()
         seq = [to_data(obs, info["counts"])]
         infos = [info]
@@ -93,16 +102,31 @@ def materialise(env, episodes: Sequence[dict], progress: bool = False) -> tuple[
             seq.append(to_data(obs, info["counts"]))
             infos.append(info)
         for t, inf in enumerate(infos):
+            where = f"{source}: episode {e}, step {t}"
+            if t >= len(ep["metrics"]) or t >= len(ep["counts"]):
+                raise RLFlowError(f"{where}: the file has no metrics or counts for this step")
             got = np.array([inf[k] for k in METRIC_NAMES], np.float64)
             want = np.asarray(ep["metrics"][t], np.float64)
-            max_rel = max(max_rel, float(np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-12))))
-            nz = np.flatnonzero(inf["counts"])
-            if [[int(k), int(inf["counts"][k])] for k in nz] != [list(map(int, p)) for p in ep["counts"][t]]:
-                count_mismatch += 1
+            rel = np.abs(got - want) / np.maximum(np.abs(want), 1e-12)
+            if got.shape != want.shape or not np.all(rel <= REPLAY_RTOL):
+                k = int(np.argmax(np.where(np.isnan(rel), np.inf, rel))) if got.shape == want.shape else 0
+                raise RLFlowError(
+                    f"{where}: replaying the actions gives {METRIC_NAMES[k]} {got[k]:.6g}, the file has "
+                    f"{want[k] if want.shape == got.shape else list(want)}: the rollouts were collected with another "
+                    f"model, rules or cost model; collect them again")
+            max_rel = max(max_rel, float(np.max(rel)))
+            replayed = {int(k): int(inf["counts"][k]) for k in np.flatnonzero(inf["counts"])}
+            stored = {int(k): int(c) for k, c in ep["counts"][t] if int(c)}
+            if replayed != stored:
+                k = min(x for x in replayed.keys() | stored.keys() if replayed.get(x, 0) != stored.get(x, 0))
+                raise RLFlowError(
+                    f"{where}: replaying the actions gives {replayed.get(k, 0)} match(es) of rule {k}, the file has "
+                    f"{stored.get(k, 0)}: the rollouts were collected with another model, rules or cost model; "
+                    f"collect them again")
         graphs.append(seq)
         bar.update(len(seq))
     bar.close()
-    return graphs, {"max_metric_rel_diff": max_rel, "count_mismatch_steps": count_mismatch}
+    return graphs, {"max_metric_rel_diff": max_rel, "count_mismatch_steps": 0}
 
 
 def _sample(pairs: list[tuple[int, int]], k: int, rng: np.random.Generator) -> list[tuple[int, int]]:
@@ -232,20 +256,21 @@ CURVE_NAMES = {"loss": "train/loss", "loss_metrics": "train/loss_metrics", "loss
 
 def train_encoder(env, episodes: Sequence[dict], cfg: dict, seed: int, device: str, ckpt: Checkpointer,
                   progress: bool = False, on_epoch: Callable[[int, float, float], None] | None = None,
-                  live=None) -> EncoderResult:
+                  live=None, source: str = "the rollouts file") -> EncoderResult:
     """Split, replay, train (resuming from ``ckpt``'s partial file), evaluate and encode (see the module doc).
 
     ``cfg`` is the ``encoder`` config section; ``env`` a reward-free environment of the rollouts' problem.
     ``on_epoch(epoch, loss, seconds)`` is called after each epoch's checkpoint. After every epoch the held-out
     loss is computed too (on at most :data:`HELDOUT_CURVE_GRAPHS` held-out graphs); each epoch's row (train and
     held-out losses) goes to ``live`` (a :class:`rlflow.agents.logging.TrainingLog`), the rows of a resumed run's
-    earlier epochs first.
+    earlier epochs first. ``source`` (the rollouts file) names the file in the error when a replayed step does not
+    reproduce it (:func:`materialise`).
     """
     from rlflow.nn.encoder import GraphEncoder
 
     t0 = time.perf_counter()
     holdout = split_episodes(len(episodes), float(cfg["holdout"]), seed)
-    graphs, replay_check = materialise(env, episodes, progress)
+    graphs, replay_check = materialise(env, episodes, progress, source)
     t_replay = time.perf_counter() - t0
 
     rng = np.random.default_rng([seed, 11])

@@ -1,25 +1,13 @@
-"""The model-free baseline: the same PPO and hierarchical heads as the controller, trained directly on real
-environments, with the (trained, frozen) graph encoder's z of the real graph as input (the RLFlow paper's
-model-free agent; X-RLflow's setting apart from the frozen encoder)."""
+"""The model-free baseline in the real environment: the same PPO and hierarchical heads as the controller,
+trained directly on real environments by rlflow.agents.driver, with the (trained, frozen) graph encoder's z of
+the real graph as input (the RLFlow paper's model-free agent; X-RLflow's setting apart from the frozen
+encoder)."""
 
 from __future__ import annotations
 
 import torch
 
-from rlflow.agents.ppo import PPOConfig, train
-from rlflow.agents.real_env import RealVectorEnv, encode, run_episode, run_episodes
-from rlflow.nn.policy import HierarchicalPolicy
-
-
-def train_model_free(envs, encoder, cfg: PPOConfig, updates: int, z_dim: int, hidden: int = 128, seed: int = 0,
-                     device: str = "cpu", on_update=None, policy: HierarchicalPolicy | None = None):
-    """Train on the real environments ``envs``; returns (policy, the vector env with its interaction count)."""
-    gen = torch.Generator().manual_seed(seed)
-    venv = RealVectorEnv(envs, encoder, device)
-    if policy is None:
-        policy = HierarchicalPolicy(z_dim, envs[0].n_xfers, envs[0].max_locations, hidden)
-    train(venv, policy, cfg, updates, gen, on_update)
-    return policy, venv
+from rlflow.agents.real_env import encode, run_episode, run_episodes
 
 
 @torch.no_grad()

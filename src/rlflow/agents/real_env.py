@@ -1,6 +1,7 @@
 """Real rewrite environments seen through the graph encoder, for the agents: a batched :class:`VectorEnv`
 (PPO's interface) for the model-free agent, and evaluation episodes for any trained policy. Every real
-environment step is counted (``interactions``): real-env interactions are a headline figure."""
+environment step is counted by the environment itself (``GraphRewriteEnv.total_steps``): real-env interactions
+are a headline figure."""
 
 from __future__ import annotations
 
@@ -33,7 +34,6 @@ class RealVectorEnv:
     def __init__(self, envs: Sequence[GraphRewriteEnv], encoder, device: str = "cpu"):
         self.envs, self.encoder, self.device = list(envs), encoder, device
         self.num_envs = len(self.envs)
-        self.interactions = 0
         self.best_runtime = float("inf")
         self.episode_returns: list[float] = []
         self._returns = [0.0] * self.num_envs
@@ -49,8 +49,7 @@ class RealVectorEnv:
     def step_batch(self, xfer: torch.Tensor, loc: torch.Tensor):
         rewards, dones = [], []
         for i, env in enumerate(self.envs):
-            obs, reward, terminated, truncated, info = env.step((int(xfer[i]), int(loc[i])))
-            self.interactions += 1
+            obs, reward, terminated, truncated, info = env.step((int(xfer[i]), int(loc[i])))  # env.total_steps += 1
             self.best_runtime = min(self.best_runtime, info["runtime_ms"])
             self._returns[i] += reward
             done = terminated or truncated

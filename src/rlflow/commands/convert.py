@@ -27,11 +27,15 @@ def run(args) -> int:
 
     from rlflow.errors import RLFlowError
     from rlflow.graph import load_onnx, save_onnx, to_onnx
-    from rlflow.graph.exec import make_inputs, max_rel_diff
+    from rlflow.graph.exec import backend_errors, check_memory, make_inputs, max_rel_diff
+    from rlflow.graph.exec.ort_exec import quiet_options
 
     graph = load_onnx(args.model, args.input_shape)
+    check_memory(graph, args.model, note=True)
     feeds = make_inputs(graph)
-    ref = ort.InferenceSession(args.model, providers=["CPUExecutionProvider"]).run(list(graph.outputs), feeds)
+    with backend_errors(graph, "ort", feeds, args.model):  # the user's file: its errors are one line
+        session = ort.InferenceSession(args.model, quiet_options(), providers=["CPUExecutionProvider"])
+        ref = session.run(list(graph.outputs), feeds)
     new = ort.InferenceSession(to_onnx(graph).SerializeToString(),
                                providers=["CPUExecutionProvider"]).run(list(graph.outputs), feeds)
     diff = max_rel_diff(ref, new)

@@ -97,8 +97,12 @@ def run(args) -> int:
         missing = len(model.missing([graph]))
         coverage = {"signatures": len(_signatures(model, graph)), "missing_from_cache": missing}
         if args.costs is None or args.save_cache is not None:
+            from rlflow.graph.exec import backend_errors, check_memory
+
+            check_memory(graph, str(args.model), note=True)
             t0 = time.perf_counter()
-            measured = model.measure([graph], progress=not args.no_progress and sys.stderr.isatty())
+            with backend_errors(graph, "torch", what=str(args.model)):
+                measured = model.measure([graph], progress=not args.no_progress and sys.stderr.isatty())
             seconds = time.perf_counter() - t0
         if args.save_cache is not None:
             model.save(args.save_cache)

@@ -96,7 +96,10 @@ def _cost_model(args, config: dict, device: str, graph, kind: str, progress: boo
                            kind=kind)
     measured = 0
     if kind == "measured":
-        measured = cost.measure([graph], progress=progress)
+        from rlflow.graph.exec import backend_errors
+
+        with backend_errors(graph, "torch", what=str(args.model)):  # the user's ops: a failing one is one line
+            measured = cost.measure([graph], progress=progress)
         if args.costs is not None and measured:
             cost.save(args.costs)
     return cost, measured
@@ -114,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rlflow.config import get, load_config, resolve_device
     from rlflow.graph import load_onnx
+    from rlflow.graph.exec import check_memory
     from rlflow.rewrite.rule import load_rules
     from rlflow.search.output import run_method, summary, verify_and_write
     from rlflow.stages.search_common import config_used
@@ -140,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     seed = get(config, "seed")
     device = resolve_device(config)
     graph = load_onnx(args.model, args.input_shape)
+    check_memory(graph, str(args.model), note=True)
     rules = load_rules(rules_path)
     progress = not args.no_progress and not args.json
     cost, measured = _cost_model(args, config, device, graph, kind, progress)
@@ -173,6 +178,7 @@ def run_agent(args: argparse.Namespace, t0: float) -> int:
     from rlflow.agents.real_env import agent_summary
     from rlflow.config import get, load_config, resolve_device
     from rlflow.graph import load_onnx
+    from rlflow.graph.exec import check_memory
     from rlflow.rewrite.rule import load_rules
     from rlflow.search.output import verify_and_write
 
@@ -199,6 +205,7 @@ def run_agent(args: argparse.Namespace, t0: float) -> int:
     rules = load_rules(rules_path)
     agent.check_rules(rules, str(rules_path))
     graph = load_onnx(args.model, args.input_shape)
+    check_memory(graph, str(args.model), note=True)
     progress = not args.no_progress and not args.json
     cost, measured = _cost_model(args, config, device, graph, kind, progress)
     result, episode = agent.optimise(graph, rules, cost, device)

@@ -38,7 +38,7 @@ def run(args) -> int:
     from rlflow.config import resolve_device
     from rlflow.errors import RLFlowError
     from rlflow.graph import load_onnx
-    from rlflow.graph.exec import get_runner, make_inputs, max_rel_diff, time_runner
+    from rlflow.graph.exec import backend_errors, check_memory, get_runner, make_inputs, max_rel_diff, time_runner
 
     if args.config:
         from rlflow.config import load_config
@@ -53,15 +53,21 @@ def run(args) -> int:
     if args.repeats < 1 or args.warmup < 0:
         raise RLFlowError("--repeats must be >= 1 and --warmup >= 0")
     graph = load_onnx(args.model, args.input_shape)
+    check_memory(graph, args.model, note=True)
     device = resolve_device({"device": args.device})
     feeds = make_inputs(graph, args.seed)
-    runner = get_runner(graph, args.backend, device)
-    result = {"model": args.model, "backend": args.backend, "device": device}
-    result.update(time_runner(runner, feeds, args.warmup, args.repeats))
+    with backend_errors(graph, args.backend, feeds, args.model):
+        runner = get_runner(graph, args.backend, device)
+        result = {"model": args.model, "backend": args.backend, "device": device}
+        result.update(time_runner(runner, feeds, args.warmup, args.repeats))
     if args.compare:
         import onnxruntime as ort
 
-        ref = ort.InferenceSession(args.model, providers=["CPUExecutionProvider"]).run(list(graph.outputs), feeds)
+        from rlflow.graph.exec.ort_exec import quiet_options
+
+        with backend_errors(graph, "ort", feeds, args.model):
+            session = ort.InferenceSession(args.model, quiet_options(), providers=["CPUExecutionProvider"])
+            ref = session.run(list(graph.outputs), feeds)
         result["max_rel_diff_vs_ort_original"] = max_rel_diff(ref, runner(feeds))
     if args.json:
         print(json.dumps(result, indent=2))

@@ -24,7 +24,19 @@ def _input(graph: Graph, name: str, device, rng: np.random.Generator):
 
 
 def time_node(graph: Graph, node: Node, device: str = "cpu", warmup: int = 8, repeats: int = 32) -> float:
-    """Median runtime of ``node`` (ms). Opaque nodes run through a single-node onnxruntime session."""
+    """Median runtime of ``node`` (ms). Opaque nodes run through a single-node onnxruntime session.
+    An error of torch or onnxruntime is a one-line error naming the node (:class:`NodeRunError`)."""
+    from rlflow.graph.exec import NodeRunError, error_message
+
+    try:
+        return _time_node(graph, node, device, warmup, repeats)
+    except NodeRunError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- torch's and onnxruntime's own error types
+        raise NodeRunError(node, "ort" if node.op == "Opaque" else "torch", error_message(e)) from None
+
+
+def _time_node(graph: Graph, node: Node, device: str, warmup: int, repeats: int) -> float:
     import torch
 
     dev = torch.device(device)

@@ -36,7 +36,3 @@ class Metrics:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Metrics":
-        return cls(*(float(d[k]) for k in METRIC_NAMES))

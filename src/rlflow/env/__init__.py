@@ -1,25 +1,64 @@
 """The rewrite environment (Gymnasium id ``rlflow/GraphRewrite-v0``) and its reward functions.
 
-    import gymnasium as gym, rlflow.env
+    import gymnasium as gym
+    env = gym.make("rlflow.env:rlflow/GraphRewrite-v0")     # no other import needed (any Gymnasium)
     env = gym.make("rlflow/GraphRewrite-v0", graph="results/bert/model.onnx", rules="results/rules/rules.json")
     envs = gym.make_vec("rlflow/GraphRewrite-v0", num_envs=4, vectorization_mode="sync", graph=..., rules=...)
+
+Registration. Importing this package registers the id (:func:`register_envs`), and the distribution declares
+:func:`register_envs` in the ``gymnasium.envs`` entry-point group, which Gymnasium 0.26 to 0.29 load when
+``gymnasium`` is imported. Gymnasium 1.0 dropped that plugin loader, so there the id needs this package imported
+first, or the module-prefixed id above (Gymnasium imports ``rlflow.env`` itself), as for every third-party env.
+
+With no arguments the env is a small working default: the tiny BERT of the model zoo (``data/tiny-bert.onnx``),
+the builtin rules and the analytic CPU cost model (no measured files), so ``gym.make(ENV_ID)`` and Gymnasium's
+env checker work out of the box.
+
+This package imports gymnasium and nothing heavy: the environment class, rewards and :func:`make_env` load on
+first use.
 """
 
-import gymnasium
+from __future__ import annotations
 
-from rlflow.env.graph_rewrite import GraphRewriteEnv
-from rlflow.env.rewards import REWARDS, Reward, make_reward
+import importlib
+from typing import TYPE_CHECKING, Any
 
 ENV_ID = "rlflow/GraphRewrite-v0"
+ENTRY_POINT = "rlflow.env.graph_rewrite:GraphRewriteEnv"
 
-if ENV_ID not in gymnasium.registry:
-    gymnasium.register(id=ENV_ID, entry_point="rlflow.env.graph_rewrite:GraphRewriteEnv")
+if TYPE_CHECKING:
+    from rlflow.env.graph_rewrite import GraphRewriteEnv
+    from rlflow.env.rewards import REWARDS, Reward, make_reward
 
-__all__ = ["ENV_ID", "GraphRewriteEnv", "REWARDS", "Reward", "make_reward", "make_env"]
+__all__ = ["ENV_ID", "GraphRewriteEnv", "REWARDS", "Reward", "make_reward", "make_env", "register_envs"]
+
+_LAZY = {"GraphRewriteEnv": "rlflow.env.graph_rewrite", "REWARDS": "rlflow.env.rewards",
+         "Reward": "rlflow.env.rewards", "make_reward": "rlflow.env.rewards"}
+
+
+def register_envs() -> None:
+    """Register ``rlflow/GraphRewrite-v0`` with Gymnasium (once; the class is imported when an env is made)."""
+    from gymnasium.envs.registration import register, registry
+
+    if ENV_ID not in registry:
+        register(id=ENV_ID, entry_point=ENTRY_POINT)
+
+
+register_envs()
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def make_env(config: dict, graph, rules, cost_model=None, reward: bool = True, device: str = "cpu") -> GraphRewriteEnv:
     """The environment as ``config`` describes it (env.max_steps, env.max_locations, env.reward, run.*)."""
+    from rlflow.env.graph_rewrite import GraphRewriteEnv
+
     env_cfg = config.get("env", {})
     run = config.get("run", {})
     return GraphRewriteEnv(graph, rules, cost_model, env_cfg.get("reward") if reward else "delta",

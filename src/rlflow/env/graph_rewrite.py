@@ -17,6 +17,10 @@ when the reward measures real latency), ``counts`` (matches per rule, not trunca
 ``rule`` (the id applied) and ``step``, so a recorded episode can be re-scored with any reward.
 
 The environment is deterministic: the same actions give the same graphs (structural hash) and metrics.
+
+Defaults: no ``graph`` is :data:`DEFAULT_GRAPH` (the model zoo's tiny BERT, shipped with the package); no ``rules``
+the builtin rules (:func:`rlflow.rewrite.builtin.builtin_rules`, as written: the generate_rules stage verifies
+them, the tests check each); no ``cost_model`` the analytic CPU roofline, which needs no measured files.
 """
 
 from __future__ import annotations
@@ -38,14 +42,29 @@ from rlflow.rewrite.rule import Rule
 
 F32_MAX = float(np.finfo(np.float32).max)  # features are non-negative and finite (not inf: env_checker)
 
+#: the graph of an env made without one: the zoo's tiny BERT (regenerate with ``rlflow export-model --config
+#: config.yaml --config tests/configs/tiny.yaml --model bert --out src/rlflow/env/data/tiny-bert.onnx``)
+DEFAULT_GRAPH = Path(__file__).parent / "data" / "tiny-bert.onnx"
+
+
+def default_rules() -> list[Rule]:
+    """The rules of an env made without any: the builtin rules."""
+    from rlflow.rewrite.builtin import builtin_rules
+
+    return [rule for rule, _ in builtin_rules()]
+
 
 class GraphRewriteEnv(gym.Env):
-    metadata = {"render_modes": ["ansi"]}
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
-    def __init__(self, graph: Graph | str | Path, rules: Sequence[Rule] | str | Path,
+    def __init__(self, graph: Graph | str | Path | None = None, rules: Sequence[Rule] | str | Path | None = None,
                  cost_model: CostModel | None = None, reward: Reward | dict | str | None = None,
                  max_steps: int = 50, max_locations: int = 200, render_mode: str | None = None,
                  latency_device: str = "cpu", latency_warmup: int = 2, latency_repeats: int = 10):
+        if graph is None:
+            graph = DEFAULT_GRAPH
+        if rules is None:
+            rules = default_rules()
         if isinstance(graph, (str, Path)):
             from rlflow.graph.onnx_io import load_onnx
 
@@ -80,6 +99,9 @@ class GraphRewriteEnv(gym.Env):
         self._set_index(self.initial_index)
         self.metrics = self.initial_metrics
         self.steps = 0
+        #: every step taken since the env was made, over all episodes: the real-environment interactions an
+        #: agent used (rlflow.agents.driver counts them from here)
+        self.total_steps = 0
         self._stale_latency = False
 
     # ------------------------------------------------------------------ state
@@ -145,6 +167,7 @@ class GraphRewriteEnv(gym.Env):
     def step(self, action):
         xfer, loc = int(action[0]), int(action[1])
         self.steps += 1
+        self.total_steps += 1
         truncated = self.steps >= self.max_steps
         counts = self.counts()
         prev = self.metrics

@@ -6,9 +6,11 @@ Order of work, one backend at a time:
 1. for each graph: build the backend's runner and run it once on the shared inputs (``make_inputs`` of the
    original, the configured seed). That first call compiles what the backend compiles (XLA), is where the peak
    memory is read on CUDA, and gives the outputs compared with the reference: the ORIGINAL graph run by
-   onnxruntime on the CPU (:func:`rlflow.graph.exec.max_rel_diff`). A runner that cannot be built or cannot run
-   the graph (e.g. tf-xla and an opaque op) is reported ``unsupported`` with its one-line reason and left out of
-   the timing; the rest go on. Graphs that are the same computation (equal ``Graph.structural_hash``, e.g. two
+   onnxruntime on the CPU (:func:`rlflow.graph.exec.max_rel_diff`). A backend that is known, from the graph
+   alone and before anything runs, to have no lowering for one of its ops (:func:`unsupported_reason`: an op
+   without a TF lowering; tf-xla and an opaque op) is reported ``unsupported`` with the op's name and left out
+   of the timing; the rest go on. Any exception while a runner is built or run is a failure of the stage
+   (:class:`BackendFailure`, naming the method, backend and cause): a crash is never recorded as a row. Graphs that are the same computation (equal ``Graph.structural_hash``, e.g. two
    methods that found the same graph, or one that kept the original) share one runner: built once, timed once
    per method in every round, so their rows differ only by noise.
 2. an optimised graph whose difference exceeds the tolerance stops everything (:class:`OutputMismatch`): wrong
@@ -56,6 +58,20 @@ class OutputMismatch(RLFlowError):
     exit_code = 1
 
 
+class BackendFailure(RLFlowError):
+    """A backend raised while building or running a graph's runner (not a limitation known in advance)."""
+
+
+def unsupported_reason(graph: Graph, backend: str) -> str | None:
+    """Why ``backend`` cannot run ``graph``, decided from the graph alone before anything runs (the tf backends:
+    an op without a TF lowering; tf-xla: an opaque op), naming the op; None if it should run."""
+    if backend in ("tf", "tf-xla"):
+        from rlflow.graph.exec.tf_exec import unsupported_reason as tf_reason
+
+        return tf_reason(graph, xla=backend == "tf-xla")
+    return None  # onnxruntime runs every node (opaque ones as imported); torch runs opaque nodes through it
+
+
 @dataclass
 class Measurement:
     """One (method, backend) run."""
@@ -72,7 +88,7 @@ class Measurement:
     peak_memory_bytes: int | None = None
     max_rel_diff: float | None = None
     reason: str = ""
-    """Why a backend could not run the graph (``unsupported``)."""
+    """Why the backend has no lowering for the graph (``unsupported``; :func:`unsupported_reason`)."""
     times_ms: list[float] | None = None
 
 
@@ -282,22 +298,24 @@ class _BackendRun:
         m = self.results[(method, self.backend)] = Measurement(method, self.backend, "ok")
         h = self.hashes[method]
         if h not in self.built:
+            reason = unsupported_reason(graph, self.backend)
+            if reason is not None:  # known before running: a row 'unsupported', the rest go on
+                self.built[h] = (None, reason)
+                return self._unsupported(m, method)
             before = _rss_bytes()
             try:
                 runner, outputs, peak = first_run(graph, self.backend, self.device, self.feeds)
-                self.built[h] = (runner, outputs, peak, runner_device(runner))
-            except Exception as e:  # noqa: BLE001 -- any failure to build or run: reported, the rest go on
-                self.built[h] = (None, _first_line(e))
+            except Exception as e:  # noqa: BLE001 -- a crash is a failure of the stage, never a row
+                raise BackendFailure(f"{method} on {self.backend} ({self.device}): the backend failed while building "
+                                     f"or running the graph: {_first_line(e)}; nothing written") from e
+            self.built[h] = (runner, outputs, peak, runner_device(runner))
             after = _rss_bytes()
-            if not self.measured and self.built[h][0] is not None:
+            if not self.measured:
                 self.measured = True
                 self.capacity = batch_capacity(None if before is None or after is None else after - before)
         entry = self.built[h]
         if entry[0] is None:
-            m.status, m.reason = "unsupported", entry[1]
-            self.log(f"evaluate: {self.backend} cannot run the {method} graph: {m.reason} (row status 'unsupported')")
-            self.bar.update(1.0)
-            return None
+            return self._unsupported(m, method)
         runner, outputs, peak, m.device = entry
         m.peak_memory_bytes = peak if m.device == self.device else None  # a GPU allocator says nothing of a CPU run
         diff = max_rel_diff(self.reference, outputs)
@@ -318,6 +336,12 @@ class _BackendRun:
         self.times.setdefault(method, [])
         self.bar.update(self.step)
         return runner
+
+    def _unsupported(self, m: Measurement, method: str) -> None:
+        m.status, m.reason = "unsupported", self.built[self.hashes[method]][1]
+        self.log(f"evaluate: {self.backend} cannot run the {method} graph: {m.reason} (row status 'unsupported')")
+        self.bar.update(1.0)
+        return None
 
     def drop_all_but(self, keep: str | None) -> None:
         """Release every runner but the one of hash ``keep`` (the original's)."""

@@ -22,7 +22,8 @@ rules_applied          rewrites applied (trace ``steps``); empty for the origina
 max_rel_diff           largest output difference from the ORIGINAL graph on onnxruntime (CPU), relative to the
                        output's magnitude (``rlflow.graph.exec.max_rel_diff``), same seeded inputs
 status                 ``ok`` | ``mismatch`` (the original on a backend that disagrees with onnxruntime) |
-                       ``unsupported`` (the backend cannot run the graph; its reason is printed)
+                       ``unsupported`` (the backend has no lowering for an op of the graph, known before
+                       running; the op is printed)
 =====================  =========================================================================================
 
 MB = 2^20 bytes. Numbers are written in full precision for integers and 6 significant digits otherwise.

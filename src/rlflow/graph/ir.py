@@ -21,34 +21,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from rlflow.errors import RLFlowError
-
-DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "int64": 8, "int32": 4, "int8": 1, "uint8": 1, "bool": 1}
-
-
-@dataclass(frozen=True, slots=True)
-class TensorType:
-    """A tensor's static shape and element type (``float32`` for everything the rewrites touch)."""
-
-    shape: tuple[int, ...]
-    dtype: str = "float32"
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * DTYPE_BYTES[self.dtype]
-
-    def __str__(self) -> str:
-        return f"{self.dtype}[{'x'.join(map(str, self.shape))}]"
+from rlflow.graph.ops import OPS, infer_types
+from rlflow.graph.types import TensorType
 
 
 class Constant:
@@ -169,8 +143,6 @@ class Graph:
 
     def op_counts(self) -> dict[str, int]:
         """Operator counts keyed by ONNX op type (opaque nodes by their own type; constants are not ops)."""
-        from rlflow.graph.ops import OPS
-
         counts: dict[str, int] = {}
         for n in self.nodes:
             key = OPS[n.op].onnx_type if n.op in OPS else n.op_type_name()
@@ -244,8 +216,6 @@ class Graph:
         """Raise RLFlowError unless: value names are unique, every node input is defined before use (which also
         rules out cycles), every output is defined, and every node's recorded output types equal its op's shape
         inference."""
-        from rlflow.graph.ops import infer_types  # the op registry sits beside the IR in this floor
-
         defined: set[str] = set()
         for v in list(self.inputs) + list(self.constants):
             if v in defined:

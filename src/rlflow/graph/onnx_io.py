@@ -5,8 +5,10 @@
     2. make every input shape static (``input_shapes`` fills dynamic dimensions; otherwise a clear error);
     3. fold constant subgraphs (Shape/Gather/Concat/ConstantOfShape/Expand/Where/Equal/... feeding Reshape and
        friends) to fixed point, with ONNX shape inference (``data_prop=True``) between rounds;
-    4. translate each node to an IR op with normalised attributes; anything the registry does not cover, or covers
-       only with other attributes, becomes an ``Opaque`` node with its shapes from ONNX shape inference.
+    4. translate each node to an IR op with normalised attributes (the op's ``from_onnx`` in the op registry);
+       anything the registry does not cover, or covers only with other attributes, becomes an ``Opaque`` node with
+       its shapes from ONNX shape inference. A translated node whose shapes the op's shape inference rejects (a
+       Conv whose group does not divide the channels, say, which ONNX's checks let through) is an error.
 
 ``save_onnx(graph, path)`` writes the graph at its own opset, valid under ``onnx.checker`` (full check), atomically.
 """
@@ -24,7 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 from rlflow.atomic import atomic_path
 from rlflow.errors import RLFlowError
 from rlflow.graph.ir import Constant, Graph, Node, TensorType
-from rlflow.graph.ops import OPS, ShapeError, infer_types
+from rlflow.graph.ops import ONNX_IMPORTS, OPS, OnnxNode, ShapeError, Unsupported, infer_types
 
 MIN_OPSET, MAX_OPSET = 13, 20
 
@@ -151,6 +153,8 @@ def _read_model(path: str | os.PathLike) -> tuple[onnx.ModelProto, dict[str, np.
         raise RLFlowError(f"{p}: not an ONNX model (protobuf parse failed; truncated or another format)") from None
     if not model.graph.node and not model.graph.output:
         raise RLFlowError(f"{p}: not an ONNX model (no graph)")
+    if not model.graph.output:
+        raise RLFlowError(f"{p}: the graph has no outputs, so there is nothing to compute")
     if model.graph.initializer and any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer):
         try:
             onnx.load_external_data_for_model(model, str(p.parent))
@@ -184,6 +188,7 @@ def _sort_or_cycle(model: onnx.ModelProto, path: Any) -> None:
     g = model.graph
     nodes = list(g.node)
     producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    _check_defined(g, producer, path)
     if all(producer.get(v, -1) < i for i, n in enumerate(nodes) for v in n.input):
         return  # already in topological order
     indeg = [0] * len(nodes)
@@ -207,6 +212,22 @@ def _sort_or_cycle(model: onnx.ModelProto, path: Any) -> None:
         raise RLFlowError(f"{path}: the graph has a cycle through node '{stuck.name or '(unnamed)'}' ({stuck.op_type})")
     del g.node[:]
     g.node.extend(nodes[i] for i in order)
+
+
+def _check_defined(g: onnx.GraphProto, producer: dict[str, int], path: Any) -> None:
+    """Every value a node reads, and every graph output, must be a graph input, an initializer or a node's output
+    (else a deleted initializer or node: named here, where ONNX's checker would say the graph is not sorted)."""
+    defined = set(producer) | {i.name for i in g.input} | {t.name for t in g.initializer} | {
+        t.values.name for t in g.sparse_initializer}
+    for k, n in enumerate(g.node):
+        for v in n.input:
+            if v and v not in defined:
+                raise RLFlowError(f"{path}: node '{n.name or f'#{k}'}' ({n.op_type}) reads '{v}', which no node, "
+                                  "graph input or initializer defines (a deleted initializer or node?)")
+    for o in g.output:
+        if o.name not in defined:
+            raise RLFlowError(f"{path}: graph output '{o.name}' is not produced by any node, graph input or "
+                              "initializer")
 
 
 def _weightless(model: onnx.ModelProto, limit: int = 4096) -> onnx.ModelProto:
@@ -289,7 +310,7 @@ def _make_inputs_static(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...
                 raise RLFlowError(f"{path}: --input-shape {inp.name} has rank {len(want)}, the model says "
                                   f"rank {len(tt.shape.dim)}")
             for d, (dim, w) in enumerate(zip(tt.shape.dim, want)):
-                if dim.HasField("dim_value") and dim.dim_value != w:
+                if dim.HasField("dim_value") and dim.dim_value > 0 and dim.dim_value != w:
                     raise RLFlowError(f"{path}: --input-shape {inp.name} dimension {d} is {w}, the model fixes it "
                                       f"to {dim.dim_value}")
             tt.shape.Clear()
@@ -300,10 +321,13 @@ def _make_inputs_static(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...
             raise RLFlowError(f"{path}: input '{inp.name}' has no shape; pass --input-shape {inp.name}=DxD...")
         for d, dim in enumerate(tt.shape.dim):
             if not dim.HasField("dim_value") or dim.dim_value <= 0:
-                label = dim.dim_param or "?"
-                raise RLFlowError(f"{path}: input '{inp.name}' has dynamic dimension {d} ('{label}'); "
-                                  f"pass --input-shape {inp.name}=" + "x".join(
-                                      str(x.dim_value) if x.HasField("dim_value") else "N" for x in tt.shape.dim))
+                fix = f"pass --input-shape {inp.name}=" + "x".join(
+                    str(x.dim_value) if x.HasField("dim_value") and x.dim_value > 0 else "N" for x in tt.shape.dim)
+                if dim.HasField("dim_value"):
+                    raise RLFlowError(f"{path}: input '{inp.name}' dimension {d} is {dim.dim_value}, not a size "
+                                      f"rlflow can run (sizes are >= 1); {fix} with N >= 1")
+                raise RLFlowError(f"{path}: input '{inp.name}' has dynamic dimension {d} ('{dim.dim_param or '?'}'); "
+                                  + fix)
 
 
 # ======================================================================================== constant folding
@@ -443,164 +467,18 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     return out
 
 
-class _Unsupported(Exception):
-    """This node (with these attributes) is not an IR op: keep it opaque."""
-
-
-def _axis(v: int, rank: int) -> int:
-    v = int(v)
-    if not -rank <= v < rank:
-        raise _Unsupported
-    return v + rank if v < 0 else v
-
-
-def _const_input(node, k: int, consts) -> np.ndarray | None:
-    if len(node.input) <= k or not node.input[k]:
-        return None
-    if node.input[k] not in consts:
-        raise _Unsupported  # a shape-like input that is not constant: a dynamic op
-    return consts[node.input[k]]
-
-
-def _pads2d(a: dict, in_shape, kernel, strides) -> tuple[int, int, int, int]:
-    auto = a.get("auto_pad", "NOTSET")
-    if auto in ("NOTSET", ""):
-        p = tuple(int(x) for x in a.get("pads", (0, 0, 0, 0)))
-        if len(p) != 4:
-            raise _Unsupported
-        return p[0], p[1], p[2], p[3]
-    if auto == "VALID":
-        return (0, 0, 0, 0)
-    pads = []
-    for size, k, s in zip(in_shape[2:], kernel, strides):
-        out = -(-size // s)
-        total = max(0, (out - 1) * s + k - size)
-        pads.append((total // 2, total - total // 2) if auto == "SAME_UPPER" else (total - total // 2, total // 2))
-    return pads[0][0], pads[1][0], pads[0][1], pads[1][1]
-
-
 def _translate(node: onnx.NodeProto, in_types: list[TensorType | None], out_types: list[TensorType], consts,
                opset: int) -> tuple[str, tuple[str, ...], dict[str, Any]]:
-    """(IR op, IR inputs, normalised attrs) for an ONNX node, or raise _Unsupported."""
-    op, a = node.op_type, _attrs(node)
-    if node.domain not in ("", "ai.onnx"):
-        raise _Unsupported
+    """(IR op, IR inputs, normalised attrs) for an ONNX node, from the ``from_onnx`` of the op that imports its
+    type (see :mod:`rlflow.graph.ops`), or raise Unsupported."""
+    op = ONNX_IMPORTS.get(node.op_type)
+    if node.domain not in ("", "ai.onnx") or op is None:
+        raise Unsupported
     ins = tuple(node.input)
     while ins and not ins[-1]:
         ins = ins[:-1]
-    in_shapes = [t.shape if t else None for t in in_types]
-    x = in_shapes[0] if in_shapes else None
-    simple = {"Add", "Sub", "Mul", "Div", "Pow", "Relu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Identity", "MatMul",
-              "GlobalAveragePool"}
-    if op in simple:
-        if "" in ins:
-            raise _Unsupported
-        return op, ins, {}
-    if op == "Gelu":
-        return "Gelu", ins, {"approximate": a.get("approximate", "none")}
-    if op == "Gemm":
-        return "Gemm", ins, {"alpha": float(a.get("alpha", 1.0)), "beta": float(a.get("beta", 1.0)),
-                             "transA": int(a.get("transA", 0)), "transB": int(a.get("transB", 0))}
-    if op == "Conv":
-        w = in_shapes[1]
-        if x is None or w is None or len(x) != 4 or any(d != 1 for d in a.get("dilations", (1, 1))):
-            raise _Unsupported
-        kernel = tuple(a.get("kernel_shape", w[2:]))
-        strides = tuple(int(s) for s in a.get("strides", (1, 1)))
-        return "Conv", ins, {"strides": strides, "pads": _pads2d(a, x, kernel, strides),
-                             "group": int(a.get("group", 1)), "activation": "none"}
-    if op in ("MaxPool", "AveragePool"):
-        if x is None or len(x) != 4 or len(node.output) > 1 or any(d != 1 for d in a.get("dilations", (1, 1))):
-            raise _Unsupported
-        if op == "MaxPool" and a.get("storage_order", 0):
-            raise _Unsupported
-        kernel = tuple(int(k) for k in a["kernel_shape"])
-        strides = tuple(int(s) for s in a.get("strides", (1, 1)))
-        attrs = {"kernel": kernel, "strides": strides, "pads": _pads2d(a, x, kernel, strides),
-                 "ceil_mode": int(a.get("ceil_mode", 0))}
-        if op == "AveragePool":
-            attrs["count_include_pad"] = int(a.get("count_include_pad", 0))
-        return op, ins, attrs
-    if op == "BatchNormalization":
-        if len(node.output) > 1 or a.get("training_mode", 0):
-            raise _Unsupported
-        return op, ins, {"epsilon": float(a.get("epsilon", 1e-5))}
-    if op == "LayerNormalization":
-        if len(node.output) > 1 or a.get("stash_type", 1) != 1:
-            raise _Unsupported
-        return op, ins, {"axis": _axis(a.get("axis", -1), len(x)), "epsilon": float(a.get("epsilon", 1e-5))}
-    if op == "Softmax":
-        return op, ins, {"axis": _axis(a.get("axis", -1), len(x))}
-    if op == "Concat":
-        return op, ins, {"axis": _axis(a["axis"], len(x))}
-    if op == "Split":
-        axis = _axis(a.get("axis", 0), len(x))
-        sizes = _const_input(node, 1, consts)
-        if sizes is None:
-            sizes = a.get("split")
-        if sizes is None:
-            n = len(node.output)
-            chunk = -(-x[axis] // n)
-            sizes = [chunk] * (n - 1) + [x[axis] - chunk * (n - 1)]
-        return op, ins[:1], {"axis": axis, "split": tuple(int(s) for s in sizes)}
-    if op == "Transpose":
-        perm = tuple(int(p) for p in a.get("perm", reversed(range(len(x)))))
-        return op, ins, {"perm": perm}
-    if op in ("Reshape", "Unsqueeze", "Squeeze", "Flatten"):
-        out = out_types[0].shape  # static by now: ONNX shape inference with the folded shape inputs
-        if op == "Flatten":
-            return op, ins[:1], {"axis": _axis(a.get("axis", 1), len(x) + 1) if x else 1}
-        return "Reshape", ins[:1], {"shape": tuple(int(d) for d in out)}
-    if op == "Pad":
-        mode = a.get("mode", "constant")
-        pads = _const_input(node, 1, consts)
-        value = _const_input(node, 2, consts)
-        axes = _const_input(node, 3, consts)
-        if mode != "constant" or pads is None:
-            raise _Unsupported
-        r = len(x)
-        pads = [int(p) for p in pads]
-        if axes is not None:
-            full = [0] * (2 * r)
-            axes = [_axis(ax, r) for ax in axes]
-            for k, ax in enumerate(axes):
-                full[ax], full[ax + r] = pads[k], pads[k + len(axes)]
-            pads = full
-        return op, ins[:1], {"pads": tuple(pads), "mode": "constant",
-                             "value": float(value.reshape(())) if value is not None and value.size else 0.0}
-    if op == "Slice":
-        starts, ends = _const_input(node, 1, consts), _const_input(node, 2, consts)
-        axes, steps = _const_input(node, 3, consts), _const_input(node, 4, consts)
-        r = len(x)
-        axes = [_axis(ax, r) for ax in (axes if axes is not None else range(len(starts)))]
-        steps = [int(s) for s in (steps if steps is not None else [1] * len(axes))]
-        if any(s <= 0 for s in steps):
-            raise _Unsupported
-        n_st, n_en = [], []
-        for ax, st, en in zip(axes, starts, ends):
-            dim = x[ax]
-            st, en = int(st), int(en)
-            st = min(max(st + dim if st < 0 else st, 0), dim)
-            en = min(max(en + dim if en < 0 else en, 0), dim)
-            n_st.append(st)
-            n_en.append(max(en, st))
-        return op, ins[:1], {"axes": tuple(axes), "starts": tuple(n_st), "ends": tuple(n_en), "steps": tuple(steps)}
-    if op == "Gather":
-        return op, ins, {"axis": _axis(a.get("axis", 0), len(x))}
-    if op == "ReduceMean":
-        if opset >= 18:
-            axes = _const_input(node, 1, consts)
-            if len(ins) > 1 and axes is None:
-                raise _Unsupported
-        else:
-            axes = a.get("axes")
-        if a.get("noop_with_empty_axes", 0) and (axes is None or len(axes) == 0):
-            return "Identity", ins[:1], {}
-        axes = tuple(sorted(_axis(v, len(x)) for v in axes)) if axes is not None else ()
-        return op, ins[:1], {"axes": axes, "keepdims": int(a.get("keepdims", 1))}
-    if op == "Cast" and in_types[0] is not None and _DTYPES.get(a["to"]) == in_types[0].dtype:
-        return "Identity", ins[:1], {}  # a cast to the type the tensor already has
-    raise _Unsupported
+    return op.from_onnx(OnnxNode(node.op_type, _attrs(node), ins, len(node.output), in_types, out_types, consts,
+                                 opset))
 
 
 def _onnx_to_ir(model: onnx.ModelProto, consts: dict[str, np.ndarray], types: dict[str, onnx.TypeProto],
@@ -643,11 +521,15 @@ def _onnx_to_ir(model: onnx.ModelProto, consts: dict[str, np.ndarray], types: di
         want = [onnx_type(v, node) for v in node.output if v]
         try:
             ir_op, ir_ins, attrs = _translate(node, in_types, want, consts, opset)
-            got = infer_types(Node(name, ir_op, ir_ins, tuple(node.output), attrs), [ir_types[v] for v in ir_ins])
-            if got != want or "" in node.output:
-                raise _Unsupported  # e.g. ONNX semantics our op does not model for these attributes
-        except (_Unsupported, ShapeError, KeyError, TypeError, ValueError, IndexError):
+        except (Unsupported, KeyError, TypeError, ValueError, IndexError):
             ir_op, ir_ins, attrs = _opaque(node)
+        else:
+            try:  # the op's shape inference rejects inconsistent shapes ONNX's checks let through
+                got = infer_types(Node(name, ir_op, ir_ins, tuple(node.output), attrs), [ir_types[v] for v in ir_ins])
+            except ShapeError as e:
+                raise RLFlowError(f"{path}: {e}") from None
+            if got != want or "" in node.output:
+                ir_op, ir_ins, attrs = _opaque(node)  # e.g. ONNX semantics our op does not model for these attributes
         for v, t in zip([o for o in node.output if o], want):
             ir_types[v] = t
         nodes.append(Node(name, ir_op, tuple(ir_ins), tuple(o for o in node.output if o), attrs))
@@ -736,121 +618,29 @@ class _Emitter:
         return name
 
     def node(self, op: str, ins, outs, name: str, **attrs) -> None:
-        self.nodes.append(helper.make_node(op, list(ins), list(outs), name=self.fresh(name) if name in self.used
-                                           else name, **attrs))
+        """Append an ONNX node (renamed if its name is taken). A list attribute may be empty (a 0-D Transpose's
+        perm), which ONNX's helper cannot type by itself: it is INTS."""
+        node = helper.make_node(op, list(ins), list(outs), name=self.fresh(name) if name in self.used else name)
+        for k, v in sorted(attrs.items()):
+            empty = isinstance(v, (list, tuple)) and not v
+            node.attribute.append(helper.make_attribute(k, v, attr_type=onnx.AttributeProto.INTS if empty else None))
+        self.nodes.append(node)
 
 
 def _emit(e: _Emitter, n: Node) -> None:
-    g, a, ins, outs, nm = e.graph, n.attrs, list(n.inputs), list(n.outputs), n.name
-    opset = g.opset
+    """Append ``n`` as ONNX nodes: an opaque node as it was imported, an IR op through its OpDef's ``to_onnx``."""
     if n.op == "Opaque":
-        node = helper.make_node(a["op_type"], ins, outs, name=nm, domain=a["domain"] or None)
+        a = n.attrs
+        node = helper.make_node(a["op_type"], list(n.inputs), list(n.outputs), name=n.name, domain=a["domain"] or None)
         for blob in a["attributes"]:
             at = onnx.AttributeProto()
             at.ParseFromString(blob)
             node.attribute.append(at)
         e.nodes.append(node)
-    elif n.op == "Conv":
-        w = g.types[ins[1]].shape
-        conv_out = e.fresh(f"{outs[0]}_preact") if a["activation"] == "relu" else outs[0]
-        e.node("Conv", ins, [conv_out], nm, kernel_shape=list(w[2:]), strides=list(a["strides"]),
-               pads=list(a["pads"]), group=a["group"], dilations=[1, 1])
-        if a["activation"] == "relu":
-            e.node("Relu", [conv_out], outs, f"{nm}_relu")
-    elif n.op in ("MaxPool", "AveragePool"):
-        extra = {"count_include_pad": a["count_include_pad"]} if n.op == "AveragePool" else {}
-        e.node(n.op, ins, outs, nm, kernel_shape=list(a["kernel"]), strides=list(a["strides"]),
-               pads=list(a["pads"]), ceil_mode=a["ceil_mode"], **extra)
-    elif n.op == "Gemm":
-        e.node("Gemm", ins, outs, nm, alpha=a["alpha"], beta=a["beta"], transA=a["transA"], transB=a["transB"])
-    elif n.op == "Gelu":
-        if opset >= 20:
-            e.node("Gelu", ins, outs, nm, approximate=a.get("approximate", "none"))
-        else:
-            _emit_gelu(e, ins[0], outs[0], nm, a.get("approximate", "none"), g.types[ins[0]].dtype)
-    elif n.op == "ScalarMul":
-        e.node("Mul", ins, outs, nm)
-    elif n.op == "Enlarge":
-        w = g.types[ins[0]].shape
-        kh, kw = a["kernel"]
-        dh, dw = (kh - w[2]) // 2, (kw - w[3]) // 2
-        e.node("Pad", [ins[0], e.const(f"{nm}_pads", [0, 0, dh, dw, 0, 0, dh, dw])], outs, nm, mode="constant")
-    elif n.op in ("BatchNormalization", "LayerNormalization"):
-        if n.op == "LayerNormalization" and opset < 17:
-            _emit_layernorm(e, n)
-        else:
-            kw = {"axis": a["axis"]} if n.op == "LayerNormalization" else {}
-            e.node(n.op, ins, outs, nm, epsilon=a["epsilon"], **kw)
-    elif n.op in ("Softmax", "Concat", "Gather", "Flatten"):
-        e.node(n.op, ins, outs, nm, axis=a["axis"])
-    elif n.op == "Split":
-        e.node("Split", [ins[0], e.const(f"{nm}_split", list(a["split"]))], outs, nm, axis=a["axis"])
-    elif n.op == "Transpose":
-        e.node("Transpose", ins, outs, nm)
-        e.nodes[-1].attribute.append(helper.make_attribute("perm", list(a["perm"]), attr_type=onnx.AttributeProto.INTS))
-    elif n.op == "Reshape":
-        e.node("Reshape", [ins[0], e.const(f"{nm}_shape", list(a["shape"]))], outs, nm)
-    elif n.op == "Pad":
-        dtype = np.dtype(g.types[ins[0]].dtype)
-        e.node("Pad", [ins[0], e.const(f"{nm}_pads", list(a["pads"])), e.const(f"{nm}_value", a["value"], dtype)],
-               outs, nm, mode="constant")
-    elif n.op == "Slice":
-        e.node("Slice", [ins[0], e.const(f"{nm}_starts", list(a["starts"])), e.const(f"{nm}_ends", list(a["ends"])),
-                         e.const(f"{nm}_axes", list(a["axes"])), e.const(f"{nm}_steps", list(a["steps"]))], outs, nm)
-    elif n.op == "ReduceMean":
-        if not a["axes"]:
-            e.node("ReduceMean", ins, outs, nm, keepdims=a["keepdims"])
-        elif opset >= 18:
-            e.node("ReduceMean", [ins[0], e.const(f"{nm}_axes", list(a["axes"]))], outs, nm, keepdims=a["keepdims"])
-        else:
-            e.node("ReduceMean", ins, outs, nm, axes=list(a["axes"]), keepdims=a["keepdims"])
     elif n.op in OPS:
-        e.node(n.op, ins, outs, nm)
+        OPS[n.op].to_onnx(e, n)
     else:
-        raise RLFlowError(f"node '{nm}': cannot export op '{n.op}'")
-
-
-def _emit_gelu(e: _Emitter, x: str, y: str, nm: str, approximate: str, dtype: str) -> None:
-    dt = np.dtype(dtype)
-    t = [e.fresh(f"{nm}_t{k}") for k in range(6)]
-    if approximate == "tanh":  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-        e.node("Mul", [x, x], [t[0]], f"{nm}_sq")
-        e.node("Mul", [t[0], x], [t[1]], f"{nm}_cube")
-        e.node("Mul", [t[1], e.const(f"{nm}_c", 0.044715, dt)], [t[2]], f"{nm}_scale3")
-        e.node("Add", [x, t[2]], [t[3]], f"{nm}_inner")
-        e.node("Mul", [t[3], e.const(f"{nm}_k", np.sqrt(2 / np.pi), dt)], [t[4]], f"{nm}_scale")
-        e.node("Tanh", [t[4]], [t[5]], f"{nm}_tanh")
-    else:  # 0.5 x (1 + erf(x / sqrt 2))
-        e.node("Div", [x, e.const(f"{nm}_sqrt2", np.sqrt(2.0), dt)], [t[4]], f"{nm}_div")
-        e.node("Erf", [t[4]], [t[5]], f"{nm}_erf")
-    one_plus = e.fresh(f"{nm}_onep")
-    half_x = e.fresh(f"{nm}_halfx")
-    e.node("Add", [t[5], e.const(f"{nm}_one", 1.0, dt)], [one_plus], f"{nm}_add1")
-    e.node("Mul", [x, e.const(f"{nm}_half", 0.5, dt)], [half_x], f"{nm}_half")
-    e.node("Mul", [half_x, one_plus], [y], nm)
-
-
-def _emit_layernorm(e: _Emitter, n: Node) -> None:
-    """LayerNormalization for opsets below 17, as ReduceMean/Sub/Mul/Add/Sqrt/Div."""
-    g, a, nm = e.graph, n.attrs, n.name
-    x = n.inputs[0]
-    rank = g.types[x].rank
-    axes = list(range(a["axis"], rank))
-    dt = np.dtype(g.types[x].dtype)
-    mean, d, sq, var, ve, std, norm = (e.fresh(f"{nm}_{s}") for s in ("mean", "d", "sq", "var", "ve", "std", "n"))
-    e.node("ReduceMean", [x], [mean], f"{nm}_mean", axes=axes, keepdims=1)
-    e.node("Sub", [x, mean], [d], f"{nm}_sub")
-    e.node("Mul", [d, d], [sq], f"{nm}_sq")
-    e.node("ReduceMean", [sq], [var], f"{nm}_var", axes=axes, keepdims=1)
-    e.node("Add", [var, e.const(f"{nm}_eps", a["epsilon"], dt)], [ve], f"{nm}_eps")
-    e.node("Sqrt", [ve], [std], f"{nm}_sqrt")
-    e.node("Div", [d, std], [norm], f"{nm}_div")
-    if len(n.inputs) > 2:
-        scaled = e.fresh(f"{nm}_scaled")
-        e.node("Mul", [norm, n.inputs[1]], [scaled], f"{nm}_scale")
-        e.node("Add", [scaled, n.inputs[2]], [n.outputs[0]], nm)
-    else:
-        e.node("Mul", [norm, n.inputs[1]], [n.outputs[0]], nm)
+        raise RLFlowError(f"node '{n.name}': cannot export op '{n.op}'")
 
 
 def to_onnx(graph: Graph, weights: bool = True) -> onnx.ModelProto:

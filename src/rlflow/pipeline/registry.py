@@ -36,6 +36,7 @@ from typing import Any, Mapping
 import yaml
 
 from rlflow.config import get, load_schema
+from rlflow.pipeline.imports import as_folders, closure_files
 
 #: repository root (src/rlflow/pipeline/registry.py -> ../../..); stage paths are relative to it
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -104,8 +105,6 @@ class Stage:
     expand: Mapping[str, str] = field(default_factory=dict)
     """Inputs that are lists: field -> config list key (e.g. ``shard`` -> ``rollouts.shards``): an input pattern
     using the field is one file per list value. DVC, which cannot expand, depends on their folder instead."""
-    code: tuple[str, ...] = ()
-    """Source paths (files or folders) the outputs depend on besides the stage module itself."""
     conda: str = DEFAULT_CONDA
     """Conda env file (repository-relative) for ``snakemake --use-conda``."""
     all_cores: bool = False
@@ -175,21 +174,16 @@ class Stage:
         """param name -> dotted config key, wildcards filled in (``zoo.{model}`` -> ``zoo.bert``)."""
         return {k: fill(v, **wildcards) for k, v in self.params.items()}
 
-    def code_paths(self) -> list[str]:
-        """The stage module and its other code paths, as DVC deps (folders stay folders)."""
-        return [self.module_path, *self.code]
+    def code_files(self) -> list[str]:
+        """Every source file running the stage imports (:func:`rlflow.pipeline.imports.closure_files` of its
+        module: computed from the imports, never listed by hand), repository-relative; Snakemake's code inputs."""
+        return closure_files(self.module)
 
-    def code_files(self, root: Path | str = REPO_ROOT) -> list[str]:
-        """The code paths with folders expanded to their ``.py`` files (Snakemake tracks files, not folders)."""
-        root = Path(root)
-        files: list[str] = []
-        for rel in self.code_paths():
-            p = root / rel
-            if p.is_dir():
-                files += sorted(str(f.relative_to(root)) for f in p.rglob("*.py") if "__pycache__" not in f.parts)
-            else:
-                files.append(rel)
-        return files
+    def code_paths(self, root: Path | str = REPO_ROOT) -> list[str]:
+        """:meth:`code_files` as DVC deps: the stage module first, then the rest with every folder whose Python
+        files are all in it written as the folder."""
+        rest = [f for f in self.code_files() if f != self.module_path]
+        return [self.module_path, *as_folders(rest, Path(root))]
 
     # -- command lines --------------------------------------------------------------------------------------
     def _render_args(self, values: Mapping[str, str], output: Any, input: Any) -> list[str]:
@@ -309,8 +303,6 @@ CONTROLLER = Stage(
           ("--world-model", "{input.world_model}"), ("--out", "{output.checkpoint}"),
           ("--metrics", "{output.metrics}"), ("--optimised", "{output.optimised}"), ("--trace", "{output.trace}"),
           ("--logs", "{output.logs}")),
-    code=("src/rlflow/agents/controller.py", "src/rlflow/agents/ppo.py", "src/rlflow/agents/real_env.py",
-          "src/rlflow/agents/logging.py", "src/rlflow/env", "src/rlflow/nn/policy.py", "src/rlflow/search/output.py"),
     folders=("logs",),
 )
 
@@ -329,7 +321,6 @@ STAGES: dict[str, Stage] = {
                 "sizes": "zoo.{model}",
             },
             args=(("--model", "{model}"), ("--out", "{output.onnx}")),
-            code=("src/rlflow/graph/zoo",),
         ),
         Stage(
             name="generate_rules",
@@ -348,8 +339,6 @@ STAGES: dict[str, Stage] = {
             },
             args=(("--out", "{output.rules}"),),
             wildcards=(),
-            code=("src/rlflow/rewrite/generator.py", "src/rlflow/rewrite/verify.py", "src/rlflow/rewrite/prune.py",
-                  "src/rlflow/rewrite/rule.py", "src/rlflow/rewrite/builtin.py", "src/rlflow/graph/ops.py"),
         ),
         Stage(
             name="measure_costs",
@@ -365,7 +354,6 @@ STAGES: dict[str, Stage] = {
             },
             args=(("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--rules", "{input.rules}"),
                   ("--out", "{output.costs}")),
-            code=("src/rlflow/cost",),
             all_cores=True,
         ),
         Stage(
@@ -380,7 +368,6 @@ STAGES: dict[str, Stage] = {
                 "time_limit_s": "search.time_limit_s",
             },
             args=(*PROBLEM_ARGS, ("--out", "{output.onnx}"), ("--trace", "{output.trace}")),
-            code=("src/rlflow/stages/search_common.py", "src/rlflow/search", "src/rlflow/cost"),
         ),
         Stage(
             name="search_greedy",
@@ -392,7 +379,6 @@ STAGES: dict[str, Stage] = {
                 "time_limit_s": "search.time_limit_s",
             },
             args=(*PROBLEM_ARGS, ("--out", "{output.onnx}"), ("--trace", "{output.trace}")),
-            code=("src/rlflow/stages/search_common.py", "src/rlflow/search", "src/rlflow/cost"),
         ),
         Stage(
             name="collect_rollouts",
@@ -409,8 +395,6 @@ STAGES: dict[str, Stage] = {
             args=(("--model", "{model}"), ("--shard", "{shard}"), ("--onnx", "{input.onnx}"),
                   ("--rules", "{input.rules}"), ("--costs", "{input.costs}"), ("--out", "{output.episodes}")),
             wildcards=("model", "shard"),
-            code=("src/rlflow/env", "src/rlflow/agents/random_agent.py", "src/rlflow/agents/rollouts.py",
-                  "src/rlflow/cost"),
         ),
         Stage(
             name="merge_rollouts",
@@ -420,7 +404,6 @@ STAGES: dict[str, Stage] = {
             params={"shards": "rollouts.shards"},
             args=(("--model", "{model}"), ("--shards-dir", "results/{model}/rollouts"), ("--out", "{output.rollouts}")),
             expand={"shard": "rollouts.shards"},
-            code=("src/rlflow/agents/rollouts.py",),
         ),
         Stage(
             name="train_encoder",
@@ -439,9 +422,6 @@ STAGES: dict[str, Stage] = {
             args=(*PROBLEM_ARGS, ("--rollouts", "{input.rollouts}"),
                   ("--out", "{output.checkpoint}"), ("--latents", "{output.latents}"),
                   ("--metrics", "{output.metrics}"), ("--logs", "{output.logs}")),
-            code=("src/rlflow/nn/encoder.py", "src/rlflow/nn/graph_data.py", "src/rlflow/agents/encoder_training.py",
-                  "src/rlflow/agents/checkpoint.py", "src/rlflow/agents/logging.py", "src/rlflow/env",
-                  "src/rlflow/cost"),
             folders=("logs",),
         ),
         Stage(
@@ -456,8 +436,6 @@ STAGES: dict[str, Stage] = {
             args=(("--model", "{model}"), ("--latents", "{input.latents}"), ("--out", "{output.checkpoint}"),
                   ("--metrics", "{output.metrics}"), ("--curve", "{output.curve}"), ("--logs", "{output.logs}")),
             plots=("curve",),
-            code=("src/rlflow/nn/mdnrnn.py", "src/rlflow/nn/losses.py", "src/rlflow/agents/world_model.py",
-                  "src/rlflow/agents/checkpoint.py", "src/rlflow/agents/logging.py"),
             folders=("logs",),
         ),
         CONTROLLER,
@@ -470,7 +448,6 @@ STAGES: dict[str, Stage] = {
                 key: f"controller.{key}" for key in _section_keys("controller") if key != "temperature"},
             args=CONTROLLER.args,
             wildcards=("model", "tau"),
-            code=CONTROLLER.code,
             folders=("logs",),
             sets=(("controller.temperature", "{tau}"),),
             runs="train_controller",
@@ -485,7 +462,6 @@ STAGES: dict[str, Stage] = {
                 "e2e_every": "env.reward.e2e_every", "e2e_backend": "env.reward.e2e_backend"},
             args=CONTROLLER.args,
             wildcards=("model", "reward"),
-            code=CONTROLLER.code,
             folders=("logs",),
             sets=(("env.reward.name", "{reward}"),),
             runs="train_controller",
@@ -510,9 +486,6 @@ STAGES: dict[str, Stage] = {
             args=(*PROBLEM_ARGS, ("--encoder", "{input.encoder}"), ("--out", "{output.checkpoint}"),
                   ("--metrics", "{output.metrics}"), ("--optimised", "{output.optimised}"),
                   ("--trace", "{output.trace}"), ("--logs", "{output.logs}")),
-            code=("src/rlflow/agents/model_free.py", "src/rlflow/agents/ppo.py", "src/rlflow/agents/real_env.py",
-                  "src/rlflow/agents/logging.py", "src/rlflow/env", "src/rlflow/nn/policy.py",
-                  "src/rlflow/search/output.py"),
             folders=("logs",),
         ),
         Stage(
@@ -528,7 +501,6 @@ STAGES: dict[str, Stage] = {
                   *((f"--{m.replace('_', '-')}", f"{{input.{m}_onnx}}") for m in METHODS),
                   *((f"--{m.replace('_', '-')}-trace", f"{{input.{m}_trace}}") for m in METHODS),
                   ("--out", "{output.table}"), ("--metrics", "{output.metrics}"), ("--headline", "{output.headline}")),
-            code=("src/rlflow/evaluation", "src/rlflow/graph/exec"),
             metrics=("metrics",),
             all_cores=True,
         ),
@@ -550,7 +522,6 @@ STAGES: dict[str, Stage] = {
             args=(("--model", "{model}"), ("--results", "results/{model}"), ("--rules-stats", "{input.rules_stats}"),
                   ("--out", "{output.html}")),
             expand={"tau": "sweeps.temperatures", "reward": "sweeps.rewards"},
-            code=("src/rlflow/report",),
         ),
         Stage(
             name="summary",
@@ -561,7 +532,6 @@ STAGES: dict[str, Stage] = {
             args=(("--headlines", "results/summary"), ("--csv", "{output.csv}"), ("--out", "{output.html}")),
             wildcards=(),
             expand={"model": "models"},
-            code=("src/rlflow/report",),
         ),
     ]
 }

@@ -1,8 +1,10 @@
 """Load everything a model's report shows from its results folder.
 
 ``evaluation.csv`` is required (a missing or malformed one is a one-line :class:`RLFlowError`); every other
-input is optional: :class:`Input` carries either its data or why it is absent ("missing: stage X has not run",
-"unreadable: ..."), so each section of the report can say so instead of failing.
+input is optional: :class:`Input` carries either its data or that it is missing (its stage has not run), so each
+section of the report can say so instead of failing. An optional input that exists but cannot be read (not
+text, not valid JSON, not a JSON object, a CSV without rows) is damaged upstream output: a one-line
+:class:`RLFlowError` naming the file and the stage that writes it, never a report that quietly leaves it out.
 
 Files read, relative to ``results/<model>`` (``--results``)::
 
@@ -65,7 +67,7 @@ class Input:
     """The pipeline stage that writes it (named in the "not run" message)."""
     data: Any = None
     problem: str | None = None
-    """None when ``data`` was read; else one line: ``missing`` or ``unreadable (...)``."""
+    """None when ``data`` was read; ``missing`` when the file does not exist."""
 
     @property
     def ok(self) -> bool:
@@ -73,9 +75,12 @@ class Input:
 
     def why(self) -> str:
         """The sentence a section shows when this input is absent."""
-        if self.problem == "missing":
-            return f"Not run: {self.path} is missing (stage {self.stage} has not run)."
-        return f"Could not read {self.path}: {self.problem}."
+        return f"Not run: {self.path} is missing (stage {self.stage} has not run)."
+
+    def damaged(self, what: str) -> RLFlowError:
+        """The error for a file that exists but cannot be read."""
+        return RLFlowError(f"{self.path}: {what}; it is written by stage {self.stage}: rerun that stage (or delete "
+                           f"the file if the stage has not run)")
 
 
 @dataclass
@@ -154,15 +159,14 @@ def read_json(path: Path, stage: str, drop: tuple[str, ...] = ()) -> Input:
         return inp
     try:
         data = json.loads(path.read_text())
+    except OSError as e:
+        raise inp.damaged(f"cannot be read ({e.strerror or e.__class__.__name__})") from None
     except UnicodeDecodeError:
-        inp.problem = "unreadable (not text)"
-        return inp
+        raise inp.damaged("not text") from None
     except json.JSONDecodeError as e:
-        inp.problem = f"unreadable (not valid JSON, line {e.lineno}: {e.msg})"
-        return inp
+        raise inp.damaged(f"not valid JSON (line {e.lineno}: {e.msg})") from None
     if not isinstance(data, dict):
-        inp.problem = "unreadable (not a JSON object)"
-        return inp
+        raise inp.damaged(f"expected a JSON object, found a {type(data).__name__}")
     inp.data = {k: v for k, v in data.items() if k not in drop}
     return inp
 
@@ -175,12 +179,14 @@ def read_curve(path: Path, stage: str) -> Input:
         return inp
     try:
         rows = list(csv.DictReader(io.StringIO(path.read_text())))
-    except (UnicodeDecodeError, csv.Error) as e:
-        inp.problem = f"unreadable ({e.__class__.__name__})"
-        return inp
+    except OSError as e:
+        raise inp.damaged(f"cannot be read ({e.strerror or e.__class__.__name__})") from None
+    except UnicodeDecodeError:
+        raise inp.damaged("not text") from None
+    except csv.Error as e:
+        raise inp.damaged(f"not a valid CSV ({e})") from None
     if not rows:
-        inp.problem = "unreadable (no rows)"
-        return inp
+        raise inp.damaged("a CSV without rows")
     columns: dict[str, list[float | None]] = {c: [] for c in rows[0] if c}
     for r in rows:
         for c in columns:

@@ -53,12 +53,12 @@ to a renaming of variables, which it prunes as a duplicate) and emits associativ
 (a generated rule binds only the ranks it was verified at); the matcher takes operands in order, so these are
 what lets a search bring operands of any rank into the order another rule's pattern expects.
 
-Verification: :func:`verified_builtin_rules` fills each rule's ``verified`` record with
-:func:`rlflow.rewrite.verify.verify` (every example must fit and agree in float64, plus random bindings drawn
-around them); :func:`check_rule` / :func:`compare` are the same check at given bindings, used by the tests (and
-by :func:`verified_builtin_rules` if the verifier module is absent). The pipeline's generate_rules stage
-verifies ``builtin_rules()`` itself with the verifier's default tolerance (1e-9), which every rule here meets:
-no target makes a constant that float32 cannot hold exactly (the 1/9 pooling kernel is ones / 9).
+Verification: :func:`verified_builtin_rules` (what the generate_rules stage calls) fills each rule's
+``verified`` record with :func:`rlflow.rewrite.verify.verify` (every example must fit and agree in float64, plus
+random bindings drawn around them) at the verifier's default tolerance (1e-9), which every rule here meets: no
+target makes a constant that float32 cannot hold exactly (the 1/9 pooling kernel is ones / 9).
+:func:`check_rule` / :func:`compare` check a rule at given bindings; :func:`check_rule` names the example that
+fails when a rule does not verify.
 """
 
 from __future__ import annotations
@@ -481,25 +481,21 @@ def check_rule(rule: Rule, examples: Sequence[Example], trials: int = 3, seed: i
             "max_rel_diff": worst}
 
 
-def verified_builtin_rules(trials: int = 3, seed: int = 0) -> list[Rule]:
-    """The builtin rules with their ``verified`` records filled in: every example must agree, plus ``trials``
-    more bindings drawn around them. Uses the project's verifier (:func:`rlflow.rewrite.verify.verify`) when it
-    is there, else :func:`check_rule` on the examples alone. A builtin rule that fails is a bug: RLFlowError."""
-    try:
-        from rlflow.rewrite.verify import verify
-    except ImportError:
-        verify = None
+def verified_builtin_rules(trials: int = 3, max_dim: int = 4, seed: int = 0) -> list[Rule]:
+    """The builtin rules with their ``verified`` records filled in by :func:`rlflow.rewrite.verify.verify`: every
+    example must fit and agree in float64, plus random bindings drawn around them (``max(trials, #examples)``
+    bindings in all, dimensions up to ``max_dim``). This is what the generate_rules stage writes into the rules
+    file. A builtin rule that fails is a bug: RLFlowError naming the rule (and the failing example, if one does)."""
+    from rlflow.rewrite.verify import verify
+
     out = []
     for rule, examples in builtin_rules():
-        if verify is not None:
-            record = verify(rule, trials=len(examples) + trials, seed=seed, examples=examples,
-                            rtol=tolerance(rule))
-            if record is None:
-                raise RLFlowError(f"builtin rule '{rule.id}' ({rule.name}) fails numeric verification")
-            record = {**record, "examples": [dict(e) for e in examples]}
-        else:
-            record = check_rule(rule, examples, trials, seed)
+        record = verify(rule, trials=max(trials, len(examples)), max_dim=max_dim, seed=seed, examples=examples)
+        if record is None:
+            check_rule(rule, examples, trials=1, seed=seed)  # raises, naming the example, if one fails
+            raise RLFlowError(f"builtin rule '{rule.id}' ({rule.name}) fails numeric verification at random "
+                              f"bindings around its examples")
         raw = rule.to_json()
-        raw["verified"] = record
+        raw["verified"] = {**record, "examples": [dict(e) for e in examples]}
         out.append(rule_from_json(raw, "builtin rules"))
     return out

@@ -62,22 +62,9 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from rlflow.rewrite.rule import expr_refs
+from rlflow.rewrite.rule import VARIABLE_KINDS, expr_refs
 
 # ================================================================================================ configuration
-#: variable kinds: prefix -> (symbolic shape, is a weight). TASO's symbolic inputs (4x1x3x3 left out: no
-#: grouped convolutions among the templates).
-VARIABLE_KINDS: dict[str, tuple[tuple[int, ...], bool]] = {
-    "x": ((2, 4), False),          # 2-D activation
-    "w": ((4, 4), True),           # 2-D weight
-    "a": ((2, 4, 5, 5), False),    # 4-D activation (N, C, H, W)
-    "k": ((4, 4, 3, 3), True),     # 3x3 conv kernel
-    "h": ((4, 4, 1, 3), True),     # 1x3 conv kernel
-    "v": ((4, 4, 3, 1), True),     # 3x1 conv kernel
-    "p": ((4, 4, 1, 1), True),     # 1x1 conv kernel
-    "s": ((), True),               # 0-D scalar
-    "b": ((2, 3, 4), False),       # 3-D activation (batch, sequence, hidden): transformer MatMuls
-}
 KIND_ORDER = {k: i for i, k in enumerate(VARIABLE_KINDS)}
 
 #: operator templates (``Conv`` and ``ConvRelu`` are the IR op Conv with activation none / relu)
@@ -216,10 +203,6 @@ class GGraph:
     out_hashes: tuple[int, ...]
     variables: tuple[str, ...]          # input variables, in first-use order
     redundant: bool                     # some op reproduces an existing tensor: a source only, never a target
-
-    @property
-    def n_ops(self) -> int:
-        return len(self.ops)
 
 
 _REF_CACHE: dict[str, tuple[int, int] | None] = {}

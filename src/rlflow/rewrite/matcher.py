@@ -22,7 +22,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-import numpy as np
 
 from rlflow.errors import RLFlowError
 from rlflow.graph.fold import static_values
@@ -41,9 +40,6 @@ class Match:
     nodes: tuple[str, ...]
     bindings: tuple[tuple[str, str], ...]     # (variable, graph value)
     params: tuple[tuple[str, Any], ...]
-
-    def binding(self) -> dict[str, str]:
-        return dict(self.bindings)
 
 
 # ============================================================================================ compiled patterns

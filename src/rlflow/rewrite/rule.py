@@ -14,7 +14,7 @@ A rule in ``rules.json`` (format 1)::
 References (``inputs`` and ``outputs``): ``"%k"`` is output 0 of node k of the same side, ``"%k.j"`` its output j;
 any other name is a **variable**: it matches any value of the graph (the same variable, the same value). Variables
 are the source side's inputs; the target may only use those. Each pattern node gives every attribute of its op
-(:data:`rlflow.graph.ops.OP_ATTRS`) as one of:
+(``OPS[op].attrs`` in :mod:`rlflow.graph.ops`) as one of:
 
 - a literal (``1``, ``"relu"``, ``[1, 1]``): the graph's attribute must equal it;
 - a parameter ``"$name"``: binds to the graph's value on first use, must be equal on every other use, and is
@@ -49,12 +49,27 @@ import numpy as np
 from rlflow.errors import RLFlowError
 from rlflow.graph.builder import GraphBuilder
 from rlflow.graph.ir import Graph, TensorType, _canonical
-from rlflow.graph.ops import OP_ATTRS, OPS
+from rlflow.graph.ops import OPS
 
 FORMAT = 1
 _REF = re.compile(r"%(\d+)(?:\.(\d+))?$")
 _VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
 _EXPR_KEYS = {"dim", "rank", "kernel", "same_pads", "sum"}
+
+#: the rule generator's variable kinds: name prefix -> (symbolic shape, is a weight); a generated rule's variables
+#: are named prefix + number (``x0``, ``k1``). TASO's symbolic inputs (4x1x3x3 left out: no grouped convolutions
+#: among the generator's templates).
+VARIABLE_KINDS: dict[str, tuple[tuple[int, ...], bool]] = {
+    "x": ((2, 4), False),          # 2-D activation
+    "w": ((4, 4), True),           # 2-D weight
+    "a": ((2, 4, 5, 5), False),    # 4-D activation (N, C, H, W)
+    "k": ((4, 4, 3, 3), True),     # 3x3 conv kernel
+    "h": ((4, 4, 1, 3), True),     # 1x3 conv kernel
+    "v": ((4, 4, 3, 1), True),     # 3x1 conv kernel
+    "p": ((4, 4, 1, 1), True),     # 1x1 conv kernel
+    "s": ((), True),               # 0-D scalar
+    "b": ((2, 3, 4), False),       # 3-D activation (batch, sequence, hidden): transformer MatMuls
+}
 
 
 @dataclass(frozen=True)
@@ -175,7 +190,7 @@ def _parse_node(raw: Any, side: str, k: int, where: str) -> PatternNode:
     attrs = raw.get("attrs", {})
     if not isinstance(attrs, Mapping):
         raise RLFlowError(f"{where}: {side}[{k}] ({op}) 'attrs' must be an object")
-    want = set(OP_ATTRS[op])
+    want = set(OPS[op].attrs)
     if set(attrs) != want:
         missing, extra = sorted(want - set(attrs)), sorted(set(attrs) - want)
         raise RLFlowError(f"{where}: {side}[{k}] ({op}) " + (f"lacks attribute '{missing[0]}'" if missing else

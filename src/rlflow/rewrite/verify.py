@@ -38,7 +38,7 @@ import numpy as np
 from rlflow.errors import RLFlowError
 from rlflow.graph.ir import Graph, TensorType
 from rlflow.graph.ops import OPS
-from rlflow.rewrite.rule import Rule, instantiate
+from rlflow.rewrite.rule import VARIABLE_KINDS, Rule, instantiate
 
 METHOD = "random-float64"
 RTOL = 1e-9
@@ -66,12 +66,11 @@ def run_float64(graph: Graph, feeds: Mapping[str, np.ndarray]) -> list[np.ndarra
 
 
 def _positive_vars(rule: Rule) -> set[str]:
-    """Variables that random data must keep positive: a BatchNormalization's variance, a Sqrt's input, a
-    divisor, a Pow's base."""
+    """Variables that random data must keep positive (the ops' ``positive_inputs``: a BatchNormalization's
+    variance, a Sqrt's input, a divisor, a Pow's base)."""
     pos = set()
     for n in rule.src:
-        slots = {"BatchNormalization": [4], "Sqrt": [0], "Div": [1], "Pow": [0]}.get(n.op, [])
-        for i in slots:
+        for i in OPS[n.op].positive_inputs if n.op in OPS else ():
             if i < len(n.inputs) and not n.inputs[i].startswith("%"):
                 pos.add(n.inputs[i])
     return pos
@@ -183,17 +182,13 @@ def _one_axis_broadcasts(base: Mapping[str, Sequence[int]], rng: np.random.Gener
 def _guess_ranks(rule: Rule) -> dict[str, int]:
     """Ranks of the variables from how the source uses them (a fallback when no shapes are known)."""
     ranks: dict[str, int] = {}
-    fixed = {"MatMul": {0: 2, 1: 2}, "Conv": {0: 4, 1: 4, 2: 1}, "MaxPool": {0: 4}, "AveragePool": {0: 4},
-             "Enlarge": {0: 4}, "GlobalAveragePool": {0: 4}, "ScalarMul": {1: 0},
-             "BatchNormalization": {0: 4, 1: 1, 2: 1, 3: 1, 4: 1}, "Gemm": {0: 2, 1: 2}}
     for _ in range(3):
         for n in rule.src:
+            usual = OPS[n.op].input_ranks(n.attrs) if n.op in OPS else ()
             for i, r in enumerate(n.inputs):
                 if r.startswith("%"):
                     continue
-                want = fixed.get(n.op, {}).get(i)
-                if want is None and n.op == "Transpose" and isinstance(n.attrs.get("perm"), (list, tuple)):
-                    want = len(n.attrs["perm"])
+                want = usual[i] if i < len(usual) else None
                 if want is None:
                     others = [ranks[o] for o in n.inputs if not o.startswith("%") and o in ranks and o != r]
                     want = others[0] if others else None
@@ -218,8 +213,6 @@ def default_bases(rule: Rule) -> list[dict]:
                     out.append({"vars": dict(e), "params": {}})
             if out and all(set(rule.variables) <= set(e["vars"]) for e in out):
                 return out
-    from rlflow.rewrite.generator import VARIABLE_KINDS
-
     if all(v.rstrip("0123456789") in VARIABLE_KINDS and v[1:].isdigit() for v in rule.variables):
         return [{"vars": {v: list(VARIABLE_KINDS[v[0]][0]) for v in rule.variables}, "params": {}}]
     ranks = _guess_ranks(rule)

@@ -43,7 +43,8 @@ def verify_and_write(original: Graph, result: SearchResult, out: Path, trace: Pa
         if p is not None and p.is_dir():
             raise RLFlowError(f"{p}: is a folder, expected a file path")
     try:
-        diff = check_equal(original, result.graph, seed=seed, tol=tol, device=device)
+        diff = check_equal(original, result.graph, seed=seed, tol=tol, device=device,
+                           what=str(extra.get("model", "the original model")))
     except RLFlowError as e:
         raise RLFlowError(f"{e}; {out} not written") from None
     doc = result.to_json(**extra)

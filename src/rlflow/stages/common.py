@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from pathlib import Path
 
-from rlflow.config import load_config, resolve_device
+from rlflow.config import load_config
+from rlflow.problem import Problem
+from rlflow.problem import load_problem as _load_problem
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, example: str = "zoo.bert.layers=2") -> None:
@@ -28,54 +29,44 @@ def add_problem_arguments(parser: argparse.ArgumentParser, costs: bool = True) -
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-@dataclass
-class Problem:
-    """What a rewriting stage works on, loaded from its declared inputs."""
-
-    config: dict
-    device: str
-    graph: object      # rlflow.graph.Graph
-    rules: list        # list[rlflow.rewrite.Rule]
-    cost: object       # rlflow.cost.CostModel
-
-
 def load_problem(args: argparse.Namespace) -> Problem:
-    """Validate the config, then load the model, the rules and the configured cost model (one-line errors)."""
-    from rlflow.cost import make_cost_model
-    from rlflow.graph.onnx_io import load_onnx
-    from rlflow.rewrite.rule import load_rules
-
+    """Validate the config (``--config``/``--set``), then :func:`rlflow.problem.load_problem` on the stage's
+    ``--onnx``, ``--rules`` and ``--costs``."""
     config = load_config(args.config, args.overrides)
-    device = resolve_device(config)
-    graph = load_onnx(args.onnx)
-    rules = load_rules(args.rules)
-    cost = make_cost_model(config, device, getattr(args, "costs", None))
-    return Problem(config, device, graph, rules, cost)
+    return _load_problem(config, args.onnx, args.rules, getattr(args, "costs", None))
 
 
-def single_cpu_thread(device: str) -> None:
-    """On the CPU, give torch one intra-op thread unless OMP_NUM_THREADS says otherwise. The training stages
-    run small ops (an LSTM over batches of 16, a GNN on one graph per step, the policy's MLPs) that are
-    latency-bound: on a busy 2-core machine, two threads made them 10-40x slower (thread hand-offs stall when
-    another job holds the other core), and Snakemake runs several jobs side by side."""
-    import os
+def add_agent_arguments(parser: argparse.ArgumentParser, dream: bool, curves: str) -> None:
+    """The files of an agent-training stage (train_controller with ``dream``, train_model_free): the trained
+    encoder (and the latents and world model of the dream), and what the stage writes."""
+    add_problem_arguments(parser)
+    parser.add_argument("--encoder", required=True, type=Path, help="encoder checkpoint (train_encoder)")
+    if dream:
+        parser.add_argument("--latents", required=True, type=Path, help="latents.npz (train_encoder)")
+        parser.add_argument("--world-model", required=True, type=Path,
+                            help="world-model checkpoint (train_world_model)")
+    parser.add_argument("--out", required=True, type=Path, help="agent checkpoint to write")
+    parser.add_argument("--metrics", required=True, type=Path, help="metrics JSON to write")
+    parser.add_argument("--optimised", required=True, type=Path, metavar="ONNX",
+                        help="the best graph of the real run, verified (ONNX) to write")
+    parser.add_argument("--trace", required=True, type=Path, metavar="JSON",
+                        help="its trace (rlflow.search-trace/1) to write")
+    add_logs_argument(parser, curves)
 
-    if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        import torch
 
-        torch.set_num_threads(1)
+def add_logs_argument(parser: argparse.ArgumentParser, curves: str) -> None:
+    """``--logs DIR``: a training stage's dvclive folder, holding ``curves``."""
+    parser.add_argument("--logs", type=Path, metavar="DIR",
+                        help=f"dvclive folder: {curves} (the pipeline gives it; without it: no curves)")
 
 
-def load_seeded_problem(args: argparse.Namespace) -> Problem:
-    """:func:`load_problem`, then what every training stage does first: one torch thread on the CPU
-    (:func:`single_cpu_thread`) and numpy and torch seeded from ``seed``."""
-    import numpy as np
-    import torch
+def run_agent(args: argparse.Namespace, method: str) -> int:
+    """An agent-training stage's run: :func:`rlflow.agents.driver.run_agent_stage` on its arguments."""
+    from rlflow.agents.driver import AgentFiles, run_agent_stage
 
-    problem = load_problem(args)
-    single_cpu_thread(problem.device)
-    seed = problem.config["seed"]
-    torch.manual_seed(seed)
-    np.random.seed(seed)
-    return problem
-
+    files = AgentFiles(onnx=args.onnx, rules=args.rules, costs=args.costs, encoder=args.encoder, out=args.out,
+                       metrics=args.metrics, optimised=args.optimised, trace=args.trace, logs=args.logs,
+                       latents=getattr(args, "latents", None), world_model=getattr(args, "world_model", None))
+    run_agent_stage(method, args.model, load_config(args.config, args.overrides), files,
+                    progress=not args.no_progress)
+    return 0

@@ -11,9 +11,11 @@ original. A progress bar over the (method, backend) runs goes to stderr; a line 
 
 Wrong results are never reported: if any optimised graph's outputs differ from the original's by more than
 evaluate.tolerance (relative; rlflow.graph.exec.max_rel_diff) on any backend, the stage stops with one line naming
-the method, backend and difference, exit status 1, and writes nothing. A backend that cannot run a graph (e.g.
-tf-xla and an opaque op) is reported in one line; its row is kept with status ``unsupported`` (no latency) and
-the other runs go on. Bad input (a missing or corrupt ONNX file or trace, an optimised graph whose inputs differ
+the method, backend and difference, exit status 1, and writes nothing. A backend known from the graph alone to
+have no lowering for one of its ops (an op without a TF lowering; tf-xla and an opaque op) is reported in one line
+naming the op; its row is kept with status ``unsupported`` (no latency) and the other runs go on. A backend that
+raises while building or running a graph stops the stage with one line naming the method, backend and cause, exit
+status 2, nothing written (a crash is never a row). Bad input (a missing or corrupt ONNX file or trace, an optimised graph whose inputs differ
 from the original's) is one line and exit status 2, nothing written.
 
 Reads these config keys: seed (the inputs), device, run.warmup, run.repeats, evaluate.backends,

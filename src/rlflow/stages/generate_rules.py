@@ -51,25 +51,16 @@ def _progress_factory(enabled: bool):
                                     unit=" graphs" if total is None else "")
 
 
-def builtin_with_records(trials: int, max_dim: int, seed: int) -> list[dict]:
-    """The builtin rules (rlflow.rewrite.builtin, when that module exists) verified with their own examples plus
-    random bindings; a builtin rule that fails is an error naming it."""
+def _builtin_verifier():
+    """:func:`rlflow.rewrite.builtin.verified_builtin_rules`; a rules file without the builtin rules (they carry
+    most matches on real models) is never written silently, so a failed import is an error."""
     try:
-        from rlflow.rewrite import builtin
-    except ImportError:
-        return []
-    from rlflow.rewrite.verify import verify
-
-    out = []
-    for rule, examples in builtin.builtin_rules():
-        rec = verify(rule, trials=max(trials, len(examples)), max_dim=max_dim, seed=seed, examples=examples)
-        if rec is None:
-            raise RLFlowError(f"builtin rule '{rule.id}' ({rule.name}) fails numeric verification")
-        rec["examples"] = [dict(e) for e in examples]
-        raw = rule.to_json()
-        raw["verified"] = rec
-        out.append(raw)
-    return out
+        from rlflow.rewrite.builtin import verified_builtin_rules
+    except ImportError as e:
+        raise RLFlowError(f"rules.builtin is true but the builtin rules (rlflow.rewrite.builtin) cannot be "
+                          f"imported: {e}; fix the installation, or --set rules.builtin=false to write a rules file "
+                          f"without them") from e
+    return verified_builtin_rules
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.rewrite.generator import GeneratorConfig, generate
     from rlflow.rewrite.rule import rule_from_json, rules_document
 
+    verified_builtin_rules = _builtin_verifier() if rc["builtin"] else None  # before minutes of generation
     cfg = GeneratorConfig(max_ops=rc["max_ops"], max_outputs=rc["max_outputs"], max_elements=rc["max_elements"],
                           ops=tuple(rc["ops"]), variables=dict(rc["variables"]), seed=rc["seed"])
     t0 = time.perf_counter()
@@ -90,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     res = generate(cfg, trials=rc["trials"], max_dim=rc["max_dim"], verify_seed=rc["seed"],
                    progress_factory=progress)
     t1 = time.perf_counter()
-    builtins = builtin_with_records(rc["trials"], rc["max_dim"], rc["seed"]) if rc["builtin"] else []
+    builtins = [] if verified_builtin_rules is None else \
+        [r.to_json() for r in verified_builtin_rules(rc["trials"], rc["max_dim"], rc["seed"])]
     t_builtin = time.perf_counter() - t1
 
     rules = [rule_from_json(r, "generated rules") for r in res.rules + builtins]

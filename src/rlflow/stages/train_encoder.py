@@ -34,7 +34,8 @@ from pathlib import Path
 
 from rlflow.config import get
 from rlflow.errors import RLFlowError
-from rlflow.stages.common import add_config_arguments, add_problem_arguments, load_problem, single_cpu_thread
+from rlflow.problem import single_cpu_thread
+from rlflow.stages.common import add_config_arguments, add_logs_argument, add_problem_arguments, load_problem
 
 NAME = "train-encoder"
 HELP = "train the graph encoder on rollout graphs; write it and the z of every step (pipeline stage train_encoder)"
@@ -47,9 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, metavar="PT", help="encoder checkpoint to write")
     parser.add_argument("--latents", required=True, type=Path, metavar="NPZ", help="z of every rollout step")
     parser.add_argument("--metrics", required=True, type=Path, metavar="JSON", help="held-out errors, losses")
-    parser.add_argument("--logs", type=Path, metavar="DIR",
-                        help="dvclive folder: train and held-out losses per epoch "
-                             "(the pipeline gives it; without it: no curves)")
+    add_logs_argument(parser, "train and held-out losses per epoch")
 
 
 def _load_rollouts(path: Path) -> dict:
@@ -96,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
     live = TrainingLog(args.logs, params=values)
     result = train_encoder(env, episodes, cfg, seed, problem.device, ckpt, progress=not args.no_progress,
-                           on_epoch=log_epoch, live=live)
+                           on_epoch=log_epoch, live=live, source=str(args.rollouts))
     model = result.model
     if result.metrics["resumed_from_epoch"]:
         print(f"train_encoder: resumed from epoch {result.metrics['resumed_from_epoch']} ({ckpt.partial})", flush=True)
@@ -117,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         "config": cfg,
         "seed": seed,
         "rules": rules_digest(problem.rules),
+        # the real-environment steps of the rollouts it learned from (part of every agent's real interactions)
+        "rollout_steps": sum(len(ep["actions"]) for ep in episodes),
         "node_features": model.config["node_features"],
         "edge_features": model.config["edge_features"],
         "normalisation": result.metrics["normalisation"],
@@ -136,15 +137,3 @@ def run(args: argparse.Namespace) -> int:
           f"{result.metrics['train_loss'][-1]:.4f}; {err}", flush=True)
     return 0
 
-
-def load_encoder(path: str | Path, device: str = "cpu"):
-    """The trained GraphEncoder of a checkpoint written by this stage (eval mode, on ``device``)."""
-    from rlflow.agents.checkpoint import load_checkpoint
-    from rlflow.nn.encoder import GraphEncoder
-
-    data = load_checkpoint(path)
-    if data.get("kind") != "rlflow.encoder/1":
-        raise RLFlowError(f"{path}: not an encoder checkpoint")
-    model = GraphEncoder(**data["encoder_config"])
-    model.load_state_dict(data["state_dict"])
-    return model.to(device).eval()

@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 from rlflow.config import get, load_config, resolve_device
-from rlflow.stages.common import add_config_arguments, single_cpu_thread
+from rlflow.problem import single_cpu_thread
+from rlflow.stages.common import add_config_arguments, add_logs_argument
 
 NAME = "train-world-model"
 HELP = "train the MDN-RNN world model on the encoder's latents (pipeline stage train_world_model)"
@@ -41,9 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, metavar="PT", help="checkpoint to write")
     parser.add_argument("--metrics", required=True, type=Path, metavar="JSON", help="held-out quality figures")
     parser.add_argument("--curve", required=True, type=Path, metavar="CSV", help="per-epoch loss curve")
-    parser.add_argument("--logs", type=Path, metavar="DIR",
-                        help="dvclive folder: loss terms (train and held-out) and learning rate per epoch "
-                             "(the pipeline gives it; without it: no curves)")
+    add_logs_argument(parser, "loss terms (train and held-out) and learning rate per epoch")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 

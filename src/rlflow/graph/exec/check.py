@@ -5,15 +5,19 @@ Every command that writes an optimised model calls :func:`check_equal` first and
 
 from __future__ import annotations
 
+import numpy as np
+
 from rlflow.errors import RLFlowError
-from rlflow.graph.exec import get_runner, make_inputs, max_rel_diff
+from rlflow.graph.exec import get_runner, make_inputs, max_rel_diff, run_model
 from rlflow.graph.ir import Graph
 
 
-def check_equal(original: Graph, optimised: Graph, seed: int = 0, tol: float = 1e-4, device: str = "cpu") -> float:
+def check_equal(original: Graph, optimised: Graph, seed: int = 0, tol: float = 1e-4, device: str = "cpu",
+                what: str = "the original model") -> float:
     """Run both graphs under onnxruntime on the same random inputs (:func:`make_inputs` of ``original``, seed
     ``seed``) and return the largest relative output difference (:func:`max_rel_diff`). Raises RLFlowError,
-    naming the output that differs most, if it exceeds ``tol`` (or the graphs' interfaces differ)."""
+    naming the output that differs most, if it exceeds ``tol`` (or the graphs' interfaces differ), and naming
+    ``what`` (the user's file) and the node if onnxruntime cannot run the original."""
     if list(original.inputs) != list(optimised.inputs) or len(original.outputs) != len(optimised.outputs):
         raise RLFlowError(f"optimised graph '{optimised.name}' has inputs {list(optimised.inputs)} and "
                           f"{len(optimised.outputs)} outputs; the original has {list(original.inputs)} and "
@@ -23,13 +27,28 @@ def check_equal(original: Graph, optimised: Graph, seed: int = 0, tol: float = 1
             raise RLFlowError(f"optimised graph: input '{name}' is {optimised.types[name]}, "
                               f"the original's is {original.types[name]}")
     feeds = make_inputs(original, seed)
-    want = get_runner(original, "ort", device)(feeds)
+    want = run_model(original, "ort", feeds, device, what=what)  # the user's model: one line
     got = get_runner(optimised, "ort", device)(feeds)
     diffs = [max_rel_diff([a], [b]) for a, b in zip(want, got)]
     worst = float("nan") if any(d != d for d in diffs) else max(diffs, default=0.0)
     if not worst <= tol:  # also catches NaN
         k = max(range(len(diffs)), key=lambda i: (diffs[i] != diffs[i], diffs[i]))
-        raise RLFlowError(f"the optimised graph's output '{original.outputs[k]}' differs from the original's by "
-                          f"{diffs[k]:.3g} (max |difference| relative to the output's magnitude; tolerance {tol:g}, "
-                          f"onnxruntime, inputs seed {seed})")
+        raise RLFlowError(f"the optimised graph's output '{original.outputs[k]}' differs from the original's "
+                          f"{_how(want[k], got[k], diffs[k])} (max |difference| relative to the output's magnitude; "
+                          f"tolerance {tol:g}, onnxruntime, inputs seed {seed})")
     return worst
+
+
+def _how(want, got, diff: float) -> str:
+    """How two outputs differ, in words: by how much, or where their NaN/infinite entries differ."""
+    want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
+    if diff != float("inf"):
+        return f"by {diff:.3g}"
+    if want.shape != got.shape:
+        return f"in shape ({list(got.shape)} vs {list(want.shape)})"
+    odd = ~np.isfinite(want) | ~np.isfinite(got)
+    same = np.isnan(want) & np.isnan(got) | (want == got)
+    k = int(np.count_nonzero(odd & ~same))
+    if k == 0:
+        return "by inf"  # finite values so far apart that their difference overflows
+    return f"at {k} entr{'y' if k == 1 else 'ies'} where one is NaN or infinite and the other is not the same"

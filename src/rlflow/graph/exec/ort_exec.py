@@ -7,14 +7,23 @@ import numpy as np
 from rlflow.graph.ir import Graph
 
 
+def quiet_options():
+    """Session options without onnxruntime's own log lines on stderr: its errors come back as exceptions, which
+    the commands report in one line naming the node (rlflow.graph.exec.backend_errors)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    return opts
+
+
 class OrtRunner:
     def __init__(self, graph: Graph, device: str = "cpu", threads: int = 0):
         import onnxruntime as ort
 
         from rlflow.graph.onnx_io import to_onnx
 
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
+        opts = quiet_options()
         # No busy-waiting of the intra-op threads after a run. With it (onnxruntime's default), a run that follows
         # another session's run competes with that session's spinning threads: on 2 cores, BERT took 174 ms after
         # another session and 140 ms after itself; without it, 129 ms either way. The evaluate stage alternates

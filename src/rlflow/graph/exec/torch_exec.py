@@ -59,7 +59,12 @@ class TorchRunner:
         env.update(feeds)
         with torch.inference_mode():
             for n, fn, rel in zip(self.graph.nodes, self.fns, self.release):
-                outs = fn([env[v] for v in n.inputs if v])
+                try:
+                    outs = fn([env[v] for v in n.inputs if v])
+                except Exception as e:  # noqa: BLE001 -- torch's and onnxruntime's errors, named by node
+                    from rlflow.graph.exec.errors import NodeRunError, error_message
+
+                    raise NodeRunError(n, "torch", error_message(e)) from e
                 for v, o in zip(n.outputs, outs):
                     env[v] = o
                 for v in rel:

@@ -1,0 +1,258 @@
+"""The one driver of the agent-training stages: ``train_controller`` (and its sweeps ``sweep_temperature`` and
+``sweep_reward``, which run it with one key fixed) and ``train_model_free`` are argument parsing plus one call to
+:func:`run_agent_stage`, which
+
+1. loads the problem (model, rules, cost model) and the trained encoder, seeds everything;
+2. builds the environment PPO trains in: the dream (the world model only; RLFlow's controller) or real rewrite
+   environments behind the encoder (the model-free baseline);
+3. trains the hierarchical policy with PPO, checkpointing to ``OUT.partial`` (a killed run resumes there) and
+   logging its curves (dvclive);
+4. lets the trained agent optimise the model in the real environment (:meth:`Agent.optimise`);
+5. checks the best graph equal to the original under onnxruntime and writes it, its trace, the metrics and the
+   self-contained agent checkpoint.
+
+Real-environment interactions are counted one way for every agent (:func:`real_interactions`): every real env
+step whose data trained or selected anything the agent uses: the rollouts its encoder (and world model) learned
+from, the real steps of training, and the real steps of its optimisation run; each counted by the environments
+themselves (``GraphRewriteEnv.total_steps``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlflow.config import get
+from rlflow.errors import RLFlowError
+
+#: how each agent trains: config section, how often the policy is checkpointed (updates), and the dvclive name
+#: of each PPO-update row key
+METHODS = {
+    "rlflow": {"stage": "train_controller", "section": "controller", "save_every": 10, "where": "dream",
+               "curve": {"mean_reward": "dream/reward", "episode_return": "dream/episode_return",
+                         "episode_length": "dream/episode_length", "episodes": "dream/episodes"}},
+    "model_free": {"stage": "train_model_free", "section": "model_free", "save_every": 1, "where": "real env",
+                   "curve": {"mean_reward": "real/reward", "episode_return": "real/episode_return",
+                             "episode_length": "real/episode_length", "episodes": "real/episodes",
+                             "interactions": "real/interactions"}},
+}
+PPO_CURVE = {"clip": "loss/clip", "value": "loss/value", "entropy": "loss/entropy", "clip_fraction": "loss/clip_fraction"}
+
+
+@dataclass
+class AgentFiles:
+    """The files of one agent-training job (the stage's inputs and outputs)."""
+
+    onnx: Path
+    rules: Path
+    encoder: Path
+    out: Path              # the agent checkpoint (self-contained; ``rlflow optimize --method rlflow --agent``)
+    metrics: Path
+    optimised: Path        # the best graph, verified (ONNX)
+    trace: Path            # its trace (rlflow.search-trace/1)
+    costs: Path | None = None
+    logs: Path | None = None          # dvclive folder (optional)
+    latents: Path | None = None       # the controller: latents.npz (train_encoder)
+    world_model: Path | None = None   # the controller: the world model (train_world_model)
+
+    def inputs(self) -> list[Path]:
+        return [p for p in (self.onnx, self.rules, self.costs, self.encoder, self.latents, self.world_model) if p]
+
+
+def real_interactions(rollouts: int, training: int, evaluation: int) -> dict[str, int]:
+    """The real-environment interactions of an agent, split by what they served, and their total."""
+    return {"rollouts": int(rollouts), "training": int(training), "evaluation": int(evaluation),
+            "total": int(rollouts) + int(training) + int(evaluation)}
+
+
+def describe_cost(problem, costs_path) -> dict:
+    """The cost model as the search traces describe it."""
+    d = dict(problem.cost.describe())
+    if costs_path is not None:
+        d["cache"] = str(costs_path)
+    table = getattr(problem.cost, "table", None)
+    if table is not None:
+        d["measured_signatures"] = len(table)
+    return d
+
+
+class _Dream:
+    """The controller's training world: the dream of the world model, from the first rollout step's z."""
+
+    def __init__(self, problem, files: AgentFiles, encoder, section: dict, max_steps: int, max_locations: int,
+                 reward):
+        import torch
+
+        from rlflow.agents.world_model import load_latents, load_world_model
+
+        if files.latents is None or files.world_model is None:
+            raise RLFlowError("train_controller needs --latents and --world-model")
+        self.wm = load_world_model(files.world_model, "cpu")
+        self.wm.eval()
+        lat = load_latents(files.latents)
+        if int(lat["n_xfers"]) != len(problem.rules):
+            raise RLFlowError(f"{files.latents}: made with {int(lat['n_xfers'])} rules, {files.rules} has "
+                              f"{len(problem.rules)}")
+        if int(lat["lengths"].sum()) != encoder.rollout_steps:
+            raise RLFlowError(f"{files.latents}: {int(lat['lengths'].sum())} rollout steps, the encoder "
+                              f"{files.encoder} learned from {encoder.rollout_steps}: not from the same train_encoder run")
+        self.start = (torch.from_numpy(lat["z"][0, 0]).float(), torch.from_numpy(lat["metrics"][0, 0]).double(),
+                      torch.from_numpy(lat["counts"][0, 0]).float())
+        self.args = (reward, max_steps, max_locations, section["temperature"], section["num_envs"])
+        self.in_dim = self.start[0].shape[-1] + self.wm.hidden_size
+
+    def vector_env(self, generator):
+        from rlflow.env.dream import DreamEnv
+
+        reward, max_steps, max_locations, tau, n = self.args
+        return DreamEnv(self.wm, *self.start, reward, max_steps, max_locations, tau, n, generator=generator)
+
+    def real_steps(self) -> int:  # the dream takes no real step
+        return 0
+
+
+class _RealEnvs:
+    """The model-free agent's training world: real rewrite environments behind the encoder."""
+
+    def __init__(self, problem, encoder, section: dict):
+        from rlflow.env import make_env
+
+        self.encoder, self.device = encoder, problem.device
+        self.envs = [make_env(problem.config, problem.graph, problem.rules, problem.cost, device=problem.device)
+                     for _ in range(section["num_envs"])]
+        self.wm, self.in_dim = None, encoder.config["z_dim"]
+
+    def vector_env(self, generator):
+        from rlflow.agents.real_env import RealVectorEnv
+
+        return RealVectorEnv(self.envs, self.encoder, self.device)
+
+    def real_steps(self) -> int:
+        return sum(env.total_steps for env in self.envs)
+
+
+def _progress_bar(enabled: bool, total: int, initial: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="update", file=sys.stderr, mininterval=1.0,
+                leave=False, disable=None if enabled else True)
+
+
+def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, progress: bool = True) -> dict:
+    """Train the agent of ``method`` ("rlflow": the controller in the dream; "model_free": PPO on the real env),
+    let it optimise the model, verify and write every output (see the module docstring); returns the metrics."""
+    import torch
+
+    from rlflow.agents.checkpoint import Agent, Checkpointer, fingerprint, load_encoder, rules_fingerprint
+    from rlflow.agents.logging import EpisodeStats, TrainingLog
+    from rlflow.agents.ppo import PPOConfig, train
+    from rlflow.agents.real_env import agent_summary, summarise_run
+    from rlflow.atomic import write_text
+    from rlflow.env.rewards import make_reward
+    from rlflow.nn.policy import HierarchicalPolicy
+    from rlflow.problem import load_problem, seed_for_training
+    from rlflow.search.output import verify_and_write
+
+    spec = METHODS[method]
+    label = spec["stage"]
+    t0 = time.perf_counter()
+    for p in (files.out, files.metrics, files.optimised, files.trace):
+        if p.is_dir():
+            raise RLFlowError(f"{p}: is a folder, expected a file path")
+    problem = load_problem(config, files.onnx, files.rules, files.costs)
+    seed, device = seed_for_training(problem), problem.device
+    section = get(config, spec["section"])
+    max_steps, max_locations = get(config, "env.max_steps"), get(config, "env.max_locations")
+    reward = make_reward(get(config, "env.reward"))
+    encoder = load_encoder(files.encoder, device)
+    world = (_Dream(problem, files, encoder, section, max_steps, max_locations, reward) if method == "rlflow"
+             else _RealEnvs(problem, encoder, section))
+
+    used = {"seed": seed, "device": get(config, "device"), "cost.model": get(config, "cost.model"),
+            "env.reward": get(config, "env.reward"), "ppo": get(config, "ppo"), spec["section"]: section,
+            "env.max_steps": max_steps, "env.max_locations": max_locations}
+    ckpt = Checkpointer(files.out, fingerprint({k: v for k, v in used.items() if k not in ("device", "cost.model")},
+                                              files.inputs()))
+    policy_args = {"in_dim": world.in_dim, "n_xfers": len(problem.rules), "max_locations": max_locations,
+                   "hidden": get(config, "ppo.hidden")}
+    policy = HierarchicalPolicy(**policy_args)
+    done, curve, train_s, real_before, dream_before = 0, [], 0.0, 0, 0
+    state = ckpt.load()
+    if state is not None:
+        policy.load_state_dict(state["policy"])
+        done, curve, train_s = state["updates"], state["curve"], state["training_seconds"]
+        real_before, dream_before = state["training_interactions"], state["dream_steps"]
+        print(f"{label}: resuming after update {done}", flush=True)
+
+    names = {**spec["curve"], **PPO_CURVE}
+    live = TrainingLog(files.logs, params=used)
+    live.replay(curve, "update", names)
+    updates = section["updates"]
+    print(f"{label}: {model}: PPO in the {spec['where']} x{section['num_envs']}, reward {reward!r}, "
+          f"{updates - done} updates of {section['steps_per_update']} steps", flush=True)
+
+    gen = torch.Generator().manual_seed(seed + done)
+    venv = EpisodeStats(world.vector_env(gen))
+    dream_steps = lambda: dream_before + (venv.steps_taken if method == "rlflow" else 0)  # noqa: E731
+    training_interactions = lambda: real_before + world.real_steps()  # noqa: E731
+    bar = _progress_bar(progress, updates, done, f"{label} ({spec['where']})")
+    t_train = time.perf_counter()
+
+    def on_update(k: int, logs: dict) -> None:
+        n = done + k + 1
+        row = {"update": n, "interactions": training_interactions(), **logs, **venv.pop()}
+        curve.append(row)
+        live.log_row(row, "update", names)
+        bar.update(1)
+        bar.set_postfix(reward=f"{logs['mean_reward']:.4f}", refresh=False)
+        if n % spec["save_every"] == 0 or n == updates:
+            ckpt.save({"policy": policy.state_dict(), "updates": n, "curve": curve, "dream_steps": dream_steps(),
+                       "training_interactions": training_interactions(),
+                       "training_seconds": train_s + time.perf_counter() - t_train})
+            print(f"{label}: update {n}/{updates}: mean reward in the {spec['where']} {logs['mean_reward']:.4f}, "
+                  f"{training_interactions()} real interactions in training", flush=True)
+
+    cfg = PPOConfig.from_config(get(config, "ppo"), section["steps_per_update"], minibatch=section.get("minibatch"))
+    train(venv, policy, cfg, updates - done, gen, on_update)
+    bar.close()
+    train_s += time.perf_counter() - t_train
+
+    # the trained agent optimises the model in the real environment
+    agent = Agent(method, policy, policy_args, encoder, rules_fingerprint(problem.rules),
+                  {"max_steps": max_steps, "max_locations": max_locations, "episodes": section["eval_episodes"]},
+                  world_model=world.wm, config=used,
+                  info={"model": model, "cost": problem.cost.describe(), "trained_seconds": train_s})
+    result, episode = agent.optimise(problem.graph, problem.rules, problem.cost, device)
+    real = summarise_run(episode)
+    interactions = real_interactions(encoder.rollout_steps, training_interactions(), real["steps"])
+    metrics = {"model": model, "method": method, "reward": repr(reward), "real": real,
+               "real_interactions": interactions, "dream_steps": dream_steps(), "curve": curve,
+               "training_seconds": train_s}
+    if method == "rlflow":
+        metrics["temperature"] = section["temperature"]
+    extra = {"model": model, "onnx": str(files.onnx), "rules": str(files.rules), "num_rules": len(problem.rules),
+             "device": device, "cost_model": problem.cost.name, "cost": describe_cost(problem, files.costs),
+             "config": used, "agent": str(files.out), "reward": repr(reward), "training_seconds": train_s,
+             "dream_steps": dream_steps(), "real_interactions": interactions}
+    diff, _ = verify_and_write(problem.graph, result, files.optimised, files.trace, extra, seed=seed, device=device)
+    ckpt.finish(agent.payload())
+    metrics["optimised"] = {"speedup": result.speedup, "rules_applied": len(result.trace),
+                            "optimisation_seconds": result.seconds, "max_rel_diff": diff}
+    metrics["seconds"] = time.perf_counter() - t0
+    write_text(files.metrics, json.dumps(metrics, indent=1, default=float) + "\n")
+    live.summary({"real/runtime_ms_before": real["initial"]["runtime_ms"],
+                  "real/runtime_ms_after": result.final.runtime_ms, "real/speedup": result.speedup,
+                  "real/improvement_pct": real["improvement_pct"], "real/steps": real["steps"],
+                  "real/optimisation_seconds": result.seconds, "real_interactions": interactions["total"],
+                  "dream_steps": dream_steps(), "training_seconds": train_s})
+    live.close()
+    print(agent_summary(result, diff, label))
+    print(f"{label}: real run: runtime {real['initial']['runtime_ms']:.3f} -> {real['best']['runtime_ms']:.3f} ms "
+          f"({real['improvement_pct']:.2f}%), {real['steps']} real steps in {result.seconds:.2f} s; real interactions "
+          f"in all {interactions['total']} ({interactions['rollouts']} rollouts, {interactions['training']} "
+          f"training, {interactions['evaluation']} evaluation; {dream_steps()} dream steps); wrote {files.out}, "
+          f"{files.optimised}, {files.trace}; {metrics['seconds']:.1f} s", flush=True)
+    return metrics
