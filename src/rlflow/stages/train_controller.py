@@ -40,7 +40,8 @@ from __future__ import annotations
 
 import argparse
 
-from rlflow.stages.common import add_agent_arguments, add_config_arguments, run_agent
+from rlflow.stages.agent_common import add_agent_arguments, run_agent
+from rlflow.stages.common import add_config_arguments
 
 NAME = "train-controller"
 HELP = "train the controller in the dream, let it optimise the model in the real env (pipeline stage train_controller)"

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import argparse
 
-from rlflow.stages.common import add_agent_arguments, add_config_arguments, run_agent
+from rlflow.stages.agent_common import add_agent_arguments, run_agent
+from rlflow.stages.common import add_config_arguments
 
 NAME = "train-model-free"
 HELP = "train the model-free PPO baseline on the real env, let it optimise the model (pipeline stage train_model_free)"
