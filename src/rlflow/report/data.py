@@ -151,18 +151,28 @@ def read_evaluation(path: Path, model: str | None = None) -> list[dict]:
 
 
 # -- optional inputs ---------------------------------------------------------------------------------------
-def read_json(path: Path, stage: str, drop: tuple[str, ...] = ()) -> Input:
-    """A JSON file as an :class:`Input` (``drop``: top-level keys not kept, e.g. the rollouts' episodes)."""
-    inp = Input(path, stage)
-    if not path.is_file():
+def _text(inp: "Input") -> str | None:
+    """The text of an upstream file; None (and ``inp.problem = "missing"``) if its stage has not run; a file
+    that exists but cannot be read is a one-line error naming it and its stage."""
+    if not inp.path.is_file():
         inp.problem = "missing"
-        return inp
+        return None
     try:
-        data = json.loads(path.read_text())
+        return inp.path.read_text()
     except OSError as e:
         raise inp.damaged(f"cannot be read ({e.strerror or e.__class__.__name__})") from None
     except UnicodeDecodeError:
         raise inp.damaged("not text") from None
+
+
+def read_json(path: Path, stage: str, drop: tuple[str, ...] = ()) -> Input:
+    """A JSON file as an :class:`Input` (``drop``: top-level keys not kept, e.g. the rollouts' episodes)."""
+    inp = Input(path, stage)
+    text = _text(inp)
+    if text is None:
+        return inp
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise inp.damaged(f"not valid JSON (line {e.lineno}: {e.msg})") from None
     if not isinstance(data, dict):
@@ -174,15 +184,11 @@ def read_json(path: Path, stage: str, drop: tuple[str, ...] = ()) -> Input:
 def read_curve(path: Path, stage: str) -> Input:
     """A CSV of numbers with a header (the world model's ``loss.csv``): ``{column: [float | None, ...]}``."""
     inp = Input(path, stage)
-    if not path.is_file():
-        inp.problem = "missing"
+    text = _text(inp)
+    if text is None:
         return inp
     try:
-        rows = list(csv.DictReader(io.StringIO(path.read_text())))
-    except OSError as e:
-        raise inp.damaged(f"cannot be read ({e.strerror or e.__class__.__name__})") from None
-    except UnicodeDecodeError:
-        raise inp.damaged("not text") from None
+        rows = list(csv.DictReader(io.StringIO(text)))
     except csv.Error as e:
         raise inp.damaged(f"not a valid CSV ({e})") from None
     if not rows:
