@@ -43,6 +43,9 @@ class TraceSummary:
     """RL methods: agent training time (absent for the searches)."""
     real_interactions: int | None
     """RL methods: real-environment steps in all (absent for the searches)."""
+    speed_check: str | None = None
+    """The never-slower check (trace ``speed_check.kept``): ``kept optimised`` | ``kept original``; None if the
+    trace has no check."""
 
 
 def _number(doc: dict, key: str, path: Path, where: str = "") -> float:
@@ -100,4 +103,13 @@ def load_trace(path: str | Path) -> TraceSummary:
         optimisation_s=_number(doc, "seconds", path),
         training_s=None if training is None else _number(doc, "training_seconds", path),
         real_interactions=_interactions(doc.get("real_interactions"), path),
+        speed_check=_speed_check(doc.get("speed_check"), path),
     )
+
+
+def _speed_check(v: Any, path: Path) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict) or v.get("kept") not in ("optimised", "original"):
+        raise RLFlowError(f"{path}: trace key 'speed_check' must be an object with 'kept': optimised | original")
+    return f"kept {v['kept']}"

@@ -67,7 +67,7 @@ WILDCARD_CONFIG = {"model": "models", "shard": "rollouts.shards", "tau": "sweeps
 #: the reward classes a reward-sweep job may name (rlflow.env.rewards; the schema's env.reward.name enum)
 REWARD_NAMES = ("delta", "weighted", "normalised", "e2e")
 #: the config sections a model's report shows (all but ``models``, so adding a model reruns no other report)
-REPORTED_CONFIG = ("seed", "device", "export", "run", "cost", "search", "env", "rollouts", "encoder", "world_model",
+REPORTED_CONFIG = ("seed", "device", "export", "run", "timing", "cost", "search", "env", "rollouts", "encoder", "world_model",
                    "ppo", "controller", "model_free", "rules", "sweeps", "evaluate")
 #: the methods the evaluate stage compares (besides the original graph): method -> its results folder
 METHODS = {"taso": "taso", "greedy": "greedy", "model_free": "model_free", "rlflow": "controller"}
@@ -496,7 +496,7 @@ STAGES: dict[str, Stage] = {
                     **{f"{m}_trace": f"results/{{model}}/{d}/trace.json" for m, d in METHODS.items()}},
             outputs={"table": "results/{model}/evaluation.csv", "metrics": "results/{model}/metrics.json",
                      "headline": "results/summary/{model}.json"},
-            params={"seed": "seed", "device": "device", "run": "run", "evaluate": "evaluate"},
+            params={"seed": "seed", "device": "device", "timing": "timing", "evaluate": "evaluate"},
             args=(("--model", "{model}"), ("--onnx", "{input.onnx}"),
                   *((f"--{m.replace('_', '-')}", f"{{input.{m}_onnx}}") for m in METHODS),
                   *((f"--{m.replace('_', '-')}-trace", f"{{input.{m}_trace}}") for m in METHODS),
