@@ -151,3 +151,71 @@ def test_speed_check_keeps_the_original_unless_significantly_faster():
     assert same["line"].startswith("kept the original: no significant speedup, ratio ") and same["line"].endswith(
         " on ort")
     assert fast["kept"] == "optimised" and fast["verdict"] == FASTER and fast["ci_high"] < 1
+
+
+# -------------------------------------------------------------------------- the never-slower check when writing
+@pytest.fixture(scope="module")
+def searched():
+    """Tiny BERT and greedy's result over the builtin rules (a real rewrite: one constant folded)."""
+    from rlflow.cost import make_cost_model
+    from rlflow.env.graph_rewrite import DEFAULT_GRAPH
+    from rlflow.graph.onnx_io import load_onnx
+    from rlflow.rewrite.builtin import verified_builtin_rules
+    from rlflow.search.output import run_method
+
+    g = load_onnx(DEFAULT_GRAPH)
+    result = run_method("greedy", g, verified_builtin_rules(), make_cost_model({}, "cpu", kind="analytic"), budget=20)
+    assert result.graph.structural_hash() != g.structural_hash()
+    return g, result
+
+
+def _by_graph(clock, original, ms_original, ms_other):
+    """make_runner: the original's runs take ms_original, any other graph's ms_other (fake clock)."""
+    h = original.structural_hash()
+    rng = np.random.default_rng(0)
+
+    def make(g):
+        ms = ms_original if g.structural_hash() == h else ms_other
+
+        def run(feeds):
+            clock.now += ms * (1 + 0.02 * rng.standard_normal()) / 1e3
+
+        return run
+
+    return make
+
+
+@pytest.mark.parametrize("ms_other, kept", [(10.0, "original"), (10.5, "original"), (8.0, "optimised")])
+def test_verify_and_write_keeps_the_original_unless_significantly_faster(searched, tmp_path, ms_other, kept):
+    from rlflow.evaluation.protocol import never_slower
+    from rlflow.graph.onnx_io import load_onnx
+    from rlflow.search.output import verify_and_write
+
+    original, result = searched
+    clock = Clock()
+    check = never_slower(proto(), "ort", "cpu", 0, _by_graph(clock, original, 10.0, ms_other), clock=clock)
+    lines = []
+    out, trace = tmp_path / "m.onnx", tmp_path / "t.json"
+    _, doc = verify_and_write(original, result, out, trace, {"model": "tiny"}, speed_check=check, log=lines.append)
+    import json
+
+    rec = json.loads(trace.read_text())["speed_check"]
+    assert rec == doc["speed_check"] and rec["kept"] == kept and rec["backend"] == "ort"
+    written = load_onnx(out).structural_hash()
+    want = original if kept == "original" else result.graph
+    assert written == want.structural_hash()
+    assert len(lines) == 1 and lines[0] == rec["line"]
+    if kept == "original":
+        why = "slower" if ms_other > 10 else "no significant speedup"
+        assert lines[0].startswith(f"kept the original: {why}, ratio ") and lines[0].endswith(" on ort")
+    else:
+        assert rec["ci_high"] < 1 and lines[0].startswith("speed check: faster, ratio 0.")
+
+
+def test_an_unchanged_graph_is_kept_without_timing(searched):
+    from rlflow.evaluation.protocol import never_slower
+
+    original, _ = searched
+    built = []
+    rec = never_slower(proto(), "ort", "cpu", make_runner=built.append)(original, original.copy())
+    assert rec["kept"] == "original" and built == [] and "unchanged" in rec["line"]

@@ -292,3 +292,44 @@ def speed_check(original, optimised, backend: str, device: str, feeds: dict, pro
     return {"backend": backend, "ratio": est.ratio, "ci_low": est.ci_low, "ci_high": est.ci_high,
             "verdict": est.verdict, "detectable": est.detectable, "sessions": protocol.sessions, "runs": est.runs,
             "budget_s": protocol.budget_s, "kept": kept, "line": line}
+
+
+def never_slower(protocol: Protocol, backend: str, device: str, seed: int = 0,
+                 make_runner: Callable[[Any], Runner] | None = None, *,
+                 clock: Callable[[], float] = time.perf_counter) -> Callable[[Any, Any], dict]:
+    """The never-slower check as ``check(original, optimised) -> record`` (what
+    :func:`rlflow.search.output.verify_and_write` takes): :func:`speed_check` on the original's seeded inputs; a
+    graph equal to the original (no rewrite changed it) is kept as the original without timing."""
+
+    def check(original, optimised) -> dict:
+        if original.structural_hash() == optimised.structural_hash():
+            return {"backend": backend, "ratio": None, "ci_low": None, "ci_high": None, "verdict": None,
+                    "detectable": None, "kept": "original",
+                    "line": "kept the original: the rewrites left the graph unchanged (not timed)"}
+        from rlflow.graph.exec import make_inputs
+
+        return speed_check(original, optimised, backend, device, make_inputs(original, seed), protocol, make_runner,
+                           clock=clock)
+
+    return check
+
+
+def latency_meter(protocol: Protocol, backend: str, device: str, seed: int = 0,
+                  make_runner: Callable[[Any], Runner] | None = None, *,
+                  clock: Callable[[], float] = time.perf_counter) -> Callable[[Any, Any], dict]:
+    """The ``e2e`` reward's measurement as ``meter(first, graph) -> {"ratio", "ci_low", "ci_high", "verdict",
+    "first_ms"}``: ``graph``'s latency over the episode's first graph's under ``protocol`` (a graph equal to the
+    first is not timed: ratio 1, no detectable difference)."""
+    make_runner = make_runner or backend_runner(backend, device)
+
+    def meter(first, graph) -> dict:
+        if first.structural_hash() == graph.structural_hash():
+            return {"ratio": 1.0, "ci_low": 1.0, "ci_high": 1.0, "verdict": SAME, "first_ms": None}
+        from rlflow.graph.exec import make_inputs
+
+        c = compare([("first", first), ("graph", graph)], make_inputs(first, seed), protocol, make_runner, clock=clock)
+        e = c["graph"]
+        return {"ratio": e.ratio, "ci_low": e.ci_low, "ci_high": e.ci_high, "verdict": e.verdict,
+                "first_ms": c["first"].latency_ms}
+
+    return meter
