@@ -36,7 +36,8 @@ class TraceSummary:
     initial: dict[str, float]
     """Cost estimate of the original graph: ``COST_KEYS``."""
     final: dict[str, float]
-    """Cost estimate of the optimised graph: ``COST_KEYS``."""
+    """Cost estimate of the graph the method delivers: ``COST_KEYS`` of the trace's ``final``, or its ``initial``
+    when the never-slower check kept the original (:attr:`speed_check`)."""
     rules_applied: int
     optimisation_s: float
     training_s: float | None
@@ -98,7 +99,8 @@ def load_trace(path: str | Path) -> TraceSummary:
         path=str(path),
         method=doc.get("method") if isinstance(doc.get("method"), str) else None,
         initial=_costs(doc, "initial", path),
-        final=_costs(doc, "final", path),
+        final=_costs(doc, "initial" if _speed_check(doc.get("speed_check"), path) == "kept original" else "final",
+                     path),
         rules_applied=len(steps),
         optimisation_s=_number(doc, "seconds", path),
         training_s=None if training is None else _number(doc, "training_seconds", path),
