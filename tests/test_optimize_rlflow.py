@@ -51,7 +51,7 @@ def trained(tmp_path_factory, root):
     d = tmp_path_factory.mktemp("agents")
     cfg = _cfg(root)
     zoo.export_model("bert", d / "bert.onnx", zoo.TINY_SIZES["bert"])
-    _run(["generate-rules", *cfg, "--out", str(d / "rules.json"), "--no-progress", "--no-speed-check"])
+    _run(["generate-rules", *cfg, "--out", str(d / "rules.json"), "--no-progress"])
     problem = ["--model", "bert", "--onnx", str(d / "bert.onnx"), "--rules", str(d / "rules.json"), "--no-progress"]
     for k in (0, 1):
         _run(["collect-rollouts", *cfg, *problem, "--shard", str(k), "--out", str(d / f"shards/shard-{k}.json")])
@@ -62,7 +62,7 @@ def trained(tmp_path_factory, root):
           str(d / "enc/live")])
     _run(["train-world-model", *cfg, "--model", "bert", "--latents", str(d / "enc/latents.npz"),
           "--out", str(d / "wm/world_model.pt"), "--metrics", str(d / "wm/metrics.json"),
-          "--curve", str(d / "wm/loss.csv"), "--logs", str(d / "wm/live"), "--no-progress", "--no-speed-check"])
+          "--curve", str(d / "wm/loss.csv"), "--logs", str(d / "wm/live"), "--no-progress"])
     _run(_agent_args(root, d, "controller", d / "ctl"))
     _run(_agent_args(root, d, "model_free", d / "mf"))
     return d
@@ -318,7 +318,8 @@ def test_optimize_runs_an_agent_on_another_model(trained, ckpt, tmp_path, capsys
     zoo.export_model("vit", src, zoo.TINY_SIZES["vit"])
     out = tmp_path / "vit.opt.onnx"
     code = main(["optimize", str(src), "--out", str(out), "--method", "rlflow", "--agent", str(trained / ckpt),
-                 "--rules", str(trained / "rules.json"), "--cost-model", "analytic", "--json", "--no-progress", "--no-speed-check"])
+                 "--rules", str(trained / "rules.json"), "--cost-model", "analytic", "--json", "--no-progress",
+                 "--no-speed-check"])
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["out"] == str(out) and doc["max_rel_diff"] <= 1e-4 and out.is_file()
@@ -398,7 +399,8 @@ def test_damaged_agent_checkpoint_is_one_line(trained, tmp_path, capsys):
     torch.save(data, agent)
     out = tmp_path / "out.onnx"
     assert main(["optimize", str(trained / "bert.onnx"), "--out", str(out), "--method", "rlflow", "--agent", str(agent),
-                 "--rules", str(trained / "rules.json"), "--cost-model", "analytic", "--no-progress", "--no-speed-check"]) == 2
+                 "--rules", str(trained / "rules.json"), "--cost-model", "analytic", "--no-progress",
+                 "--no-speed-check"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "damaged agent checkpoint" in err and not out.exists()
 

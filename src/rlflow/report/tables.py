@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from rlflow.report.data import BACKEND_ORDER, METHOD_ORDER, Input, ReportData
+from rlflow.report.data import AA, BACKEND_ORDER, METHOD_ORDER, Input, ReportData
 
 
 def improvement_pct(base: float | None, new: float | None) -> float | None:
@@ -114,7 +114,7 @@ def optimisation_times(data: ReportData) -> list[dict]:
     (RL agents), from evaluation.csv, else from the method's trace."""
     out = []
     for m in methods(data.evaluation):
-        if m == "original":
+        if m in ("original", AA):
             continue
         opt = method_value(data.evaluation, m, "optimisation_s")
         train = method_value(data.evaluation, m, "training_s")
