@@ -4,11 +4,11 @@ Runs ``rlflow evaluate`` (in this process) on results/<model>/ -- the original O
 and trace -- writing into a scratch folder, never into results/. A method whose artifacts do not exist yet is
 stood in for by greedy's (say so in anything you quote: those rows then time greedy's graph again).
 
-  python benchmarks/evaluate.py                       # bert, config.yaml (run.warmup 5, repeats 20, all 4 backends)
-  python benchmarks/evaluate.py --model resnet50 --set run.repeats=5 --set 'evaluate.backends=[ort,tf]'
+  python benchmarks/evaluate.py                       # bert, config.yaml (timing.budget_s 12 per backend, 4 backends)
+  python benchmarks/evaluate.py --model resnet50 --set timing.budget_s=5 --set 'evaluate.backends=[ort,tf]'
 
-Last lines: the median latency table the stage prints (ms; speedup vs the original on the same backend), then
-the seconds it took in all.
+Last lines: the table the stage prints (per backend: median latency in ms, ratio to the original with its 95%
+interval and verdict, the A/A control included), then the seconds it took in all.
 """
 
 from __future__ import annotations

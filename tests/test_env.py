@@ -54,9 +54,9 @@ def random_actions(env, n, seed=0):
 
 
 # ------------------------------------------------------------------------------------------------ rewards
-PREV = {"runtime_ms": 10.0, "flops": 100.0, "bytes": 5e6, "launches": 7, "latency_ms": 8.0}
-CUR = {"runtime_ms": 9.0, "flops": 100.0, "bytes": 3e6, "launches": 6, "latency_ms": 6.0}
-FIRST = {"runtime_ms": 20.0, "flops": 100.0, "bytes": 6e6, "launches": 9, "latency_ms": 16.0}
+PREV = {"runtime_ms": 10.0, "flops": 100.0, "bytes": 5e6, "launches": 7, "latency_ratio": 0.5}
+CUR = {"runtime_ms": 9.0, "flops": 100.0, "bytes": 3e6, "launches": 6, "latency_ratio": 0.375}
+FIRST = {"runtime_ms": 20.0, "flops": 100.0, "bytes": 6e6, "launches": 9, "latency_ratio": 1.0}
 
 
 def test_delta_reward():
@@ -75,7 +75,7 @@ def test_normalised_reward():
 
 
 def test_e2e_reward():
-    assert EndToEndReward(every=5)(PREV, CUR, FIRST) == pytest.approx(12.5)  # 2 ms of 16 ms
+    assert EndToEndReward(every=5)(PREV, CUR, FIRST) == pytest.approx(12.5)  # 0.5 -> 0.375 of the first latency
 
 
 def test_make_reward_from_config():
@@ -258,16 +258,35 @@ def test_vector_env(bert, rules):
     envs.close()
 
 
-def test_e2e_reward_measures_every_n_steps(bert, rules):
-    env = make(bert, rules, reward={"name": "e2e", "e2e_every": 2}, latency_repeats=2, latency_warmup=0)
+def test_e2e_reward_measures_every_n_steps_with_the_protocol(bert, rules):
+    """The e2e reward's latency comes from the measurement protocol (a fake runner: every rewritten graph runs
+    10% faster than the first, on a fake clock); measured every e2e_every steps, 1 where no difference."""
+    from rlflow.evaluation.protocol import Protocol, latency_meter
+
+    clock = {"now": 0.0}
+    first_hash = bert.structural_hash()
+
+    def make_runner(g):
+        ms = 10.0 if g.structural_hash() == first_hash else 9.0
+
+        def run(feeds):
+            clock["now"] += ms * (1 + 0.01 * np.sin(clock["now"] * 1e4)) / 1e3
+
+        return run
+
+    p = Protocol(sessions=3, warmup=0, budget_s=0.5, resamples=300)
+    meter = latency_meter(p, "ort", "cpu", make_runner=make_runner, clock=lambda: clock["now"])
+    env = make(bert, rules, reward={"name": "e2e", "e2e_every": 2}, latency_meter=meter)
     actions = random_actions(make(bert, rules), 3, seed=4)
     obs, info = env.reset()
-    assert info["latency_ms"] > 0
-    first = info["latency_ms"]
+    assert info["latency_ratio"] == 1.0
     _, r1, *_, i1 = env.step(actions[0])
-    assert r1 == 0.0 and i1["latency_ms"] == first             # not measured at step 1
+    assert r1 == 0.0 and i1["latency_ratio"] == 1.0             # not measured at step 1
     _, r2, *_, i2 = env.step(actions[1])
-    assert r2 == pytest.approx((first - i2["latency_ms"]) / first * 100)   # measured at step 2
+    assert i2["latency_ratio"] == pytest.approx(0.9, rel=0.01)   # measured at step 2: faster
+    assert r2 == pytest.approx((1.0 - i2["latency_ratio"]) * 100)
+    with pytest.raises(RLFlowError, match="latency_meter"):
+        make(bert, rules, reward={"name": "e2e"})
 
 
 # ------------------------------------------------------------------------------------------------ rollouts

@@ -65,81 +65,144 @@ def test_activation_memory_bounds_on_a_real_graph(tiny):
     assert max(acts) < peak < sum(acts)
 
 
-# ====================================================================================== interleaved timing
+# ====================================================================================== the protocol's timing
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
 class _FakeRunner:
-    def __init__(self, name: str, log: list, value: float):
-        self.name, self.log, self.value = name, log, value
+    """Returns ``value`` everywhere; each call is logged and advances the fake clock by ``ms``."""
+
+    def __init__(self, name: str, log: list, value: float, clock: _Clock | None = None, ms: float = 1.0):
+        self.name, self.log, self.value, self.clock, self.ms = name, log, value, clock, ms
 
     def __call__(self, feeds):
         self.log.append(self.name)
+        if self.clock is not None:
+            self.clock.now += self.ms * (1 + 0.01 * np.sin(len(self.log))) / 1e3
         return [np.full((2, 3), self.value, np.float32)]
 
 
 def _fake_graphs(ops: dict[str, str]) -> list[tuple[str, Graph]]:
-    """method -> a one-op graph named after the method (equal ops: equal graphs, which share a runner)."""
+    """method -> a one-op graph named after the method (equal ops: equal graphs, which share a check)."""
     types = {"x": TensorType((2, 3)), "y": TensorType((2, 3))}
     return [(m, Graph(inputs=["x"], outputs=["y"], nodes=[Node("n", op, ("x",), ("y",))], types=types, name=m))
             for m, op in ops.items()]
 
 
-def _fake_runs(monkeypatch, log: list, built: list | None = None, values: dict | None = None) -> None:
-    """first_run builds a _FakeRunner named after its graph (recorded in ``built``); outputs ``values[name]``."""
+def _fake_runs(monkeypatch, log: list, built: list | None = None, values: dict | None = None,
+               clock: _Clock | None = None, ms: dict | None = None, sessions: list | None = None) -> None:
+    """first_run (the check) and new_runner (the protocol's sessions) build _FakeRunners named after their graph
+    (first_run's recorded in ``built``, new_runner's in ``sessions``); outputs ``values[name]``; calls take
+    ``ms[name]`` milliseconds of ``clock``; the A/A control is the original's graph renamed."""
     import rlflow.evaluation.runs as runs
 
     def first_run(g, backend, device, feeds):
         if built is not None:
             built.append((g.name, backend))
         v = (values or {}).get(g.name, 1.0)
-        return _FakeRunner(g.name, log, v), [np.full((2, 3), v, np.float32)], None
+        return _FakeRunner(g.name, [], v), [np.full((2, 3), v, np.float32)], None
+
+    def new_runner(g, backend, device):
+        if sessions is not None:
+            sessions.append((g.name, backend))
+        return _FakeRunner(g.name, log, 1.0, clock, (ms or {}).get(g.name, 1.0))
+
+    def aa_copy(g):
+        c = g.copy()
+        c.name = runs.AA
+        return c
 
     monkeypatch.setattr(runs, "reference_outputs", lambda g, feeds: [np.ones((2, 3), np.float32)])
     monkeypatch.setattr(runs, "first_run", first_run)
+    monkeypatch.setattr(runs, "new_runner", new_runner)
+    monkeypatch.setattr(runs, "aa_copy", aa_copy)
 
 
-def test_timing_is_interleaved_and_rotated(monkeypatch):
-    log: list[str] = []
-    _fake_runs(monkeypatch, log)
+def _protocol(**kw):
+    from rlflow.evaluation.protocol import Protocol
+
+    return Protocol(**{"sessions": 2, "warmup": 1, "budget_s": 10.0, "min_rounds": 3, "max_rounds": 3,
+                       "resamples": 200, **kw})
+
+
+def test_timing_is_interleaved_in_random_rounds_over_fresh_sessions(monkeypatch):
+    log, built, sessions = [], [], []
+    _fake_runs(monkeypatch, log, built, sessions=sessions)
     graphs = _fake_graphs({"original": "Relu", "taso": "Sigmoid", "greedy": "Tanh"})
-    res = evaluate_graphs(graphs, ["ort", "tf"], "cpu", warmup=2, repeats=6, progress=False, log=lambda s: None)
+    res = evaluate_graphs(graphs, ["ort", "tf"], "cpu", _protocol(), aa=False, progress=False, log=lambda s: None)
     assert [(r.method, r.backend, r.status) for r in res] == [
         (m, b, "ok") for m in ("original", "taso", "greedy") for b in ("ort", "tf")]
-    per_backend = 3 * (2 + 6)  # (the checked first run is first_run's, faked here)
+    assert built == [(m, b) for b in ("ort", "tf") for m in ("original", "taso", "greedy")]  # checked once each
+    assert sessions == [(m, b) for b in ("ort", "tf") for _ in range(2) for m in ("original", "taso", "greedy")]
+    per_backend = 2 * 3 * (1 + 3)  # 2 sessions x 3 graphs x (1 warm-up + 3 timed rounds)
     assert len(log) == 2 * per_backend
-    for part in (log[:per_backend], log[per_backend:]):
-        rounds = [part[3 * k: 3 * k + 3] for k in range(8)]  # 2 warm-up rounds, then 6 timed rounds
-        assert all(sorted(r) == ["greedy", "original", "taso"] for r in rounds)  # every graph once per round
-        assert [r[0] for r in rounds[2:]] == ["original", "taso", "greedy"] * 2  # each round starts one later
-        assert rounds[3] == ["taso", "greedy", "original"]
-    assert all(len(r.times_ms) == 6 and r.median_ms is not None for r in res)
+    rounds = [log[3 * k: 3 * k + 3] for k in range(len(log) // 3)]
+    assert all(sorted(r) == ["greedy", "original", "taso"] for r in rounds)  # every graph once per round
+    assert len({tuple(r) for r in rounds}) > 1  # in random orders
+    for r in res:
+        assert [len(s) for s in r.times_ms] == [3, 3] and r.median_ms is not None
+        assert (r.verdict == "reference") == (r.method == "original")
+        assert r.method == "original" or r.ci_low <= r.ratio <= r.ci_high
 
 
-def test_equal_graphs_share_one_runner_and_are_timed_per_method(monkeypatch):
-    log, built = [], []
-    _fake_runs(monkeypatch, log, built)
+def test_equal_graphs_share_one_check_and_one_estimate(monkeypatch):
+    log, built, sessions = [], [], []
+    _fake_runs(monkeypatch, log, built, sessions=sessions)
     graphs = _fake_graphs({"original": "Relu", "taso": "Tanh", "greedy": "Tanh", "model_free": "Relu"})
-    res = evaluate_graphs(graphs, ["ort"], "cpu", warmup=0, repeats=4, progress=False, log=lambda s: None)
+    res = evaluate_graphs(graphs, ["ort"], "cpu", _protocol(), aa=False, progress=False, log=lambda s: None)
     assert built == [("original", "ort"), ("taso", "ort")]  # greedy = taso's graph, model_free = the original
-    assert sorted(log) == sorted(["original", "taso"] * 8)  # each shared runner called once per method per round
-    assert all(r.status == "ok" and len(r.times_ms) == 4 for r in res)
+    # greedy shares taso's estimate; model_free (the original's graph, but a method) gets sessions of its own
+    assert sorted(set(sessions)) == [("model_free", "ort"), ("original", "ort"), ("taso", "ort")]
+    by = {r.method: r for r in res}
+    assert by["greedy"].times_ms is by["taso"].times_ms and by["greedy"].ratio == by["taso"].ratio
+    assert all(r.status == "ok" and len(r.times_ms) == 2 for r in res)
 
 
-def test_batches_when_memory_is_short(monkeypatch):
-    """With room for one more runner at a time, each method is timed in its own batch beside the original, whose
-    runner stays alive (built once) and whose samples are pooled over the batches."""
+def test_the_aa_control_is_timed_and_a_failed_one_marks_the_backend_too_noisy(monkeypatch):
+    clock = _Clock()
+    log, sessions = [], []
+    _fake_runs(monkeypatch, log, sessions=sessions, clock=clock, ms={"original": 10.0, "original-aa": 10.0,
+                                                                     "taso": 8.0})
+    graphs = _fake_graphs({"original": "Relu", "taso": "Tanh"})
+    p = _protocol(sessions=4, max_rounds=20)
+    res = evaluate_graphs(graphs, ["ort"], "cpu", p, progress=False, log=lambda s: None, clock=clock)
+    by = {r.method: r for r in res}
+    assert [r.method for r in res] == ["original", "original-aa", "taso"]
+    assert ("original-aa", "ort") in sessions  # its own sessions, although it is the original's graph
+    assert by["original-aa"].ci_low <= 1.0 <= by["original-aa"].ci_high and not by["taso"].too_noisy
+    assert by["taso"].verdict == "faster" and by["taso"].ratio == pytest.approx(0.8, rel=0.02)
+    # the A/A control running 10% slower than the original: the backend is too noisy, on every row
+    clock2 = _Clock()
+    _fake_runs(monkeypatch, [], clock=clock2, ms={"original": 10.0, "original-aa": 11.0, "taso": 8.0})
+    lines = []
+    res = evaluate_graphs(graphs, ["ort"], "cpu", p, progress=False, log=lines.append, clock=clock2)
+    assert all(r.too_noisy for r in res) and res[1].verdict == "slower"
+    assert "TOO NOISY" in lines[-1]
+    from rlflow.evaluation.tables import finding
+
+    assert finding(res[2].verdict, res[2].too_noisy) == "too noisy"
+
+
+def test_comparisons_split_when_memory_is_short(monkeypatch):
+    """With room for two runners at a time, each method is compared with the original on its own; the
+    original's latency pools the sessions of every comparison."""
     import rlflow.evaluation.runs as runs
 
-    log, built = [], []
-    _fake_runs(monkeypatch, log, built)
-    monkeypatch.setattr(runs, "batch_capacity", lambda footprint: 1)
+    log, built, sessions = [], [], []
+    _fake_runs(monkeypatch, log, built, sessions=sessions)
+    monkeypatch.setattr(runs, "batch_capacity", lambda footprint: 2)
     lines = []
     graphs = _fake_graphs({"original": "Relu", "taso": "Sigmoid", "greedy": "Tanh", "rlflow": "Tanh"})
-    res = evaluate_graphs(graphs, ["ort"], "cpu", warmup=1, repeats=3, progress=False, log=lines.append)
-    assert built == [("original", "ort"), ("taso", "ort"), ("greedy", "ort")]  # rlflow shares greedy's runner
-    o, t = "original", "taso"
-    assert log[:8] == [o, t] + [o, t, t, o, o, t]  # batch 1: 1 warm-up round, 3 timed rounds rotated
-    assert [len(r.times_ms) for r in res] == [6, 3, 3, 3]  # the original: 3 calls beside each of the 2 batches
-    assert set(log[8:]) == {"original", "greedy"}  # (rlflow's calls go to greedy's runner)
-    assert "2 batches" in lines[-1]
+    res = evaluate_graphs(graphs, ["ort"], "cpu", _protocol(), aa=False, progress=False, log=lines.append)
+    assert built == [("original", "ort"), ("taso", "ort"), ("greedy", "ort")]  # rlflow = greedy's graph
+    assert sessions == [("original", "ort"), ("taso", "ort")] * 2 + [("original", "ort"), ("greedy", "ort")] * 2
+    assert [len(r.times_ms) for r in res] == [4, 2, 2, 2]  # the original: 2 sessions in each of 2 comparisons
+    assert "2 comparisons" in lines[-1]
 
 
 def test_mismatch_of_an_optimised_graph_stops_before_timing(monkeypatch):
@@ -150,12 +213,12 @@ def test_mismatch_of_an_optimised_graph_stops_before_timing(monkeypatch):
     _fake_runs(monkeypatch, log, values=values)
     graphs = _fake_graphs({"original": "Relu", "taso": "Tanh"})
     with pytest.raises(runs.OutputMismatch) as err:
-        evaluate_graphs(graphs, ["ort"], "cpu", warmup=1, repeats=3, tolerance=1e-4, progress=False)
+        evaluate_graphs(graphs, ["ort"], "cpu", _protocol(), tolerance=1e-4, progress=False)
     assert err.value.exit_code == 1 and "taso on ort" in str(err.value) and "0.0002" in str(err.value)
     assert log == []  # nothing timed (the checked first runs are the fake first_run's, not logged)
     # within the tolerance it passes
     values["taso"] = 1.0 + 5e-5
-    res = evaluate_graphs(graphs, ["ort"], "cpu", warmup=1, repeats=3, tolerance=1e-4, progress=False)
+    res = evaluate_graphs(graphs, ["ort"], "cpu", _protocol(), tolerance=1e-4, aa=False, progress=False)
     assert [r.status for r in res] == ["ok", "ok"] and res[1].max_rel_diff == pytest.approx(5e-5, rel=1e-2)
 
 
@@ -231,12 +294,12 @@ def test_registry_command_line_parses():
 
 def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
     out = _outputs(tmp_path)
-    assert main(_argv(tiny, out, sets=["run.warmup=1", "run.repeats=3"])) == 0
+    assert main(_argv(tiny, out, sets=["timing.budget_s=2", "timing.sessions=2", "timing.warmup=1"])) == 0
     header, rows = _read_csv(out["out"])
     assert tuple(header) == COLUMNS
     backends = ["ort", "torch", "tf", "tf-xla"]
     assert [(r["method"], r["backend"]) for r in rows] == [
-        (m, b) for m in ("original", "taso", "greedy", "model_free", "rlflow") for b in backends]
+        (m, b) for m in ("original", "original-aa", "taso", "greedy", "model_free", "rlflow") for b in backends]
     for r in rows:
         assert r["model"] == "bert" and r["device"] == "cpu" and r["status"] == "ok", r
         assert float(r["latency_ms_median"]) > 0 and float(r["latency_ms_iqr"]) >= 0
@@ -244,11 +307,21 @@ def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
         assert float(r["max_rel_diff"]) <= 1e-4
         assert float(r["activation_memory_mb"]) > 0 and int(r["nodes"]) > 0
         assert float(r["cost_ms"]) > 0 and float(r["flops"]) > 0 and float(r["bytes"]) > 0
+        assert int(r["sessions"]) == 2 and int(r["runs"]) >= 2 * 3 and r["too_noisy"] in ("True", "False")
+        if r["method"] == "original":
+            assert (r["ratio"], r["ci_low"], r["verdict"]) == ("1", "", "reference")
+        else:
+            assert float(r["ci_low"]) <= float(r["ratio"]) <= float(r["ci_high"])
+            assert r["verdict"] in ("faster", "slower", "no detectable difference")
+            assert r["verdict"] == ("faster" if float(r["ci_high"]) < 1 else "slower" if float(r["ci_low"]) > 1
+                                    else "no detectable difference")
+            assert float(r["detectable_effect"]) > 0
     nodes = {r["method"]: int(r["nodes"]) for r in rows}
     assert nodes["greedy"] == nodes["original"] - 1  # tiny bert: greedy folds one constant add (a real rewrite)
+    assert nodes["original-aa"] == nodes["original"]
     greedy_trace, taso_trace = load_trace(tiny["greedy_trace"]), load_trace(tiny["taso_trace"])
     for r in rows:
-        if r["method"] == "original":
+        if r["method"] in ("original", "original-aa"):
             assert r["optimisation_s"] == r["rules_applied"] == r["training_s"] == r["real_interactions"] == ""
             assert float(r["cost_ms"]) == pytest.approx(taso_trace.initial["runtime_ms"], rel=1e-5)
             assert r["backend"] != "ort" or float(r["max_rel_diff"]) == 0.0  # the reference itself
@@ -259,25 +332,33 @@ def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
             assert float(r["optimisation_s"]) == pytest.approx(t.optimisation_s, rel=1e-5)
             rl = r["method"] in RL_METHODS
             assert (r["training_s"], r["real_interactions"]) == (("12.5", "107") if rl else ("", ""))
-    lat = {(r["method"], r["backend"]): float(r["latency_ms_median"]) for r in rows}
+    by = {(r["method"], r["backend"]): r for r in rows}
     metrics = json.loads(out["metrics"].read_text())
     assert metrics["max_rel_diff"] == pytest.approx(max(float(r["max_rel_diff"]) for r in rows), rel=1e-5)
-    for m in ("taso", "greedy", "model_free", "rlflow"):
+    assert set(metrics["too_noisy"]) == set(backends)
+    for m in ("original-aa", "taso", "greedy", "model_free", "rlflow"):
         for b in backends:
-            assert metrics["speedup"][m][b] == pytest.approx(lat[("original", b)] / lat[(m, b)], rel=1e-4)
-            assert metrics["improvement_vs_tf_pct"][m][b] == pytest.approx(
-                100 * (lat[("original", "tf")] - lat[(m, b)]) / lat[("original", "tf")],
-                abs=1e-3 * (1 + lat[(m, b)] / lat[("original", "tf")]))  # the CSV has 6 significant digits
+            got = metrics["ratio"][m][b]
+            assert got["ratio"] == pytest.approx(float(by[(m, b)]["ratio"]), rel=1e-5)
+            assert got["ci_low"] == pytest.approx(float(by[(m, b)]["ci_low"]), rel=1e-5)
+            assert got["verdict"] == by[(m, b)]["verdict"]
+        if m != "original-aa":  # improvement vs TF: the method on tf against the original on tf, same comparison
+            tf = metrics["improvement_vs_tf"][m]
+            assert tf["ratio"] == metrics["ratio"][m]["tf"]["ratio"]
+            assert tf["pct"] == pytest.approx(100 * (1 - tf["ratio"]))
+            assert tf["pct_low"] == pytest.approx(100 * (1 - tf["ci_high"]))
     assert metrics["real_interactions"] == {"model_free": 107, "rlflow": 107}
     head = json.loads(out["headline"].read_text())
     assert head["model"] == "bert" and head["device"] == "cpu" and head["backends"] == backends
+    assert head["format"] == "rlflow.evaluation-headline/2"
     for m, h in head["methods"].items():
-        best = min(backends, key=lambda b: lat[(m, b)])
-        assert h["best_backend"] == best and h["latency_ms"] == pytest.approx(lat[(m, best)], rel=1e-5)
-        assert h["speedup_ort"] == pytest.approx(lat[("original", "ort")] / lat[(m, "ort")], rel=1e-4)
-        assert h["improvement_vs_tf_pct"] == pytest.approx(metrics["improvement_vs_tf_pct"][m]["best"], rel=1e-9)
+        assert "best_backend" not in h and set(h["backends"]) == set(backends)
+        for b, e in h["backends"].items():
+            assert e["latency_ms"] == pytest.approx(float(by[(m, b)]["latency_ms_median"]), rel=1e-5)
+            assert e["finding"] == ("too noisy" if head["too_noisy"][b] and m != "original" else e["verdict"])
     assert head["methods"]["rlflow"]["real_interactions"] == 107 and head["methods"]["taso"]["training_s"] is None
-    assert "evaluate: wrote" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "evaluate: wrote" in printed and "original-aa" in printed
 
 
 def _altered_copy(src: Path, dst: Path, scale: float) -> None:
@@ -294,7 +375,7 @@ def test_a_wrong_graph_fails_and_writes_nothing(tiny, tmp_path, capsys):
     _altered_copy(tiny["greedy"], paths["greedy"], 1.5)
     out = _outputs(tmp_path / "out")
     code = main(_argv(paths, out, methods=("taso", "greedy"),
-                      sets=["evaluate.backends=[torch, ort]", "run.warmup=0", "run.repeats=1"]))
+                      sets=["evaluate.backends=[torch, ort]", "timing.budget_s=0.5"]))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1
     assert len(err) == 1 and err[0].startswith("rlflow: error: greedy on torch:"), err
@@ -315,21 +396,22 @@ def test_unsupported_backend_is_a_row_not_a_failure(tmp_path, capsys):
     paths = {"onnx": src, "greedy": src, "greedy_trace": tmp_path / "trace.json"}
     out = _outputs(tmp_path / "out")
     code = main(_argv(paths, out, methods=("greedy",),
-                      sets=["evaluate.backends=[ort, tf-xla]", "run.warmup=0", "run.repeats=2"]))
+                      sets=["evaluate.backends=[ort, tf-xla]", "timing.budget_s=0.5", "timing.sessions=2"]))
     printed = capsys.readouterr().out
     assert code == 0
     _, rows = _read_csv(out["out"])
     assert [(r["method"], r["backend"], r["status"]) for r in rows] == [
         ("original", "ort", "ok"), ("original", "tf-xla", "unsupported"),
+        ("original-aa", "ort", "ok"), ("original-aa", "tf-xla", "unsupported"),
         ("greedy", "ort", "ok"), ("greedy", "tf-xla", "unsupported")]
     for r in rows:
         assert (r["latency_ms_median"] == "") == (r["status"] == "unsupported")
         assert r["rules_applied"] == ("0" if r["method"] == "greedy" else "")
     lines = [s for s in printed.splitlines() if "tf-xla cannot run" in s]
-    assert len(lines) == 2 and "opaque op Elu" in lines[0]
+    assert len(lines) == 3 and "opaque op Elu" in lines[0]
     head = json.loads(out["headline"].read_text())
-    assert head["methods"]["greedy"]["best_backend"] == "ort"
-    assert head["methods"]["greedy"]["improvement_vs_tf_pct"] is None  # tf was not run
+    assert set(head["methods"]["greedy"]["backends"]) == {"ort"}
+    assert head["methods"]["greedy"]["improvement_vs_tf"] is None  # tf was not run
 
 
 def _opaque_case(tmp_path) -> tuple[dict, dict]:
@@ -357,7 +439,8 @@ def test_unsupported_is_decided_before_running(monkeypatch):
     graphs[1] = ("taso", Graph(inputs=["x"], outputs=["y"], nodes=[opaque], types=graphs[1][1].types, name="taso"))
     assert runs.unsupported_reason(graphs[1][1], "tf") is None and runs.unsupported_reason(graphs[1][1], "ort") is None
     lines = []
-    res = evaluate_graphs(graphs, ["ort", "tf-xla"], "cpu", warmup=0, repeats=2, progress=False, log=lines.append)
+    res = evaluate_graphs(graphs, ["ort", "tf-xla"], "cpu", _protocol(), aa=False, progress=False,
+                          log=lines.append)
     assert [(r.method, r.backend, r.status) for r in res] == [
         ("original", "ort", "ok"), ("original", "tf-xla", "ok"), ("taso", "ort", "ok"),
         ("taso", "tf-xla", "unsupported")]
@@ -389,7 +472,7 @@ def test_a_backend_crash_fails_the_stage(monkeypatch):
     monkeypatch.setattr(runs, "first_run", crashing)
     graphs = _fake_graphs({"original": "Relu", "taso": "Tanh", "greedy": "Sigmoid"})
     with pytest.raises(runs.BackendFailure) as err:
-        evaluate_graphs(graphs, ["ort", "torch"], "cpu", warmup=0, repeats=1, progress=False, log=lambda s: None)
+        evaluate_graphs(graphs, ["ort", "torch"], "cpu", _protocol(), progress=False, log=lambda s: None)
     msg = str(err.value)
     assert err.value.exit_code == 2 and "\n" not in msg
     assert msg.startswith("greedy on torch (cpu): the backend failed") and "RuntimeError: CUDA error: an illegal" in msg
@@ -408,8 +491,8 @@ def test_a_backend_crash_writes_nothing(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(runs, "first_run", crashing)
     paths, out = _opaque_case(tmp_path)
-    code = main(_argv(paths, out, methods=("greedy",), sets=["evaluate.backends=[ort, torch]", "run.warmup=0",
-                                                              "run.repeats=1"]))
+    code = main(_argv(paths, out, methods=("greedy",), sets=["evaluate.backends=[ort, torch]",
+                                                              "timing.budget_s=0.5"]))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert err == ["rlflow: error: original on torch (cpu): the backend failed while building or running the graph: "

@@ -121,12 +121,18 @@ def test_stage_writes_a_verified_graph_and_a_search_format_trace(trained, which,
         assert list(m.nodes) == step["nodes"] and rules[k].name == step["rule_name"]
         index = index.apply(k, step["location"])
         assert step["metrics"]["runtime_ms"] == pytest.approx(cost.graph_metrics(index.graph).runtime_ms)
-    optimised = load_onnx(d / which / "model.onnx")
-    assert optimised.structural_hash() == fold_constants(index.graph).structural_hash()
-    assert trace["final"]["runtime_ms"] == pytest.approx(cost.graph_metrics(optimised).runtime_ms)
+    found = fold_constants(index.graph)
+    assert trace["final"]["runtime_ms"] == pytest.approx(cost.graph_metrics(found).runtime_ms)
     assert trace["final"]["runtime_ms"] <= trace["initial"]["runtime_ms"]
     assert trace["final"]["runtime_ms"] == pytest.approx(metrics["real"]["best"]["runtime_ms"])
-    assert trace["final"]["nodes"] == len(optimised.nodes)
+    assert trace["final"]["nodes"] == len(found.nodes)
+    # the never-slower check (the protocol on ort): the file is the found graph only if it was called faster
+    check = trace["speed_check"]
+    assert check == metrics["speed_check"] and check["backend"] == "ort" and check["line"]
+    optimised = load_onnx(d / which / "model.onnx")
+    kept = found if check["kept"] == "optimised" else graph
+    assert check["kept"] == "original" or check["verdict"] == "faster"
+    assert optimised.structural_hash() == kept.structural_hash()
     # and computes what the original computes (onnxruntime, on the files as written)
     onnx.checker.check_model(str(d / which / "model.onnx"))
     feeds = make_inputs(graph, 3)
@@ -231,7 +237,7 @@ def test_optimize_with_an_agent_repeats_the_stages_run(trained, which, ckpt, tmp
     out, trace = tmp_path / "opt.onnx", tmp_path / "trace.json"
     code = main(["optimize", str(d / "bert.onnx"), "--out", str(out), "--method", "rlflow", "--agent", str(agent),
                  "--rules", str(d / "rules.json"), "--cost-model", "analytic", "--trace", str(trace),
-                 "--no-progress"])
+                 "--no-progress", "--no-speed-check"])
     assert code == 0
     text = capsys.readouterr().out
     assert "wrote" in text and str(out) in text
@@ -241,7 +247,9 @@ def test_optimize_with_an_agent_repeats_the_stages_run(trained, which, ckpt, tmp
     assert mine["agent"] == str(agent) and mine["agent_trained_on"] == "bert"
     assert mine["steps"] == stage["steps"] and mine["final"] == stage["final"] and mine["initial"] == stage["initial"]
     assert mine["real_interactions"]["evaluation"] == stage["real_interactions"]["evaluation"]
-    assert onnx.load(out).SerializeToString() == onnx.load(d / which / "model.onnx").SerializeToString()
+    assert "speed_check" not in mine  # --no-speed-check
+    if stage["speed_check"]["kept"] == "optimised":  # else the stage wrote the original (its never-slower check)
+        assert onnx.load(out).SerializeToString() == onnx.load(d / which / "model.onnx").SerializeToString()
 
 
 def _forced_agent(trained, tmp_path, favour: str | None) -> Path:
@@ -274,7 +282,7 @@ def test_an_agent_that_applies_rewrites_writes_them_all_in_order(trained, tmp_pa
     out, trace = tmp_path / "opt.onnx", tmp_path / "trace.json"
     assert main(["optimize", str(trained / "bert.onnx"), "--out", str(out), "--method", "rlflow", "--agent", str(agent),
                  "--rules", str(trained / "rules.json"), "--cost-model", "analytic", "--trace", str(trace),
-                 "--no-progress"]) == 0
+                 "--no-progress", "--no-speed-check"]) == 0
     doc = json.loads(trace.read_text())
     names = [s["rule_name"] for s in doc["steps"]]
     assert doc["rules_applied"] == len(names) >= 1 and names[0] == "matmul-merge"
@@ -293,7 +301,7 @@ def test_an_agent_that_finds_nothing_writes_the_original(trained, tmp_path):
     out, trace = tmp_path / "opt.onnx", tmp_path / "trace.json"
     assert main(["optimize", str(trained / "bert.onnx"), "--out", str(out), "--method", "rlflow", "--agent", str(agent),
                  "--rules", str(trained / "rules.json"), "--cost-model", "analytic", "--trace", str(trace),
-                 "--no-progress"]) == 0
+                 "--no-progress", "--no-speed-check"]) == 0
     doc = json.loads(trace.read_text())
     assert doc["steps"] == [] and doc["rules_applied"] == 0 and doc["stop_reason"] == "noop"
     # one real step (the NO-OP) in each of the 2 episodes (tests/configs/tiny.yaml: model_free.eval_episodes)
@@ -310,7 +318,8 @@ def test_optimize_runs_an_agent_on_another_model(trained, ckpt, tmp_path, capsys
     zoo.export_model("vit", src, zoo.TINY_SIZES["vit"])
     out = tmp_path / "vit.opt.onnx"
     code = main(["optimize", str(src), "--out", str(out), "--method", "rlflow", "--agent", str(trained / ckpt),
-                 "--rules", str(trained / "rules.json"), "--cost-model", "analytic", "--json", "--no-progress"])
+                 "--rules", str(trained / "rules.json"), "--cost-model", "analytic", "--json", "--no-progress",
+                 "--no-speed-check"])
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["out"] == str(out) and doc["max_rel_diff"] <= 1e-4 and out.is_file()
@@ -390,7 +399,8 @@ def test_damaged_agent_checkpoint_is_one_line(trained, tmp_path, capsys):
     torch.save(data, agent)
     out = tmp_path / "out.onnx"
     assert main(["optimize", str(trained / "bert.onnx"), "--out", str(out), "--method", "rlflow", "--agent", str(agent),
-                 "--rules", str(trained / "rules.json"), "--cost-model", "analytic", "--no-progress"]) == 2
+                 "--rules", str(trained / "rules.json"), "--cost-model", "analytic", "--no-progress",
+                 "--no-speed-check"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "damaged agent checkpoint" in err and not out.exists()
 

@@ -63,10 +63,16 @@ def test_rule_all_builds_the_report_and_the_summary(tiny_repo):
     with open(root / "results/bert/evaluation.csv") as f:
         rows = list(csv.DictReader(f))
     pairs = {(r["method"], r["backend"]) for r in rows}
-    assert pairs == {(m, b) for m in ("original", "taso", "greedy", "model_free", "rlflow")
+    assert pairs == {(m, b) for m in ("original", "original-aa", "taso", "greedy", "model_free", "rlflow")
                      for b in ("ort", "torch", "tf", "tf-xla")}
     assert all(r["status"] in ("ok", "unsupported") for r in rows)
     assert all(float(r["max_rel_diff"]) <= 1e-4 for r in rows if r["status"] == "ok")
+    for r in rows:  # every timed row has its ratio to the original with an interval and a verdict
+        if r["status"] == "ok" and r["method"] != "original":
+            assert float(r["ci_low"]) <= float(r["ratio"]) <= float(r["ci_high"])
+            assert r["verdict"] in ("faster", "slower", "no detectable difference") and r["too_noisy"] in ("True", "False")
+    with open(root / "results/summary.csv") as f:
+        assert "best_backend" not in f.readline()
 
 
 def test_snakemake_run_is_recorded_in_dvc(tiny_repo):

@@ -14,20 +14,22 @@ import pytest
 
 from rlflow import cli
 
-EVAL_COLUMNS = ("model,method,backend,device,latency_ms_median,latency_ms_iqr,peak_memory_mb,activation_memory_mb,"
+EVAL_COLUMNS = ("model,method,backend,device,latency_ms_median,latency_ms_iqr,ratio,ci_low,ci_high,verdict,"
+                "detectable_effect,sessions,runs,too_noisy,peak_memory_mb,activation_memory_mb,"
                 "nodes,cost_ms,flops,bytes,launches,optimisation_s,training_s,real_interactions,rules_applied,"
-                "max_rel_diff,status").split(",")
+                "speed_check,max_rel_diff,status").split(",")
 BACKENDS = ("ort", "torch", "tf", "tf-xla")
 #: median latency (ms) per method and backend; None = unsupported
 LATENCY = {
     "original": (12.5, 30.0, 20.0, 16.0),
+    "original-aa": (12.5, 30.0, 20.0, 16.0),
     "taso": (12.0, 28.0, 18.5, 15.5),
     "greedy": (12.25, 29.0, 19.0, 15.75),
     "model_free": (11.75, 27.0, 18.0, 15.0),
     "rlflow": (11.5, 26.0, 17.5, None),
 }
-ACTIVATION_MB = {"original": 8.0, "taso": 7.5, "greedy": 8.0, "model_free": 7.0, "rlflow": 6.0}
-COST_MS = {"original": 10.0, "taso": 9.5, "greedy": 9.75, "model_free": 9.25, "rlflow": 10.0}
+ACTIVATION_MB = {"original": 8.0, "original-aa": 8.0, "taso": 7.5, "greedy": 8.0, "model_free": 7.0, "rlflow": 6.0}
+COST_MS = {"original": 10.0, "original-aa": 10.0, "taso": 9.5, "greedy": 9.75, "model_free": 9.25, "rlflow": 10.0}
 OPT_S = {"taso": 42.5, "greedy": 3.25, "model_free": 1.5, "rlflow": 0.75}
 TRAIN_S = {"model_free": 250.0, "rlflow": 125.0}
 INTERACTIONS = {"model_free": 2408, "rlflow": 608}
@@ -46,7 +48,13 @@ def write_json(path: Path, doc: dict) -> None:
     path.write_text(json.dumps(doc, indent=1))
 
 
-def write_evaluation(folder: Path, model: str = "bert", methods=tuple(LATENCY)) -> None:
+#: half-width of every fake ratio interval
+HALF = 0.01
+
+
+def write_evaluation(folder: Path, model: str = "bert", methods=tuple(LATENCY), noisy=()) -> None:
+    """Ratios are latency / the original's on the backend, intervals +/- HALF; ``noisy``: backends whose A/A
+    control failed (too_noisy on every row)."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "evaluation.csv", "w", newline="") as f:
         w = csv.DictWriter(f, EVAL_COLUMNS)
@@ -56,12 +64,19 @@ def write_evaluation(folder: Path, model: str = "bert", methods=tuple(LATENCY)) 
                 row = dict.fromkeys(EVAL_COLUMNS, "")
                 row.update(model=model, method=m, backend=b, device="cpu")
                 if lat is None:
-                    row["status"] = "unsupported"
+                    row.update(status="unsupported", too_noisy=False)
                 else:
                     row.update(latency_ms_median=lat, latency_ms_iqr=0.5, activation_memory_mb=ACTIVATION_MB[m],
                                nodes=100, cost_ms=COST_MS[m], flops=1e9, bytes=1e8, launches=90, max_rel_diff=1e-7,
-                               status="ok")
-                    if m != "original":
+                               status="ok", sessions=4, runs=40, too_noisy=b in noisy)
+                    if m == "original":
+                        row.update(ratio=1, verdict="reference")
+                    else:
+                        ratio = lat / LATENCY["original"][BACKENDS.index(b)]
+                        lo, hi = ratio - HALF, ratio + HALF
+                        row.update(ratio=ratio, ci_low=lo, ci_high=hi, detectable_effect=0.02,
+                                   verdict="faster" if hi < 1 else "slower" if lo > 1 else "no detectable difference")
+                    if m not in ("original", "original-aa"):
                         row.update(optimisation_s=OPT_S[m], rules_applied=len(STEPS[m]))
                     if m in TRAIN_S:
                         row.update(training_s=TRAIN_S[m], real_interactions=INTERACTIONS[m])
@@ -194,12 +209,18 @@ def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_p
         assert re.search(rf"<h2>{re.escape(title)}", html), title
 
     t2 = text(section(html, "table2"))
-    # baseline: the original on TensorFlow 20 ms; RLFlow's graph 17.5 ms on tf (+12.5%), 11.5 ms on ort (+42.5%)
-    assert "20.000" in t2 and "17.500" in t2 and "+12.5%" in t2 and "+42.5%" in t2
+    # baseline: the original on TensorFlow 20 ms; RLFlow's graph 17.5 ms on tf: ratio 0.875 [0.865, 0.885]
+    assert "20.000" in t2 and "17.500" in t2 and "+12.5% [+11.5%, +13.5%]" in t2
+    assert "+42.5%" not in t2  # no cross-backend figure (RLFlow's graph on ort against the original on tf)
+    assert "A/A control" in t2 and "+0.0% [-1.0%, +1.0%]" in t2
+    assert "faster than the original: TASO search, greedy, model-free PPO, RLFlow" in t2
+    assert "TOO NOISY" not in t2
     assert "+25.0%" in t2  # activation memory 8 -> 6 MB
     assert "+32.4%" in t2 and "+4.5%" in t2  # RLFlow's Table 2, BERT-Base
     f6 = text(section(html, "fig6"))
-    assert "11.500 (IQR 0.500)" in f6 and "unsupported" in f6  # rlflow on tf-xla
+    assert "11.500 (IQR 0.500); ratio 0.920 [0.910, 0.930], faster" in f6 and "unsupported" in f6  # rlflow on tf-xla
+    assert "On onnxruntime, faster than the original: TASO search, greedy, model-free PPO, RLFlow (95% intervals)." in f6
+    assert "A/A control (original re-exported)" in f6
     assert "2.98" in f6  # the paper's RLFlow latency for BERT-Base
     f7 = text(section(html, "fig7"))
     assert "42.50" in f7 and "125.00" in f7 and "10.8" in f7  # TASO's time, RLFlow's training, the paper's TASO
@@ -242,7 +263,8 @@ def test_report_says_which_stages_have_not_run(tmp_path, rlflow):
     assert_self_contained(html)
     for title in SECTION_TITLES:
         assert re.search(rf"<h2>{re.escape(title)}", html), title
-    assert "Not evaluated: evaluation.csv has no row for greedy, model-free PPO, RLFlow" in text(section(html, "table2"))
+    assert ("Not evaluated: evaluation.csv has no row for A/A control (original re-exported), greedy, model-free PPO, "
+            "RLFlow") in text(section(html, "table2"))
     assert "stage train_world_model has not run" in text(section(html, "fig8"))
     assert "stage train_controller has not run" in text(section(html, "fig9"))
     f10 = text(section(html, "fig10"))
@@ -315,16 +337,38 @@ def test_report_evaluation_of_another_model_is_refused(tmp_path, rlflow):
     assert code == 2 and "for model 'bert', not 'vit'" in err
 
 
+def test_report_too_noisy_backend_calls_no_difference(tmp_path, rlflow):
+    """A backend whose A/A control failed: the report says so and no sentence calls a method faster or slower
+    there; the other backends keep their verdicts."""
+    res = make_results(tmp_path)
+    write_evaluation(res, noisy=("tf",))
+    out = res / "report.html"
+    code, err = rlflow(*report_args(tmp_path, out))
+    assert code == 0, err
+    t2 = text(section(out.read_text(), "table2"))
+    assert "TOO NOISY on TensorFlow" in t2 and "too noisy" in t2
+    assert "faster than the original" not in t2 and "no method is reported faster or slower" in t2
+    f6 = text(section(out.read_text(), "fig6"))
+    assert "On onnxruntime, faster than the original" in f6
+    assert "On TensorFlow the run was too noisy" in f6
+
+
 # -- the summary --------------------------------------------------------------------------------------------------
 def headline(model: str, rlflow_ms: float) -> dict:
-    return {"format": "rlflow.evaluation-headline/1", "model": model, "device": "cpu",
+    def cell(ms, ratio, verdict, finding=None):
+        return {"latency_ms": ms, "ratio": ratio, "ci_low": None if ratio == 1 else ratio - HALF,
+                "ci_high": None if ratio == 1 else ratio + HALF, "verdict": verdict, "finding": finding or verdict}
+
+    return {"format": "rlflow.evaluation-headline/2", "model": model, "device": "cpu",
+            "too_noisy": {"ort": False, "tf": True},
             "methods": {
-                "original": {"best_backend": "ort", "latency_ms": 12.5, "speedup_ort": 1.0,
-                             "improvement_vs_tf_pct": 37.5, "optimisation_s": None, "real_interactions": None},
-                "taso": {"best_backend": "ort", "latency_ms": 12.0, "speedup_ort": 1.0417,
-                         "improvement_vs_tf_pct": 40.0, "optimisation_s": 42.5, "rules_applied": 3},
-                "rlflow": {"best_backend": "tf-xla", "latency_ms": rlflow_ms, "speedup_ort": 1.087,
-                           "improvement_vs_tf_pct": 42.5, "optimisation_s": 0.75, "real_interactions": 608},
+                "original": {"backends": {"ort": cell(12.5, 1, "reference"), "tf": cell(20.0, 1, "reference")},
+                             "optimisation_s": None, "real_interactions": None},
+                "taso": {"backends": {"ort": cell(12.0, 0.96, "faster"), "tf": cell(18.5, 0.925, "faster", "too noisy")},
+                         "optimisation_s": 42.5, "rules_applied": 3, "speed_check": "kept optimised"},
+                "rlflow": {"backends": {"ort": cell(rlflow_ms, rlflow_ms / 12.5, "faster"),
+                                        "tf": cell(17.5, 0.875, "faster", "too noisy")},
+                           "optimisation_s": 0.75, "real_interactions": 608, "speed_check": "kept original"},
             }}
 
 
@@ -337,17 +381,20 @@ def test_summary_over_two_models(tmp_path, rlflow):
                        "--out", html_path)
     assert code == 0, err
     rows = list(csv.DictReader(csv_path.open()))
-    assert [(r["model"], r["method"]) for r in rows] == [(m, x) for m in ("bert", "vit")
-                                                         for x in ("original", "taso", "rlflow")]
-    rl = {r["model"]: r for r in rows if r["method"] == "rlflow"}
-    assert rl["bert"]["latency_ms"] == "11.5" and rl["vit"]["latency_ms"] == "9.25"
-    assert rl["vit"]["best_backend"] == "tf-xla" and rl["vit"]["speedup_vs_original_ort"] == "1.087"
-    assert rl["bert"]["improvement_vs_tf_pct"] == "42.5" and rl["bert"]["real_interactions"] == "608"
-    assert rows[0]["optimisation_s"] == "" and rows[1]["rules_applied"] == "3"
+    assert "best_backend" not in rows[0]
+    assert [(r["model"], r["method"], r["backend"]) for r in rows] == [
+        (m, x, b) for m in ("bert", "vit") for x in ("original", "taso", "rlflow") for b in ("ort", "tf")]
+    rl = {(r["model"], r["backend"]): r for r in rows if r["method"] == "rlflow"}
+    assert rl[("bert", "ort")]["latency_ms"] == "11.5" and rl[("vit", "ort")]["latency_ms"] == "9.25"
+    assert rl[("bert", "ort")]["ratio"] == "0.92" and rl[("bert", "ort")]["ci_low"] == "0.91"
+    assert rl[("bert", "tf")]["finding"] == "too noisy" and rl[("bert", "ort")]["finding"] == "faster"
+    assert rl[("bert", "ort")]["real_interactions"] == "608" and rl[("bert", "ort")]["speed_check"] == "kept original"
+    assert rows[0]["optimisation_s"] == "" and rows[2]["rules_applied"] == "3"
     html = html_path.read_text()
     assert_self_contained(html)
     assert '<a href="bert/report.html">bert</a>' in html and '<a href="vit/report.html">vit</a>' in html
-    assert "9.250" in html and "+42.5%" in html and "1.087x" in html
+    assert "9.250" in html and "0.920 [0.910, 0.930]" in html and "too noisy" in html
+    assert "best" not in text(html).lower()
     assert "Not evaluated yet (no headline file): resnet18" in html
 
 

@@ -158,10 +158,17 @@ def test_optimize_end_to_end(tiny_zoo, rules_file, tmp_path, capsys):
     src = tiny_zoo["resnet18"]
     out, trace = tmp_path / "opt.onnx", tmp_path / "trace.json"
     code = main(["optimize", str(src), "--out", str(out), "--rules", str(rules_file), "--cost-model", "analytic",
-                 "--budget", "20", "--trace", str(trace), "--no-progress"])
+                 "--budget", "20", "--trace", str(trace), "--no-progress", "--set", "timing.budget_s=2"])
     assert code == 0 and out.is_file() and trace.is_file()
     text = capsys.readouterr().out
     assert "taso: cost" in text and f"wrote {out}" in text
+    # the never-slower check on ort: one line; the file is the optimised graph only if it was called faster
+    check = json.loads(trace.read_text())["speed_check"]
+    assert check["line"] in text.splitlines() and check["backend"] == "ort" and check["sessions"] == 4
+    assert (check["kept"] == "optimised") == (check["verdict"] == "faster")
+    written = load_onnx(out).structural_hash()
+    assert written == load_onnx(src).structural_hash() if check["kept"] == "original" else written != \
+        load_onnx(src).structural_hash()
     g = load_onnx(src)
     feeds = make_inputs(g)
     assert max_rel_diff(ort_outputs(src, feeds), ort_outputs(out, feeds)) <= 1e-4
@@ -171,7 +178,7 @@ def test_optimize_end_to_end(tiny_zoo, rules_file, tmp_path, capsys):
     assert doc["final"]["runtime_ms"] < doc["initial"]["runtime_ms"] and doc["steps"]
 
     code = main(["optimize", str(src), "--out", str(tmp_path / "g.onnx"), "--method", "greedy", "--rules",
-                 str(rules_file), "--cost-model", "analytic", "--json"])
+                 str(rules_file), "--cost-model", "analytic", "--json", "--no-speed-check"])
     assert code == 0
     res = json.loads(capsys.readouterr().out)
     assert res["method"] == "greedy" and res["out"] == str(tmp_path / "g.onnx") and res["rule_names"]
@@ -207,7 +214,8 @@ def test_optimize_writes_nothing_when_the_check_fails(tiny_zoo, rules_file, tmp_
     monkeypatch.setattr(output, "run_method", broken)
     out, trace = tmp_path / "o.onnx", tmp_path / "t.json"
     code = main(["optimize", str(tiny_zoo["squeezenet"]), "--out", str(out), "--trace", str(trace), "--rules",
-                 str(rules_file), "--cost-model", "analytic", "--method", "greedy", "--no-progress"])
+                 str(rules_file), "--cost-model", "analytic", "--method", "greedy", "--no-progress",
+                 "--no-speed-check"])
     err = capsys.readouterr().err
     assert code == 2 and "differs from the original" in err and "not written" in err
     assert not out.exists() and not trace.exists()
@@ -219,7 +227,8 @@ def test_stage_writes_model_and_trace(stage, tiny_zoo, rules_file, tmp_path, cap
     out, trace = tmp_path / "m" / "model.onnx", tmp_path / "m" / "trace.json"
     code = main([stage, "--model", "squeezenet", "--onnx", str(tiny_zoo["squeezenet"]), "--rules", str(rules_file),
                  "--costs", str(tmp_path / "no-cache.json"), "--set", "cost.model=analytic", "--set", "device=cpu",
-                 "--set", "search.budget=15", "--out", str(out), "--trace", str(trace), "--no-progress"])
+                 "--set", "search.budget=15", "--set", "timing.budget_s=1", "--out", str(out), "--trace", str(trace),
+                 "--no-progress"])
     assert code == 0 and out.is_file() and trace.is_file()
     assert "wrote" in capsys.readouterr().out
     doc = json.loads(trace.read_text())

@@ -220,7 +220,7 @@ class Agent:
 
         t0 = time.perf_counter()
         env = GraphRewriteEnv(graph, rules, cost, "delta", max_steps=self.env["max_steps"],
-                              max_locations=self.env["max_locations"], latency_device=device)
+                              max_locations=self.env["max_locations"])
         if self.method == "rlflow":
             from rlflow.agents.controller import run_in_real_env
 

@@ -117,11 +117,11 @@ class _Dream:
 class _RealEnvs:
     """The model-free agent's training world: real rewrite environments behind the encoder."""
 
-    def __init__(self, problem, encoder, section: dict):
+    def __init__(self, problem, encoder, section: dict, latency_meter=None):
         from rlflow.env import make_env
 
         self.encoder, self.device = encoder, problem.device
-        self.envs = [make_env(problem.config, problem.graph, problem.rules, problem.cost, device=problem.device)
+        self.envs = [make_env(problem.config, problem.graph, problem.rules, problem.cost, latency_meter=latency_meter)
                      for _ in range(section["num_envs"])]
         self.wm, self.in_dim = None, encoder.config["z_dim"]
 
@@ -141,9 +141,13 @@ def _progress_bar(enabled: bool, total: int, initial: int, desc: str):
                 leave=False, disable=None if enabled else True)
 
 
-def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, progress: bool = True) -> dict:
+def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, progress: bool = True,
+                    speed_check=None, latency_meter=None) -> dict:
     """Train the agent of ``method`` ("rlflow": the controller in the dream; "model_free": PPO on the real env),
-    let it optimise the model, verify and write every output (see the module docstring); returns the metrics."""
+    let it optimise the model, verify and write every output (see the module docstring); returns the metrics.
+    ``speed_check(device)`` gives the never-slower check of the written graph (the stages pass the measurement
+    protocol's, :func:`rlflow.search.output.verify_and_write`); None: no check. ``latency_meter(device)`` gives
+    the e2e reward's measurement for the real environments (the stages pass the protocol's); None: none."""
     import torch
 
     from rlflow.agents.checkpoint import Agent, Checkpointer, fingerprint, load_encoder, rules_fingerprint
@@ -169,7 +173,8 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
     reward = make_reward(get(config, "env.reward"))
     encoder = load_encoder(files.encoder, device)
     world = (_Dream(problem, files, encoder, section, max_steps, max_locations, reward) if method == "rlflow"
-             else _RealEnvs(problem, encoder, section))
+             else _RealEnvs(problem, encoder, section,
+                            None if latency_meter is None or not reward.needs_latency else latency_meter(device)))
 
     used = {"seed": seed, "device": get(config, "device"), "cost.model": get(config, "cost.model"),
             "env.reward": get(config, "env.reward"), "ppo": get(config, "ppo"), spec["section"]: section,
@@ -237,7 +242,11 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
              "device": device, "cost_model": problem.cost.name, "cost": describe_cost(problem, files.costs),
              "config": used, "agent": str(files.out), "reward": repr(reward), "training_seconds": train_s,
              "dream_steps": dream_steps(), "real_interactions": interactions}
-    diff, _ = verify_and_write(problem.graph, result, files.optimised, files.trace, extra, seed=seed, device=device)
+    diff, written = verify_and_write(problem.graph, result, files.optimised, files.trace, extra, seed=seed,
+                                     device=device, speed_check=None if speed_check is None else speed_check(device),
+                                     log=lambda line: print(f"{label}: {line}", flush=True))
+    if "speed_check" in written:
+        metrics["speed_check"] = written["speed_check"]
     ckpt.finish(agent.payload())
     metrics["optimised"] = {"speedup": result.speedup, "rules_applied": len(result.trace),
                             "optimisation_seconds": result.seconds, "max_rel_diff": diff}

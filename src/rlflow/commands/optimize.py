@@ -14,7 +14,11 @@ Methods:
           same order: checked); any ONNX model works, not only the one it was trained on.
 The optimised graph, weight-only nodes folded, is checked equal to the original under onnxruntime on random
 inputs (largest relative difference <= --tolerance) before OUT.onnx is written; if the check fails nothing is
-written. Errors (a missing or damaged checkpoint, a rule set that does not match, ...) are one line, exit 2.
+written. Then it is checked never slower: the measurement protocol (rlflow.evaluation.protocol; config section
+timing: several fresh sessions per graph, randomised interleaved rounds, budget timing.budget_s) compares it with
+the original on --backend (default ort); unless the protocol calls it faster, OUT.onnx gets the ORIGINAL graph
+and one line says so ("kept the original: no significant speedup, ratio 1.004 [0.991, 1.017] on ort"). The trace
+records the check (speed_check). --no-speed-check skips it. Errors (a missing or damaged checkpoint, a rule set that does not match, ...) are one line, exit 2.
 
 Cost model (--cost-model, default: the config's cost.model, whose default is measured):
   measured  each distinct op of the model is timed once on the device (a few seconds; cached in --costs if
@@ -30,6 +34,7 @@ Defaults without --config are the schema defaults (alpha 1.05, budget 1000, no t
   rlflow optimize bert.onnx --out opt.onnx --input-shape input_ids=1x128 --budget 200 --time-limit 60 --json
   rlflow optimize model.onnx --out opt.onnx --method rlflow --agent results/bert/controller/controller.pt \\
       --rules results/rules/rules.json --trace trace.json
+  rlflow optimize model.onnx --out opt.onnx --backend tf --set timing.budget_s=60     (check on TensorFlow, longer)
 """
 
 from __future__ import annotations
@@ -71,6 +76,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tolerance", type=float, default=1e-4,
                    help="largest allowed output difference, relative to output magnitude (default: 1e-4)")
     p.add_argument("--trace", type=Path, metavar="JSON", help="also write the search trace (rules applied, costs)")
+    from rlflow.graph.exec import BACKENDS
+
+    p.add_argument("--backend", choices=BACKENDS, default="ort",
+                   help="the never-slower check's backend: keep the optimised graph only if the measurement protocol "
+                        "calls it faster here (default: ort)")
+    p.add_argument("--no-speed-check", action="store_true",
+                   help="write the optimised graph without the never-slower check")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
 
@@ -103,6 +115,22 @@ def _cost_model(args, config: dict, device: str, graph, kind: str, progress: boo
         if args.costs is not None and measured:
             cost.save(args.costs)
     return cost, measured
+
+
+def _speed_check(args, config: dict, device: str):
+    """The never-slower check for verify_and_write (None with --no-speed-check)."""
+    if args.no_speed_check:
+        return None
+    from rlflow.evaluation.protocol import Protocol, never_slower
+
+    return never_slower(Protocol.from_config(config), args.backend, device, config.get("seed", 0))
+
+
+def _log(args):
+    """Where the check's line goes: stdout, or stderr with --json (stdout is the JSON document)."""
+    import sys
+
+    return (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
 
 
 def _err(msg: str):
@@ -155,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     extra = {"model": str(args.model), "rules": str(rules_path), "num_rules": len(rules), "device": device,
              "cost_model": cost.name, "cost": cost.describe(), "config": used}
     diff, doc = verify_and_write(graph, result, args.out, args.trace, extra, seed=seed, device=device,
-                                 tol=args.tolerance)
+                                 tol=args.tolerance, speed_check=_speed_check(args, config, device), log=_log(args))
     if args.json:
         doc = {k: v for k, v in doc.items() if k != "steps"}
         doc.update(out=str(args.out), trace=None if args.trace is None else str(args.trace), ops_measured=measured,
@@ -217,7 +245,7 @@ def run_agent(args: argparse.Namespace, t0: float) -> int:
              "agent_trained_on": agent.info.get("model"),
              "real_interactions": {"evaluation": episode["steps"], "total": episode["steps"]}}
     diff, doc = verify_and_write(graph, result, args.out, args.trace, extra, seed=seed, device=device,
-                                 tol=args.tolerance)
+                                 tol=args.tolerance, speed_check=_speed_check(args, config, device), log=_log(args))
     if args.json:
         doc = {k: v for k, v in doc.items() if k != "steps"}
         doc.update(out=str(args.out), trace=None if args.trace is None else str(args.trace), ops_measured=measured,

@@ -3,10 +3,16 @@ and peak memory where the backend can tell (CUDA devices).
 
 Backends: ort (onnxruntime; CUDA provider when the device is cuda), torch (the IR interpreted with torch ops),
 tf (a tf.function built op by op; Grappler on) and tf-xla (the same, compiled with XLA).
-With --compare, also report the largest output difference from onnxruntime on the original file.
+With --compare [REF.onnx], also compare it with REF (default: the model itself, exported and imported again
+through the IR: an A/A test of the machine's noise) under the measurement protocol (rlflow.evaluation.protocol:
+config section timing, --budget seconds): the latency ratio model / REF on the backend with its 95% interval
+(hierarchical bootstrap over several fresh sessions per graph, randomised interleaved rounds), the verdict
+(faster / slower / no detectable difference) and the smallest effect the comparison could detect; and the
+largest output difference from onnxruntime running REF's file.
 
   rlflow run model.onnx --backend torch --repeats 50
   rlflow run model.onnx --backend tf-xla --config config.yaml      (repeats, warm-up and device from the config)
+  rlflow run opt.onnx --compare model.onnx --budget 60             (is opt.onnx faster than model.onnx on ort?)
 """
 
 from __future__ import annotations
@@ -30,20 +36,22 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, help="untimed runs before timing (default: run.warmup of --config, else 5)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="device (default: device of --config, else auto)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
-    p.add_argument("--compare", action="store_true",
-                   help="also report max |difference| from onnxruntime on the original file (relative)")
+    p.add_argument("--compare", nargs="?", const="", metavar="REF.onnx",
+                   help="also compare with REF.onnx (default: the model re-exported, an A/A test) under the "
+                        "measurement protocol: latency ratio with 95%% interval and verdict, and max |difference| "
+                        "from onnxruntime on REF's file (relative)")
+    p.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="--compare: seconds of timing (default: timing.budget_s of --config, else the schema's)")
 
 
 def run(args) -> int:
-    from rlflow.config import resolve_device
+    from rlflow.config import load_config, resolve_device
     from rlflow.errors import RLFlowError
     from rlflow.graph import load_onnx
     from rlflow.graph.exec import backend_errors, check_memory, get_runner, make_inputs, max_rel_diff, time_runner
 
+    cfg = load_config(args.config) if args.config else load_config(None)
     if args.config:
-        from rlflow.config import load_config
-
-        cfg = load_config(args.config)
         args.repeats = args.repeats if args.repeats is not None else cfg["run"]["repeats"]
         args.warmup = args.warmup if args.warmup is not None else cfg["run"]["warmup"]
         args.device = args.device or cfg["device"]
@@ -60,15 +68,33 @@ def run(args) -> int:
         runner = get_runner(graph, args.backend, device)
         result = {"model": args.model, "backend": args.backend, "device": device}
         result.update(time_runner(runner, feeds, args.warmup, args.repeats))
-    if args.compare:
+    if args.compare is not None:
         import onnxruntime as ort
 
+        from rlflow.evaluation.protocol import Protocol, aa_copy, backend_runner, compare
+        from rlflow.evaluation.runs import check_interface
         from rlflow.graph.exec.ort_exec import quiet_options
 
-        with backend_errors(graph, "ort", feeds, args.model):
-            session = ort.InferenceSession(args.model, quiet_options(), providers=["CPUExecutionProvider"])
+        ref_path = args.compare or args.model
+        reference = load_onnx(ref_path, args.input_shape) if args.compare else aa_copy(graph)
+        check_interface(reference, graph, str(args.model))
+        with backend_errors(reference, "ort", feeds, ref_path):
+            session = ort.InferenceSession(ref_path, quiet_options(), providers=["CPUExecutionProvider"])
             ref = session.run(list(graph.outputs), feeds)
         result["max_rel_diff_vs_ort_original"] = max_rel_diff(ref, runner(feeds))
+        runner = None
+        if args.budget is not None and not args.budget > 0:
+            raise RLFlowError("--budget must be > 0")
+        protocol = Protocol.from_config({**cfg, "seed": args.seed}, budget_s=args.budget)
+        with backend_errors(graph, args.backend, feeds, args.model):
+            c = compare([("reference", reference), ("model", graph)], feeds, protocol,
+                        backend_runner(args.backend, device))
+        e = c["model"]
+        result["compare"] = {"reference": ref_path if args.compare else f"{ref_path} (re-exported: A/A)",
+                             "ratio": e.ratio, "ci_low": e.ci_low, "ci_high": e.ci_high, "verdict": e.verdict,
+                             "detectable_effect": e.detectable, "sessions": protocol.sessions, "runs": e.runs,
+                             "reference_median_ms": c["reference"].median_ms, "median_ms": e.median_ms,
+                             "seconds": c.seconds}
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -76,7 +102,11 @@ def run(args) -> int:
         print(f"{args.model} on {args.backend} ({device}): median {result['median_ms']:.3f} ms, "
               f"IQR {result['iqr_ms']:.3f} ms over {args.repeats} runs; peak memory "
               + (f"{mem / 2**20:.1f} MiB" if mem is not None else "n/a (backend does not report it)"))
-        if args.compare:
-            print(f"max relative output difference vs onnxruntime on the original: "
+        if args.compare is not None:
+            cmp = result["compare"]
+            print(f"max relative output difference vs onnxruntime on {cmp['reference']}: "
                   f"{result['max_rel_diff_vs_ort_original']:.2e}")
+            print(f"vs {cmp['reference']} on {args.backend}: ratio {cmp['ratio']:.3f} [{cmp['ci_low']:.3f}, "
+                  f"{cmp['ci_high']:.3f}] (95%, {cmp['sessions']} sessions each, {cmp['seconds']:.0f} s): "
+                  f"{cmp['verdict']}; smallest detectable effect {100 * cmp['detectable_effect']:.1f}%")
     return 0

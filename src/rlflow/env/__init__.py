@@ -56,13 +56,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def make_env(config: dict, graph, rules, cost_model=None, reward: bool = True, device: str = "cpu") -> GraphRewriteEnv:
-    """The environment as ``config`` describes it (env.max_steps, env.max_locations, env.reward, run.*)."""
+def make_env(config: dict, graph, rules, cost_model=None, reward: bool = True, latency_meter=None) -> GraphRewriteEnv:
+    """The environment as ``config`` describes it (env.max_steps, env.max_locations, env.reward);
+    ``latency_meter``: the e2e reward's measurement (rlflow.evaluation.protocol.latency_meter)."""
     from rlflow.env.graph_rewrite import GraphRewriteEnv
 
     env_cfg = config.get("env", {})
-    run = config.get("run", {})
     return GraphRewriteEnv(graph, rules, cost_model, env_cfg.get("reward") if reward else "delta",
                            max_steps=env_cfg.get("max_steps", 50), max_locations=env_cfg.get("max_locations", 200),
-                           latency_device=device, latency_warmup=run.get("warmup", 2),
-                           latency_repeats=run.get("repeats", 10))
+                           latency_meter=latency_meter)

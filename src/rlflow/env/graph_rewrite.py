@@ -12,8 +12,9 @@ Observation (a dict, as in the RLFlow paper):
   ``xfer_mask``      (N+1,) int8: 1 where the rule has a match; the NO-OP is always valid
   ``location_mask``  (N+1, L) int8: row k has 1 at the first min(matches of k, L) locations; L = max_locations
 
-``info`` holds the new graph's metrics (``runtime_ms``, ``flops``, ``bytes``, ``launches``, and ``latency_ms``
-when the reward measures real latency), ``counts`` (matches per rule, not truncated at L), ``valid``, ``noop``,
+``info`` holds the new graph's metrics (``runtime_ms``, ``flops``, ``bytes``, ``launches``, and ``latency_ratio``
+when the reward measures real latency: the graph's latency over the episode's first graph's, from
+``latency_meter``, 1 where no difference is detected), ``counts`` (matches per rule, not truncated at L), ``valid``, ``noop``,
 ``rule`` (the id applied) and ``step``, so a recorded episode can be re-scored with any reward.
 
 The environment is deterministic: the same actions give the same graphs (structural hash) and metrics.
@@ -60,7 +61,7 @@ class GraphRewriteEnv(gym.Env):
     def __init__(self, graph: Graph | str | Path | None = None, rules: Sequence[Rule] | str | Path | None = None,
                  cost_model: CostModel | None = None, reward: Reward | dict | str | None = None,
                  max_steps: int = 50, max_locations: int = 200, render_mode: str | None = None,
-                 latency_device: str = "cpu", latency_warmup: int = 2, latency_repeats: int = 10):
+                 latency_meter=None):
         if graph is None:
             graph = DEFAULT_GRAPH
         if rules is None:
@@ -82,10 +83,17 @@ class GraphRewriteEnv(gym.Env):
         self.reward_fn = make_reward(reward)
         self.max_steps, self.max_locations = int(max_steps), int(max_locations)
         self.render_mode = render_mode
-        self.latency = (latency_device, latency_warmup, latency_repeats)
+        if self.reward_fn.needs_latency and latency_meter is None:
+            from rlflow.errors import RLFlowError
+
+            raise RLFlowError(f"the {self.reward_fn.name} reward measures real latency: give the env a latency_meter "
+                              "(rlflow.evaluation.protocol.latency_meter; rlflow.env.make_env takes one)")
+        self.latency_meter = latency_meter
+        """``meter(first_graph, graph) -> {"ratio", "ci_low", "ci_high", "verdict"}``: the graph's latency over the
+        first graph's under the measurement protocol (injected: the protocol lives above this floor)."""
 
         self.initial_index = MatchIndex(graph, self.rules)
-        self.initial_metrics = self._metrics(graph, measure=self.reward_fn.needs_latency)
+        self.initial_metrics = self._metrics(graph, measure=None)  # the first graph: latency ratio 1 by definition
         self._initial_node_costs = self._node_costs
         self.action_space = spaces.MultiDiscrete([self.n_xfers + 1, self.max_locations])
         self.observation_space = spaces.Dict({
@@ -124,20 +132,21 @@ class GraphRewriteEnv(gym.Env):
         loc = (self._loc_range[None, :] < full[:, None]).astype(np.int8)
         return (full > 0).astype(np.int8), loc
 
-    def _metrics(self, graph: Graph, measure: bool) -> dict[str, float]:
+    def _metrics(self, graph: Graph, measure: bool | None) -> dict[str, float]:
         self._node_costs = self.cost.node_costs(graph)  # reused by the observation
         m = dict(zip(METRIC_NAMES, map(sum, zip(*self._node_costs)))) if self._node_costs else \
             dict.fromkeys(METRIC_NAMES, 0.0)
         if self.reward_fn.needs_latency:
-            m["latency_ms"] = self._measure_latency(graph) if measure else self.metrics["latency_ms"]
+            if measure is None:  # the first graph: the reference of every measurement
+                m["latency_ratio"] = 1.0
+            else:
+                m["latency_ratio"] = self._measure_latency(graph) if measure else self.metrics["latency_ratio"]
         return m
 
     def _measure_latency(self, graph: Graph) -> float:
-        from rlflow.graph.exec import get_runner, make_inputs, time_runner
-
-        device, warmup, repeats = self.latency
-        runner = get_runner(graph, self.reward_fn.backend, device)
-        return time_runner(runner, make_inputs(graph), warmup, repeats)["median_ms"]
+        """The graph's latency over the first graph's; 1 unless the protocol calls it faster or slower."""
+        found = self.latency_meter(self.initial_index.graph, graph)
+        return float(found["ratio"]) if found["verdict"] in ("faster", "slower") else 1.0
 
     def _observation(self, counts: np.ndarray) -> dict[str, Any]:
         runtimes = [c[0] for c in self._node_costs]
@@ -175,7 +184,7 @@ class GraphRewriteEnv(gym.Env):
             extra = {"valid": True, "noop": True, "rule": None}
             terminated, reward = True, 0.0
             if self._stale_latency:  # e2e: the episode ends; score the changes since the last measurement
-                self.metrics = {**prev, "latency_ms": self._measure_latency(self.graph)}
+                self.metrics = {**prev, "latency_ratio": self._measure_latency(self.graph)}
                 reward = float(self.reward_fn(prev, self.metrics, self.initial_metrics))
         elif not (0 <= xfer < self.n_xfers and 0 <= loc < min(counts[xfer], self.max_locations)):
             extra = {"valid": False, "noop": False, "rule": None}

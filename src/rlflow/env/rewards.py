@@ -1,14 +1,17 @@
 """Reward functions of the rewrite environment: small classes computed from cost metrics.
 
 A reward sees the metrics of the previous graph, the new graph and the episode's first graph (dicts with the
-keys of :data:`rlflow.cost.METRIC_NAMES`, plus ``latency_ms`` where the environment measured it), so the same
+keys of :data:`rlflow.cost.METRIC_NAMES`, plus ``latency_ratio`` where the environment measured it), so the same
 recorded trace can be re-scored with any reward later. An invalid action gets ``invalid_penalty`` instead.
 
     delta       RLFlow eq. 2:  RT_{t-1} - RT_t                                  (ms)
     weighted    RLFlow eq. 3:  alpha (RT_{t-1} - RT_t) + beta (M_{t-1} - M_t)   (ms, MB of memory access)
     normalised  X-RLflow:      (RT_{t-1} - RT_t) / RT_0 x 100                   (% of the original cost)
     e2e         X-RLflow's sparse reward: like normalised, on the real end-to-end latency, which the environment
-                measures every ``every`` steps and at the end (in between the latency is unchanged: reward 0)
+                measures every ``every`` steps and at the end (in between the latency is unchanged: reward 0):
+                (ratio_{t-1} - ratio_t) x 100, where ratio is the graph's latency over the episode's first
+                graph's under the measurement protocol (rlflow.evaluation.protocol), and 1 wherever the protocol
+                detects no difference: timing noise earns nothing
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ class Reward:
     """Base: ``reward(prev, cur, first)`` for a valid step, ``invalid_penalty`` for an invalid one."""
 
     name = "base"
-    #: the environment must measure real latency (``latency_ms``) every ``every`` steps for this reward
+    #: the environment must measure real latency (``latency_ratio``) every ``every`` steps for this reward
     needs_latency = False
 
     def __init__(self, invalid_penalty: float = -100.0):
@@ -71,7 +74,8 @@ class NormalisedReward(Reward):
 
 class EndToEndReward(Reward):
     """Measured latency saved as a percentage of the first graph's latency (sparse: measured every ``every``
-    steps by the environment, with ``backend``)."""
+    steps by the environment, with ``backend``): the change of ``latency_ratio`` (the graph's latency over the
+    first graph's, 1 where the protocol detects no difference) x 100."""
 
     name = "e2e"
     needs_latency = True
@@ -83,7 +87,7 @@ class EndToEndReward(Reward):
         self.every, self.backend = int(every), backend
 
     def __call__(self, prev, cur, first):
-        return (prev["latency_ms"] - cur["latency_ms"]) / first["latency_ms"] * 100.0
+        return (prev["latency_ratio"] - cur["latency_ratio"]) / first["latency_ratio"] * 100.0
 
 
 REWARDS = {cls.name: cls for cls in (DeltaReward, WeightedReward, NormalisedReward, EndToEndReward)}

@@ -1,10 +1,13 @@
 """End-to-end evaluation (pipeline stage ``evaluate``): the original graph and every method's optimised graph run
-on every backend, checked against the original, timed interleaved; the table, DVC metrics and headline row.
+on every backend, checked against the original, compared under the measurement protocol; the table, DVC metrics
+and headline row.
 
 - :mod:`rlflow.evaluation.memory`  the activation-memory estimate (liveness over the node order)
 - :mod:`rlflow.evaluation.traces`  reading a method's ``trace.json`` (cost estimate, rules, seconds, interactions)
-- :mod:`rlflow.evaluation.runs`    building runners, the output check, interleaved timing
-- :mod:`rlflow.evaluation.tables`  ``evaluation.csv`` (its columns), ``metrics.json``, ``summary/<model>.json``
+- :mod:`rlflow.evaluation.protocol` the measurement protocol: interleaved randomised rounds over several fresh
+  sessions per graph, the ratio's hierarchical-bootstrap interval, verdict, A/A control, the never-slower check
+- :mod:`rlflow.evaluation.runs`    the output check and the protocol's comparisons per backend
+- :mod:`rlflow.evaluation.tables`  ``evaluation.csv`` (its columns), ``metrics.json``, ``summary/<model>.json`` (pandas)
 """
 
 from rlflow.evaluation.memory import activation_memory_bytes, activation_memory_mb

@@ -1,40 +1,38 @@
-"""Run the original graph and every method's optimised graph on every backend: check each one's outputs against
-the original on onnxruntime, then time them interleaved.
+"""Run the original graph, its A/A control and every method's optimised graph on every backend: check each one's
+outputs against the original on onnxruntime, then compare their latencies under the measurement protocol
+(:mod:`rlflow.evaluation.protocol`).
 
 Order of work, one backend at a time:
 
-1. for each graph: build the backend's runner and run it once on the shared inputs (``make_inputs`` of the
-   original, the configured seed). That first call compiles what the backend compiles (XLA), is where the peak
-   memory is read on CUDA, and gives the outputs compared with the reference: the ORIGINAL graph run by
-   onnxruntime on the CPU (:func:`rlflow.graph.exec.max_rel_diff`). A backend that is known, from the graph
-   alone and before anything runs, to have no lowering for one of its ops (:func:`unsupported_reason`: an op
-   without a TF lowering; tf-xla and an opaque op) is reported ``unsupported`` with the op's name and left out
-   of the timing; the rest go on. Any exception while a runner is built or run is a failure of the stage
-   (:class:`BackendFailure`, naming the method, backend and cause): a crash is never recorded as a row. Graphs that are the same computation (equal ``Graph.structural_hash``, e.g. two
-   methods that found the same graph, or one that kept the original) share one runner: built once, timed once
-   per method in every round, so their rows differ only by noise.
-2. an optimised graph whose difference exceeds the tolerance stops everything (:class:`OutputMismatch`): wrong
-   results are never timed, let alone reported as speedups. The original itself differing on a backend (the
-   backend disagrees with onnxruntime) is reported ``mismatch`` and goes on; any optimised graph on that backend
-   will then fail the check as well.
-3. warm-up: ``warmup`` rounds, each calling every runner once; then ``repeats`` timed rounds, each timing every
-   runner once, the order rotated by one each round so that every graph runs in every position equally often:
-   machine noise and cache effects hit every method alike.
+1. **Check.** For each distinct graph (equal ``Graph.structural_hash``: two methods that found the same graph,
+   or the A/A control, which is the original exported and imported again), build the backend's runner and run
+   it once on the shared inputs (``make_inputs`` of the original, the configured seed). That first call compiles
+   what the backend compiles (XLA), is where the peak memory is read on CUDA, and gives the outputs compared
+   with the reference: the ORIGINAL graph run by onnxruntime on the CPU (:func:`rlflow.graph.exec.max_rel_diff`).
+   The runner is then released (the protocol builds fresh ones). A backend known, from the graph alone, to have
+   no lowering for one of its ops (:func:`unsupported_reason`) is reported ``unsupported`` with the op's name and
+   left out of the timing; the rest go on. Any exception while a runner is built or run fails the stage
+   (:class:`BackendFailure`): a crash is never recorded as a row.
+2. An optimised graph whose difference exceeds the tolerance stops everything (:class:`OutputMismatch`): wrong
+   results are never timed, let alone reported as speedups. The original itself (and so its A/A copy) differing
+   on a backend is reported ``mismatch`` and goes on.
+3. **Compare** (:func:`rlflow.evaluation.protocol.compare`): the original, the A/A control and the distinct
+   method graphs, each in ``protocol.sessions`` freshly built runners, timed interleaved in randomised rounds
+   within ``protocol.budget_s``; per graph the latency ratio to the original with its interval and verdict. Methods
+   with the same graph share one estimate (their rows are equal). The A/A control's interval must contain 1.0;
+   when it does not, every row of that backend is marked ``too_noisy``.
 
-Memory. A runner can hold several copies of the weights (measured on paper-size BERT, 436 MB of weights, on the
-CPU: onnxruntime about 1 GB per session, TensorFlow with Grappler about 4.5 GB, XLA about 2 GB), so five of them at
-once can exhaust a machine. The first runner built for a backend (normally the original's) gives the footprint
-(the process's resident memory before building it and after its first run); the methods' runners are then built
-in batches that fit in :data:`MEMORY_FRACTION` of the memory available at that moment. The original's runner stays
-alive and is timed, interleaved, with every batch (its latency is over all its timed calls); each batch's runners
-are released before the next is built. When every method fits (the usual case) there is one batch, and every graph
-is timed against every other. Linux only (``/proc``); elsewhere everything is one batch.
+Memory. A runner can hold several copies of the weights (paper-size BERT on the CPU: onnxruntime about 1 GB per
+session, TensorFlow with Grappler about 4.5 GB, XLA about 2 GB). The first runner checked (the original's) gives
+the footprint (resident memory before building it and after its first run); when the graphs of a comparison
+would not fit in :data:`MEMORY_FRACTION` of the available memory at once, the methods are split into several
+comparisons, each with the original (the A/A control in the first); the original's latency is then over all its
+sessions. Linux only (``/proc``); elsewhere everything is one comparison.
 
-Latency: median and interquartile range of the timed calls (wall clock of ``runner(feeds)``, which returns host
-numpy arrays, so a GPU run is complete when it returns). Peak memory: CUDA only, for the backends that report
-it (torch: ``torch.cuda`` allocator; tf: TensorFlow's ``GPU:0`` allocator) -- the peak during the first call,
-counted from before the runner was built (the graph's weights on the device plus its transient tensors).
-onnxruntime and every CPU backend report none.
+Latency: the median and interquartile range of all the graph's timed calls (wall clock of ``runner(feeds)``,
+which returns host numpy arrays, so a GPU run is complete when it returns); the ratio and its interval are the
+protocol's (mean over sessions of each session's median). Peak memory: CUDA only, for the backends that report it
+(torch: ``torch.cuda`` allocator; tf: TensorFlow's ``GPU:0`` allocator) -- the peak during the first call.
 """
 
 from __future__ import annotations
@@ -48,6 +46,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rlflow.errors import RLFlowError
+from rlflow.evaluation.protocol import AA, Estimate, Protocol, aa_copy, compare
 from rlflow.graph.ir import Graph
 
 
@@ -89,7 +88,26 @@ class Measurement:
     max_rel_diff: float | None = None
     reason: str = ""
     """Why the backend has no lowering for the graph (``unsupported``; :func:`unsupported_reason`)."""
-    times_ms: list[float] | None = None
+    times_ms: list[list[float]] | None = None
+    """The timed calls, one list per session."""
+    ratio: float | None = None
+    """Latency over the original's on this backend under the protocol (< 1: faster); 1 for the original."""
+    ci_low: float | None = None
+    ci_high: float | None = None
+    verdict: str = ""
+    """``faster`` | ``slower`` | ``no detectable difference``; ``reference`` for the original; empty if not timed."""
+    detectable: float | None = None
+    """The smallest relative latency change the comparison could detect (80% power)."""
+    too_noisy: bool = False
+    """The backend's A/A control failed: its interval excludes 1.0, so no verdict of the backend is a finding."""
+    estimate: Estimate | None = None
+
+    def set_estimate(self, e: Estimate) -> None:
+        self.estimate = e
+        self.times_ms = e.times_ms
+        self.median_ms, self.iqr_ms = e.median_ms, e.iqr_ms
+        self.ratio, self.ci_low, self.ci_high, self.verdict, self.detectable = (e.ratio, e.ci_low, e.ci_high,
+                                                                                e.verdict, e.detectable)
 
 
 def _first_line(e: BaseException) -> str:
@@ -143,11 +161,6 @@ def first_run(graph: Graph, backend: str, device: str, feeds: dict) -> tuple[obj
     outputs = runner(feeds)
     peak = int(mem[2]() - base) if mem else None
     return runner, outputs, peak
-
-
-def _rotated(items: Sequence, k: int) -> list:
-    k %= max(1, len(items))
-    return list(items[k:]) + list(items[:k])
 
 
 def check_interface(original: Graph, graph: Graph, what: str) -> None:
@@ -220,110 +233,107 @@ def _release_memory() -> None:
         pass
 
 
-def evaluate_graphs(graphs: Sequence[tuple[str, Graph]], backends: Sequence[str], device: str, *, seed: int = 0,
-                    warmup: int = 5, repeats: int = 20, tolerance: float = 1e-4, progress: bool = True,
-                    log: Callable[[str], None] = print) -> list[Measurement]:
+def new_runner(graph: Graph, backend: str, device: str):
+    """A fresh runner of ``graph`` on ``backend`` (what the protocol builds for every session)."""
+    from rlflow.graph.exec import get_runner
+
+    return get_runner(graph, backend, device)
+
+
+def evaluate_graphs(graphs: Sequence[tuple[str, Graph]], backends: Sequence[str], device: str, protocol: Protocol,
+                    *, seed: int = 0, tolerance: float = 1e-4, aa: bool = True, progress: bool = True,
+                    log: Callable[[str], None] = print, clock: Callable[[], float] = time.perf_counter
+                    ) -> list[Measurement]:
     """Measure every (method, graph) of ``graphs`` on every backend (see the module docstring). The first entry is
-    the original graph, the reference. Returns one :class:`Measurement` per (method, backend), method-major in the
-    given orders. Raises :class:`OutputMismatch` (nothing timed after it) when an optimised graph's outputs differ
-    from the original's by more than ``tolerance`` on any backend."""
+    the original graph, the reference; with ``aa``, its A/A control (:data:`AA`) is added right after it. Returns
+    one :class:`Measurement` per (method, backend), method-major in that order. Raises :class:`OutputMismatch`
+    (nothing timed after it) when an optimised graph's outputs differ from the original's by more than
+    ``tolerance`` on any backend. ``clock`` times the protocol's rounds (seconds)."""
     from rlflow.graph.exec import make_inputs
 
-    if repeats < 1 or warmup < 0:
-        raise RLFlowError("run.repeats must be >= 1 and run.warmup >= 0")
     (orig_name, original), rest = graphs[0], list(graphs[1:])
     for method, g in rest:
         check_interface(original, g, f"{method}'s graph")
+    if aa:
+        rest.insert(0, (AA, aa_copy(original)))
+    graphs = [(orig_name, original)] + rest
     feeds = make_inputs(original, seed)
     reference = reference_outputs(original, feeds)
     _release_memory()  # (the reference session's memory, before the first footprint is measured)
     hashes = {method: g.structural_hash() for method, g in graphs}
     results: dict[tuple[str, str], Measurement] = {}
-    bar = _progress_bar(len(graphs) * len(backends), progress)
+    bar = _progress_bar(len(backends), progress)
     try:
         for backend in backends:
             bar.set_postfix_str(backend)
-            run = _BackendRun(backend, device, feeds, reference, tolerance, seed, orig_name, hashes, results, bar,
-                              1.0 / (1 + warmup + repeats), log)
             t0 = time.perf_counter()
-            anchor = run.build(orig_name, original)
-            anchor_runs = [(orig_name, anchor)] if anchor is not None else []
-            batches, i = 0, 0
-            while batches == 0 or i < len(rest):
-                batch, fresh = [], 0
-                while i < len(rest) and (run.capacity is None or fresh < run.capacity
-                                         or hashes[rest[i][0]] in run.built):  # a shared runner costs nothing
-                    method, g = rest[i]
-                    i += 1
-                    fresh += hashes[method] not in run.built
-                    runner = run.build(method, g)
-                    if runner is not None:
-                        batch.append((method, runner))
-                run.time_interleaved(anchor_runs + batch, warmup, repeats, first_batch=batches == 0)
-                batches += 1
-                batch = runner = None
-                run.drop_all_but(hashes[orig_name] if anchor is not None else None)
-                _release_memory()
-            ok = run.finish()
-            anchor = anchor_runs = None
-            run = None
+            run = _BackendRun(backend, device, feeds, reference, tolerance, seed, orig_name, hashes, results, log)
+            for method, g in graphs:
+                run.check(method, g)
+            n = run.compare(graphs, protocol, clock)
             _release_memory()
-            log(f"evaluate: {backend}: {ok} of {len(graphs)} graphs checked and timed in "
-                f"{time.perf_counter() - t0:.1f} s" + (f" ({batches} batches, to stay within the memory available)"
-                                                        if batches > 1 else ""))
+            log(f"evaluate: {backend}: {n} of {len(graphs)} graphs checked and compared in "
+                f"{time.perf_counter() - t0:.1f} s" + (f" ({run.comparisons} comparisons, to stay within the memory "
+                                                        f"available)" if run.comparisons > 1 else "")
+                + ("; TOO NOISY: the A/A control's interval excludes 1.0, no verdict on this backend is a finding"
+                   if run.too_noisy else ""))
+            bar.update(1)
     finally:
         bar.close()
     return [results[(method, b)] for method, _ in graphs for b in backends]
 
 
 class _BackendRun:
-    """One backend's runners: built (shared between equal graphs), checked, timed; the samples per method."""
+    """One backend: each distinct graph checked once, then the protocol's comparisons; the measurements."""
 
-    def __init__(self, backend, device, feeds, reference, tolerance, seed, orig_name, hashes, results, bar, step, log):
+    def __init__(self, backend, device, feeds, reference, tolerance, seed, orig_name, hashes, results, log):
         self.backend, self.device, self.feeds, self.reference = backend, device, feeds, reference
         self.tolerance, self.seed, self.orig_name, self.hashes = tolerance, seed, orig_name, hashes
-        self.results, self.bar, self.step, self.log = results, bar, step, log
-        self.built: dict[str, tuple] = {}
-        """structural hash -> (runner, outputs, peak bytes, device) or (None, reason) for the runners alive now."""
+        self.results, self.log = results, log
+        self.checked: dict[str, tuple] = {}
+        """structural hash -> (outputs, peak bytes, device) or (None, reason) when unsupported."""
         self.capacity: int | None = None
-        """Fresh runners per batch (None: no limit), from the first runner's footprint."""
-        self.measured = False
+        """Runners that fit at once (None: no limit), from the first runner's footprint."""
         self.base_diff: float | None = None
-        self.times: dict[str, list[float]] = {}
+        self.comparisons = 0
+        self.too_noisy = False
 
-    def build(self, method: str, graph: Graph):
-        """The method's runner (built, or shared with an equal graph's), checked; None if unsupported."""
+    def check(self, method: str, graph: Graph) -> None:
+        """Build and run the graph once (or reuse an equal graph's check) and compare its outputs."""
         from rlflow.graph.exec import max_rel_diff
 
         m = self.results[(method, self.backend)] = Measurement(method, self.backend, "ok")
         h = self.hashes[method]
-        if h not in self.built:
+        if h not in self.checked:
             reason = unsupported_reason(graph, self.backend)
             if reason is not None:  # known before running: a row 'unsupported', the rest go on
-                self.built[h] = (None, reason)
-                return self._unsupported(m, method)
-            before = _rss_bytes()
-            try:
-                runner, outputs, peak = first_run(graph, self.backend, self.device, self.feeds)
-            except Exception as e:  # noqa: BLE001 -- a crash is a failure of the stage, never a row
-                raise BackendFailure(f"{method} on {self.backend} ({self.device}): the backend failed while building "
-                                     f"or running the graph: {_first_line(e)}; nothing written") from e
-            self.built[h] = (runner, outputs, peak, runner_device(runner))
-            after = _rss_bytes()
-            if not self.measured:
-                self.measured = True
-                self.capacity = batch_capacity(None if before is None or after is None else after - before)
-        entry = self.built[h]
+                self.checked[h] = (None, reason)
+            else:
+                before = _rss_bytes()
+                try:
+                    runner, outputs, peak = first_run(graph, self.backend, self.device, self.feeds)
+                except Exception as e:  # noqa: BLE001 -- a crash is a failure of the stage, never a row
+                    raise BackendFailure(f"{method} on {self.backend} ({self.device}): the backend failed while "
+                                         f"building or running the graph: {_first_line(e)}; nothing written") from e
+                self.checked[h] = (outputs, peak, runner_device(runner))
+                after = _rss_bytes()
+                runner = None
+                _release_memory()
+                if self.capacity is None and before is not None and after is not None:
+                    self.capacity = batch_capacity(after - before)
+        entry = self.checked[h]
         if entry[0] is None:
-            return self._unsupported(m, method)
-        runner, outputs, peak, m.device = entry
+            m.status, m.reason = "unsupported", entry[1]
+            self.log(f"evaluate: {self.backend} cannot run the {method} graph: {m.reason} (row status 'unsupported')")
+            return
+        outputs, peak, m.device = entry
         m.peak_memory_bytes = peak if m.device == self.device else None  # a GPU allocator says nothing of a CPU run
         diff = max_rel_diff(self.reference, outputs)
         m.max_rel_diff = diff = float("inf") if diff != diff else diff
         if method == self.orig_name:
             self.base_diff = diff
         if not diff <= self.tolerance:
-            if method != self.orig_name:
+            if method not in (self.orig_name, AA):
                 also = (f"; the original on {self.backend} differs by {self.base_diff:.3g}"
                         if self.base_diff is not None else "")
                 raise OutputMismatch(
@@ -331,45 +341,48 @@ class _BackendRun:
                     f"onnxruntime by {diff:.3g} (max relative difference; evaluate.tolerance {self.tolerance:g}, "
                     f"inputs seed {self.seed}{also}); nothing written")
             m.status = "mismatch"
-            self.log(f"evaluate: warning: the original graph on {self.backend} differs from onnxruntime by "
-                     f"{diff:.3g} (tolerance {self.tolerance:g}); its row has status 'mismatch'")
-        self.times.setdefault(method, [])
-        self.bar.update(self.step)
-        return runner
+            if method == self.orig_name:
+                self.log(f"evaluate: warning: the original graph on {self.backend} differs from onnxruntime by "
+                         f"{diff:.3g} (tolerance {self.tolerance:g}); its row has status 'mismatch'")
 
-    def _unsupported(self, m: Measurement, method: str) -> None:
-        m.status, m.reason = "unsupported", self.built[self.hashes[method]][1]
-        self.log(f"evaluate: {self.backend} cannot run the {method} graph: {m.reason} (row status 'unsupported')")
-        self.bar.update(1.0)
-        return None
-
-    def drop_all_but(self, keep: str | None) -> None:
-        """Release every runner but the one of hash ``keep`` (the original's)."""
-        self.built = {h: e for h, e in self.built.items() if h == keep}
-
-    def time_interleaved(self, runners: list, warmup: int, repeats: int, first_batch: bool) -> None:
-        """``warmup`` rounds, then ``repeats`` timed rounds over ``runners``, rotated each round. The original's
-        calls move the progress bar in the first batch only (it is timed again with every later batch)."""
-        counted = sum(1 for method, _ in runners if first_batch or method != self.orig_name)
-        for w in range(warmup):
-            for _, runner in _rotated(runners, w):
-                runner(self.feeds)
-            self.bar.update(self.step * counted)
-        for k in range(repeats):
-            for method, runner in _rotated(runners, k):
-                t0 = time.perf_counter()
-                runner(self.feeds)
-                self.times[method].append((time.perf_counter() - t0) * 1e3)
-            self.bar.update(self.step * counted)
-
-    def finish(self) -> int:
-        """Latency statistics into the measurements; the number of graphs timed."""
-        for method, ts in self.times.items():
-            q1, med, q3 = np.percentile(ts, [25, 50, 75])
-            m = self.results[(method, self.backend)]
-            m.median_ms, m.iqr_ms, m.times_ms = float(med), float(q3 - q1), ts
-        self.built = {}
-        return len(self.times)
+    def compare(self, graphs: Sequence[tuple[str, Graph]], protocol: Protocol, clock: Callable[[], float]) -> int:
+        """The protocol's comparisons of every runnable graph with the original; the number of graphs timed."""
+        orig = self.results[(self.orig_name, self.backend)]
+        if orig.status == "unsupported":
+            return 0
+        units, shared = [], {}  # distinct runnable graphs after the original; method -> the unit it shares
+        first_of: dict[str, str] = {}
+        for method, g in graphs[1:]:
+            if self.results[(method, self.backend)].status == "unsupported":
+                continue
+            h = self.hashes[method]
+            if method != AA and h in first_of:  # the A/A control always gets its own sessions
+                shared[method] = first_of[h]
+                continue
+            if method != AA:
+                first_of[h] = method
+            units.append((method, g))
+        if not units:
+            return 0
+        size = len(units) if self.capacity is None else max(1, self.capacity - 1)
+        original = graphs[0][1]
+        orig_times: list[list[float]] = []
+        for k in range(0, len(units), size):
+            group = units[k:k + size]
+            self.comparisons += 1
+            comp = compare([(self.orig_name, original)] + group, self.feeds, protocol,
+                           lambda g: new_runner(g, self.backend, self.device), clock=clock)
+            orig_times += comp[self.orig_name].times_ms
+            self.too_noisy |= comp.too_noisy
+            for method, _ in group:
+                self.results[(method, self.backend)].set_estimate(comp[method])
+        orig.set_estimate(Estimate(self.orig_name, orig_times, ratio=1.0))
+        for method, unit in shared.items():
+            self.results[(method, self.backend)].set_estimate(self.results[(unit, self.backend)].estimate)
+        for (method, b), m in self.results.items():
+            if b == self.backend:
+                m.too_noisy = self.too_noisy
+        return 1 + len(units) + len(shared)
 
 
 class _NoBar:
@@ -384,11 +397,9 @@ class _NoBar:
 
 
 def _progress_bar(total: int, progress: bool):
-    """A tqdm bar on stderr over the (method, backend) runs (fractions while a backend's runs are interleaved)."""
+    """A tqdm bar on stderr over the backends."""
     if not progress:
         return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="evaluate", file=sys.stderr, mininterval=1.0, disable=None,
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total} (method, backend) runs "
-                           "[{elapsed}<{remaining}{postfix}]")
+    return tqdm(total=total, desc="evaluate", file=sys.stderr, mininterval=1.0, disable=None, unit="backend")

@@ -1,24 +1,38 @@
-"""The evaluation's three outputs, made from the measurements: the table (CSV), DVC metrics and the headline row.
+"""The evaluation's three outputs, made from the measurements with pandas: the table (CSV), DVC metrics and the
+headline row.
 
-``evaluation.csv`` -- one row per (method, backend), method-major (original, taso, greedy, model_free, rlflow),
-backends in the configured order; the columns, in this order (:data:`COLUMNS`):
+``evaluation.csv`` -- one row per (method, backend), method-major (original, original-aa, taso, greedy,
+model_free, rlflow), backends in the configured order; the columns, in this order (:data:`COLUMNS`):
 
 =====================  =========================================================================================
-model, method          the zoo model; ``original`` or the method whose optimised graph ran
+model, method          the zoo model; ``original``, ``original-aa`` (the A/A control: the original exported and
+                       imported again, timed as a graph of its own) or the method whose optimised graph ran
 backend, device        ``ort`` | ``torch`` | ``tf`` | ``tf-xla``; ``cpu`` | ``cuda``: where the runner actually
                        ran (a CPU-only build -- tensorflow-cpu -- runs on the CPU when the config says cuda)
-latency_ms_median      median wall-clock latency of one inference (ms); empty if ``unsupported``
+latency_ms_median      median wall-clock latency of one inference over all timed calls (ms); empty if not timed
 latency_ms_iqr         its interquartile range (ms)
+ratio                  latency / the original's on the same backend under the measurement protocol
+                       (:mod:`rlflow.evaluation.protocol`; < 1: faster); 1 for the original
+ci_low, ci_high        its 95% interval (hierarchical bootstrap over sessions, then runs); empty for the original
+verdict                ``faster`` | ``slower`` | ``no detectable difference`` (the interval below / above / around
+                       1); ``reference`` for the original
+detectable_effect      the smallest relative change the comparison could detect (80% power; 0.02 = 2%)
+sessions, runs         independently built runners and timed calls behind the row
+too_noisy              ``True`` on every row of a backend whose A/A control's interval excludes 1.0: no verdict
+                       of that backend is a finding (:func:`finding`)
 peak_memory_mb         peak device memory during a run, as the backend reports it (CUDA: torch, tf); else empty
 activation_memory_mb   the liveness estimate of :mod:`rlflow.evaluation.memory` (every row; weights excluded)
 nodes                  operators in the graph as it ran (the ONNX file imported)
 cost_ms, flops, bytes, launches
-                       the cost model's estimate from the method's trace (``final``; the original: ``initial`` of
-                       the first method's trace)
+                       the cost model's estimate from the method's trace (``final``; the original and its A/A
+                       control: ``initial`` of the first method's trace)
 optimisation_s         the method's optimisation time (trace ``seconds``); empty for the original
 training_s             RL methods: agent training time (trace ``training_seconds``); else empty
 real_interactions      RL methods: real-environment steps in all (trace ``real_interactions.total``); else empty
 rules_applied          rewrites applied (trace ``steps``); empty for the original
+speed_check            the method stage's never-slower check (trace ``speed_check``): ``kept optimised`` |
+                       ``kept original`` (its graph was not significantly faster on the check backend, so the
+                       method delivers the original) | empty (not checked)
 max_rel_diff           largest output difference from the ORIGINAL graph on onnxruntime (CPU), relative to the
                        output's magnitude (``rlflow.graph.exec.max_rel_diff``), same seeded inputs
 status                 ``ok`` | ``mismatch`` (the original on a backend that disagrees with onnxruntime) |
@@ -26,52 +40,63 @@ status                 ``ok`` | ``mismatch`` (the original on a backend that dis
                        running; the op is printed)
 =====================  =========================================================================================
 
-MB = 2^20 bytes. Numbers are written in full precision for integers and 6 significant digits otherwise.
+MB = 2^20 bytes. Numbers are written with 6 significant digits (integers in full).
 
-``metrics.json`` (DVC metrics; only measured values, numbers only; L(m, b) = median latency of method m's
-graph on backend b)::
+``metrics.json`` (DVC metrics; measured values only)::
 
     {"max_rel_diff": <largest over every row: every graph, the original too, on every backend>,
-     "latency_ms":  {method: {backend: L(m, b)}},                       original included
-     "speedup":     {method: {backend: L(original, b) / L(m, b)}},      optimised methods
-     "improvement_vs_tf_pct": {method: {backend: 100 (L(original, tf) - L(m, b)) / L(original, tf)},
-                               ...  plus "best": the same at the method's fastest backend},
+     "too_noisy":  {backend: true|false},                                the A/A control per backend
+     "latency_ms": {method: {backend: median}},                          original included
+     "ratio":      {method: {backend: {"ratio", "ci_low", "ci_high", "verdict", "detectable_effect"}}},
+                                                                         every graph but the original
+     "improvement_vs_tf": {method: {"ratio", "ci_low", "ci_high", "verdict", "pct", "pct_low", "pct_high"}},
      "rules_applied": {method: n}, "optimisation_s": {method: s}, "real_interactions": {method: n}}
 
-``improvement_vs_tf_pct`` is the figure of RLFlow's Table 2: how much faster the optimised graph runs than
-TensorFlow runs the ORIGINAL graph (the "tf" backend: Grappler on), in percent of the latter (positive = faster).
+``improvement_vs_tf`` is the figure of RLFlow's Table 2 measured honestly: TensorFlow (``tf``, Grappler on)
+running the ORIGINAL graph against TensorFlow running the method's graph, both under the protocol in the same
+comparison: the ratio, its interval and verdict, and ``pct`` = 100 (1 - ratio) (positive = faster) with
+``pct_low``/``pct_high`` from the interval. No figure compares different backends.
 
-``results/summary/<model>.json`` -- the model's headline row for the cross-model summary (stage ``summary``);
-L(m, b) as above, null where not measured (a backend not configured, or unsupported) or not applicable::
+``results/summary/<model>.json`` -- the model's headline for the cross-model summary (stage ``summary``)::
 
-    {"format": "rlflow.evaluation-headline/1", "model": M, "device": "cpu"|"cuda", "backends": [...],
-     "tolerance": t, "max_rel_diff": <largest over every row>,
-     "methods": {method: {                          original, taso, greedy, model_free, rlflow (those evaluated)
-         "best_backend": b,                         the backend where the method's graph ran fastest
-         "latency_ms": L(m, b),                     its median latency there
-         "speedup_ort": L(original, ort) / L(m, ort),        the graph rewrite alone, on onnxruntime
-         "improvement_vs_tf_pct": 100 (L(original, tf) - L(m, b)) / L(original, tf),   RLFlow's Table 2
-         "nodes": n, "cost_ms": c,                  the graph's size and the cost model's estimate
-         "optimisation_s", "training_s", "real_interactions", "rules_applied"}}}   as in the table
+    {"format": "rlflow.evaluation-headline/2", "model": M, "device": "cpu"|"cuda", "backends": [...],
+     "tolerance": t, "max_rel_diff": <largest over every row>, "too_noisy": {backend: bool},
+     "methods": {method: {                          original, original-aa, taso, ... (those evaluated)
+         "backends": {backend: {"latency_ms", "ratio", "ci_low", "ci_high", "verdict", "finding"}},
+         "improvement_vs_tf": {...} | null,        as in metrics.json
+         "nodes": n, "cost_ms": c,                 the graph's size and the cost model's estimate
+         "optimisation_s", "training_s", "real_interactions", "rules_applied", "speed_check"}}}
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from typing import Any, Mapping, Sequence
 
+import pandas as pd
+
 from rlflow.evaluation.memory import MB
+from rlflow.evaluation.protocol import AA, REFERENCE
 from rlflow.evaluation.runs import Measurement
 from rlflow.evaluation.traces import TraceSummary
 
-COLUMNS = ("model", "method", "backend", "device", "latency_ms_median", "latency_ms_iqr", "peak_memory_mb",
-           "activation_memory_mb", "nodes", "cost_ms", "flops", "bytes", "launches", "optimisation_s", "training_s",
-           "real_interactions", "rules_applied", "max_rel_diff", "status")
+COLUMNS = ("model", "method", "backend", "device", "latency_ms_median", "latency_ms_iqr", "ratio", "ci_low", "ci_high",
+           "verdict", "detectable_effect", "sessions", "runs", "too_noisy", "peak_memory_mb", "activation_memory_mb",
+           "nodes", "cost_ms", "flops", "bytes", "launches", "optimisation_s", "training_s", "real_interactions",
+           "rules_applied", "speed_check", "max_rel_diff", "status")
+#: columns holding whole numbers (written in full)
+INT_COLUMNS = ("sessions", "runs", "nodes", "flops", "bytes", "launches", "real_interactions", "rules_applied")
 #: every method the table may hold, in its row order (the optimised ones are rlflow.pipeline.registry.METHODS)
-METHOD_ORDER = ("original", "taso", "greedy", "model_free", "rlflow")
-HEADLINE_FORMAT = "rlflow.evaluation-headline/1"
+METHOD_ORDER = ("original", AA, "taso", "greedy", "model_free", "rlflow")
+HEADLINE_FORMAT = "rlflow.evaluation-headline/2"
+TOO_NOISY = "too noisy"
+
+
+def finding(verdict: str | None, too_noisy: bool) -> str:
+    """What a row may be reported as: its verdict, or ``too noisy`` when the backend's A/A control failed."""
+    if not verdict:
+        return ""
+    return TOO_NOISY if too_noisy and verdict != REFERENCE else verdict
 
 
 def make_rows(model: str, device: str, measurements: Sequence[Measurement], *, nodes: Mapping[str, int],
@@ -83,12 +108,19 @@ def make_rows(model: str, device: str, measurements: Sequence[Measurement], *, n
     for ms in measurements:
         t = traces.get(ms.method)
         cost = (t.final if t is not None else first.initial if first is not None else {})
+        own = "original" if ms.method == AA else ms.method  # the A/A control is the original's graph
         rows.append({
             "model": model, "method": ms.method, "backend": ms.backend, "device": ms.device or device,
             "latency_ms_median": ms.median_ms, "latency_ms_iqr": ms.iqr_ms,
+            "ratio": ms.ratio, "ci_low": ms.ci_low, "ci_high": ms.ci_high, "verdict": ms.verdict or None,
+            "detectable_effect": ms.detectable,
+            "sessions": len(ms.times_ms) if ms.times_ms else None,
+            "runs": sum(map(len, ms.times_ms)) if ms.times_ms else None,
+            "too_noisy": ms.too_noisy,
             "peak_memory_mb": None if ms.peak_memory_bytes is None else ms.peak_memory_bytes / MB,
-            "activation_memory_mb": activation_bytes[ms.method] / MB,
-            "nodes": nodes[ms.method],
+            "activation_memory_mb": activation_bytes[own] / MB,
+            "nodes": nodes[own],
+            "speed_check": t.speed_check if t else None,
             "cost_ms": cost.get("runtime_ms"), "flops": cost.get("flops"), "bytes": cost.get("bytes"),
             "launches": cost.get("launches"),
             "optimisation_s": t.optimisation_s if t else None, "training_s": t.training_s if t else None,
@@ -98,78 +130,77 @@ def make_rows(model: str, device: str, measurements: Sequence[Measurement], *, n
     return rows
 
 
-def _cell(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, bool) or isinstance(v, str):
-        return str(v)
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isinf(v) or math.isnan(v):
-            return repr(v)
-        if v.is_integer() and abs(v) < 1e18:
-            return str(int(v))
-        return format(v, ".6g")
-    return str(v)
+def frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """The rows as a DataFrame with :data:`COLUMNS` (whole-number columns as nullable integers)."""
+    df = pd.DataFrame(list(rows), columns=list(COLUMNS))
+    for c in INT_COLUMNS:
+        vals = pd.to_numeric(df[c], errors="coerce")
+        if (vals.dropna() % 1 == 0).all():
+            df[c] = vals.round().astype("Int64")
+    return df
 
 
 def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(COLUMNS)
-    for r in rows:
-        w.writerow([_cell(r[c]) for c in COLUMNS])
-    return buf.getvalue()
+    return frame(rows).to_csv(index=False, float_format="%.6g", lineterminator="\n")
 
 
 # ============================================================================================== derived figures
-def _latency(rows) -> dict[str, dict[str, float]]:
-    """method -> backend -> median latency, rows with status ok only (and the original's mismatching rows are
-    left out too: a backend that computes the original wrongly gives no baseline)."""
-    out: dict[str, dict[str, float]] = {}
-    for r in rows:
-        if r["status"] == "ok" and r["latency_ms_median"] is not None:
-            out.setdefault(r["method"], {})[r["backend"]] = r["latency_ms_median"]
+def _ok(rows) -> pd.DataFrame:
+    """The timed rows (status ok, a latency): a backend that computes the original wrongly gives no baseline."""
+    df = pd.DataFrame(list(rows))
+    return df[(df["status"] == "ok") & df["latency_ms_median"].notna()]
+
+
+def _num(v) -> float | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+def _interval(r: Mapping[str, Any]) -> dict[str, Any]:
+    return {"ratio": _num(r["ratio"]), "ci_low": _num(r["ci_low"]), "ci_high": _num(r["ci_high"]),
+            "verdict": r["verdict"], "detectable_effect": _num(r["detectable_effect"])}
+
+
+def _vs_tf(ok: pd.DataFrame, method: str) -> dict[str, Any] | None:
+    """The method's graph on TensorFlow against the original on TensorFlow (same comparison), or None."""
+    sel = ok[(ok["method"] == method) & (ok["backend"] == "tf") & ok["ci_low"].notna()]
+    if sel.empty:
+        return None
+    r = sel.iloc[0]
+    out = {k: v for k, v in _interval(r).items() if k != "detectable_effect"}
+    out.update(pct=100 * (1 - out["ratio"]), pct_low=100 * (1 - out["ci_high"]), pct_high=100 * (1 - out["ci_low"]),
+               finding=finding(r["verdict"], bool(r["too_noisy"])))
     return out
 
 
-def _finite(values) -> list[float]:
-    return [v for v in values if v is not None and math.isfinite(v)]
+def _noisy(rows) -> dict[str, bool]:
+    out: dict[str, bool] = {}
+    for r in rows:
+        out[r["backend"]] = out.get(r["backend"], False) or bool(r["too_noisy"])
+    return out
 
 
-def _best(lat: Mapping[str, float]) -> tuple[str | None, float | None]:
-    if not lat:
-        return None, None
-    b = min(lat, key=lambda k: (lat[k], k))
-    return b, lat[b]
-
-
-def _improvement(base_tf: float | None, latency: float | None) -> float | None:
-    if base_tf is None or latency is None:
-        return None
-    return 100.0 * (base_tf - latency) / base_tf
+def _max_diff(rows) -> float:
+    return max((float(r["max_rel_diff"]) for r in rows
+                if r["max_rel_diff"] is not None and math.isfinite(r["max_rel_diff"])), default=0.0)
 
 
 def metrics(rows: Sequence[Mapping[str, Any]]) -> dict:
     """``metrics.json`` (see the module docstring)."""
-    lat = _latency(rows)
-    orig = lat.get("original", {})
-    base_tf = orig.get("tf")
+    ok = _ok(rows)
     methods = [m for m in METHOD_ORDER if any(r["method"] == m for r in rows)]
-    diffs = _finite(r["max_rel_diff"] for r in rows)
-    doc: dict[str, Any] = {"max_rel_diff": max(diffs, default=0.0), "latency_ms": lat, "speedup": {},
-                           "improvement_vs_tf_pct": {}}
+    lat = ok.pivot(index="method", columns="backend", values="latency_ms_median")
+    doc: dict[str, Any] = {"max_rel_diff": _max_diff(rows), "too_noisy": _noisy(rows), "latency_ms": {},
+                           "ratio": {}, "improvement_vs_tf": {}}
     for m in methods:
-        ml = lat.get(m, {})
-        if m != "original":
-            sp = {b: orig[b] / v for b, v in ml.items() if b in orig and v > 0}
-            if sp:
-                doc["speedup"][m] = sp
-        if base_tf is not None and ml:
-            imp = {b: _improvement(base_tf, v) for b, v in ml.items()}
-            imp["best"] = _improvement(base_tf, _best(ml)[1])
-            doc["improvement_vs_tf_pct"][m] = imp
+        if m in lat.index:
+            doc["latency_ms"][m] = {b: float(v) for b, v in lat.loc[m].dropna().items()}
+        if m == "original":
+            continue
+        sel = ok[(ok["method"] == m) & ok["ci_low"].notna()]
+        if not sel.empty:
+            doc["ratio"][m] = {r["backend"]: _interval(r) for _, r in sel.iterrows()}
+        if m != AA and (tf := _vs_tf(ok, m)) is not None:
+            doc["improvement_vs_tf"][m] = {k: v for k, v in tf.items() if k != "finding"}
     by_method = {r["method"]: r for r in rows}
     for key in ("rules_applied", "optimisation_s", "real_interactions"):
         vals = {m: by_method[m][key] for m in methods if by_method[m][key] is not None}
@@ -180,46 +211,49 @@ def metrics(rows: Sequence[Mapping[str, Any]]) -> dict:
 
 def headline(model: str, device: str, backends: Sequence[str], tolerance: float,
              rows: Sequence[Mapping[str, Any]]) -> dict:
-    """The model's row of the cross-model summary (``results/summary/<model>.json``; see the module docstring)."""
-    lat = _latency(rows)
-    orig = lat.get("original", {})
-    by_method: dict[str, Mapping[str, Any]] = {}
-    for r in rows:
-        by_method.setdefault(r["method"], r)
-    diffs = _finite(r["max_rel_diff"] for r in rows)
+    """The model's headline for the cross-model summary (``results/summary/<model>.json``; see the module
+    docstring): per method and backend, never a method's best backend."""
+    ok = _ok(rows)
     out: dict[str, Any] = {"format": HEADLINE_FORMAT, "model": model, "device": device, "backends": list(backends),
-                           "tolerance": tolerance, "max_rel_diff": max(diffs, default=0.0), "methods": {}}
+                           "tolerance": tolerance, "max_rel_diff": _max_diff(rows), "too_noisy": _noisy(rows),
+                           "methods": {}}
     for m in METHOD_ORDER:
-        if m not in by_method:
+        mine = [r for r in rows if r["method"] == m]
+        if not mine:
             continue
-        r, ml = by_method[m], lat.get(m, {})
-        best, best_ms = _best(ml)
+        r = mine[0]
+        per_backend = {}
+        for x in mine:
+            if x["status"] == "ok" and x["latency_ms_median"] is not None:
+                per_backend[x["backend"]] = {"latency_ms": x["latency_ms_median"], **{
+                    k: v for k, v in _interval(x).items() if k != "detectable_effect"},
+                    "finding": finding(x["verdict"], bool(x["too_noisy"]))}
         out["methods"][m] = {
-            "best_backend": best, "latency_ms": best_ms,
-            "speedup_ort": orig["ort"] / ml["ort"] if "ort" in orig and ml.get("ort") else None,
-            "improvement_vs_tf_pct": _improvement(orig.get("tf"), best_ms),
+            "backends": per_backend,
+            "improvement_vs_tf": _vs_tf(ok, m) if m not in ("original", AA) else None,
             "nodes": r["nodes"], "cost_ms": r["cost_ms"],
-            **{k: r[k] for k in ("optimisation_s", "training_s", "real_interactions", "rules_applied")},
+            **{k: r[k] for k in ("optimisation_s", "training_s", "real_interactions", "rules_applied",
+                                 "speed_check")},
         }
     return out
 
 
 def summary_lines(rows: Sequence[Mapping[str, Any]], backends: Sequence[str]) -> list[str]:
-    """A compact text table for the log: median latency (ms) per method and backend, and the speedup."""
-    lat = _latency(rows)
-    orig = lat.get("original", {})
-    head = f"{'method':<11}" + "".join(f"{b:>20}" for b in backends)
-    lines = [head]
-    for m in METHOD_ORDER:
-        if not any(r["method"] == m for r in rows):
-            continue
-        cells = []
-        for b in backends:
-            r = next(r for r in rows if r["method"] == m and r["backend"] == b)
+    """A compact text table for the log: per method and backend the median latency (ms) and the ratio to the
+    original with its interval and finding."""
+    lines = []
+    noisy = _noisy(rows)
+    for b in backends:
+        lines.append(f"{b}:" + ("  TOO NOISY (the A/A control's interval excludes 1.0): no verdict is a finding"
+                                if noisy.get(b) else ""))
+        for r in rows:
+            if r["backend"] != b:
+                continue
             if r["latency_ms_median"] is None:
-                cells.append(f"{r['status']:>20}")
+                lines.append(f"  {r['method']:<12}{r['status']}")
+            elif r["ci_low"] is None:
+                lines.append(f"  {r['method']:<12}{r['latency_ms_median']:>10.3f} ms")
             else:
-                sp = f" ({orig[b] / r['latency_ms_median']:.3f}x)" if b in orig and m != "original" else ""
-                cells.append(f"{r['latency_ms_median']:>10.3f}{sp:>10}")
-        lines.append(f"{m:<11}" + "".join(cells))
+                lines.append(f"  {r['method']:<12}{r['latency_ms_median']:>10.3f} ms  ratio {r['ratio']:.3f} "
+                             f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]  {finding(r['verdict'], r['too_noisy'])}")
     return lines

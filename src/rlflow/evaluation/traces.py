@@ -36,13 +36,17 @@ class TraceSummary:
     initial: dict[str, float]
     """Cost estimate of the original graph: ``COST_KEYS``."""
     final: dict[str, float]
-    """Cost estimate of the optimised graph: ``COST_KEYS``."""
+    """Cost estimate of the graph the method delivers: ``COST_KEYS`` of the trace's ``final``, or its ``initial``
+    when the never-slower check kept the original (:attr:`speed_check`)."""
     rules_applied: int
     optimisation_s: float
     training_s: float | None
     """RL methods: agent training time (absent for the searches)."""
     real_interactions: int | None
     """RL methods: real-environment steps in all (absent for the searches)."""
+    speed_check: str | None = None
+    """The never-slower check (trace ``speed_check.kept``): ``kept optimised`` | ``kept original``; None if the
+    trace has no check."""
 
 
 def _number(doc: dict, key: str, path: Path, where: str = "") -> float:
@@ -95,9 +99,19 @@ def load_trace(path: str | Path) -> TraceSummary:
         path=str(path),
         method=doc.get("method") if isinstance(doc.get("method"), str) else None,
         initial=_costs(doc, "initial", path),
-        final=_costs(doc, "final", path),
+        final=_costs(doc, "initial" if _speed_check(doc.get("speed_check"), path) == "kept original" else "final",
+                     path),
         rules_applied=len(steps),
         optimisation_s=_number(doc, "seconds", path),
         training_s=None if training is None else _number(doc, "training_seconds", path),
         real_interactions=_interactions(doc.get("real_interactions"), path),
+        speed_check=_speed_check(doc.get("speed_check"), path),
     )
+
+
+def _speed_check(v: Any, path: Path) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict) or v.get("kept") not in ("optimised", "original"):
+        raise RLFlowError(f"{path}: trace key 'speed_check' must be an object with 'kept': optimised | original")
+    return f"kept {v['kept']}"

@@ -68,7 +68,7 @@ WILDCARD_CONFIG = {"model": "models", "shard": "rollouts.shards", "tau": "sweeps
 #: the reward classes a reward-sweep job may name (rlflow.env.rewards; the schema's env.reward.name enum)
 REWARD_NAMES = ("delta", "weighted", "normalised", "e2e")
 #: the config sections a model's report shows (all but ``models``, so adding a model reruns no other report)
-REPORTED_CONFIG = ("seed", "device", "export", "run", "cost", "search", "env", "rollouts", "encoder", "world_model",
+REPORTED_CONFIG = ("seed", "device", "export", "run", "timing", "cost", "search", "env", "rollouts", "encoder", "world_model",
                    "ppo", "controller", "model_free", "rules", "sweeps", "evaluate")
 #: the methods the evaluate stage compares (besides the original graph): method -> its results folder
 METHODS = {"taso": "taso", "greedy": "greedy", "model_free": "model_free", "rlflow": "controller"}
@@ -361,6 +361,7 @@ CONTROLLER = Stage(
         "reward": "env.reward",
         "ppo": "ppo",
         "controller": "controller",
+        "timing": "timing",
     },
     args=(*PROBLEM_ARGS, ("--encoder", "{input.encoder}"), ("--latents", "{input.latents}"),
           ("--world-model", "{input.world_model}"), ("--out", "{output.checkpoint}"),
@@ -433,6 +434,7 @@ STAGES: dict[str, Stage] = {
                 "alpha": "search.alpha",
                 "budget": "search.budget",
                 "time_limit_s": "search.time_limit_s",
+                "timing": "timing",
             },
             args=(*PROBLEM_ARGS, ("--out", "{output.onnx}"), ("--trace", "{output.trace}")),
             progress=True,
@@ -445,6 +447,7 @@ STAGES: dict[str, Stage] = {
             params={
                 **SCORING_PARAMS,
                 "time_limit_s": "search.time_limit_s",
+                "timing": "timing",
             },
             args=(*PROBLEM_ARGS, ("--out", "{output.onnx}"), ("--trace", "{output.trace}")),
             progress=True,
@@ -554,6 +557,7 @@ STAGES: dict[str, Stage] = {
                 "reward": "env.reward",
                 "ppo": "ppo",
                 "model_free": "model_free",
+                "timing": "timing",
             },
             args=(*PROBLEM_ARGS, ("--encoder", "{input.encoder}"), ("--out", "{output.checkpoint}"),
                   ("--metrics", "{output.metrics}"), ("--optimised", "{output.optimised}"),
@@ -569,7 +573,7 @@ STAGES: dict[str, Stage] = {
                     **{f"{m}_trace": f"results/{{model}}/{d}/trace.json" for m, d in METHODS.items()}},
             outputs={"table": "results/{model}/evaluation.csv", "metrics": "results/{model}/metrics.json",
                      "headline": "results/summary/{model}.json"},
-            params={"seed": "seed", "device": "device", "run": "run", "evaluate": "evaluate"},
+            params={"seed": "seed", "device": "device", "timing": "timing", "evaluate": "evaluate"},
             args=(("--model", "{model}"), ("--onnx", "{input.onnx}"),
                   *((f"--{m.replace('_', '-')}", f"{{input.{m}_onnx}}") for m in METHODS),
                   *((f"--{m.replace('_', '-')}-trace", f"{{input.{m}_trace}}") for m in METHODS),

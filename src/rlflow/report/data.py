@@ -41,14 +41,19 @@ from rlflow.errors import RLFlowError
 from rlflow.pipeline.registry import METHODS, REPORTED_CONFIG
 
 #: the columns of evaluation.csv, in order (stage evaluate)
-EVAL_COLUMNS = ("model", "method", "backend", "device", "latency_ms_median", "latency_ms_iqr", "peak_memory_mb",
+EVAL_COLUMNS = ("model", "method", "backend", "device", "latency_ms_median", "latency_ms_iqr", "ratio", "ci_low",
+                "ci_high", "verdict", "detectable_effect", "sessions", "runs", "too_noisy", "peak_memory_mb",
                 "activation_memory_mb", "nodes", "cost_ms", "flops", "bytes", "launches", "optimisation_s",
-                "training_s", "real_interactions", "rules_applied", "max_rel_diff", "status")
-EVAL_TEXT = ("model", "method", "backend", "device", "status")
+                "training_s", "real_interactions", "rules_applied", "speed_check", "max_rel_diff", "status")
+EVAL_TEXT = ("model", "method", "backend", "device", "verdict", "speed_check", "status")
+#: columns read as booleans (``True`` / ``False``)
+EVAL_BOOL = ("too_noisy",)
+#: the A/A control's method name (rlflow.evaluation.protocol.AA): the original exported and imported again
+AA = "original-aa"
 #: every method in the report's order; "original" is the unoptimised graph
-METHOD_ORDER = ("original", *METHODS)
-METHOD_LABEL = {"original": "original", "taso": "TASO search", "greedy": "greedy", "model_free": "model-free PPO",
-                "rlflow": "RLFlow"}
+METHOD_ORDER = ("original", AA, *METHODS)
+METHOD_LABEL = {"original": "original", AA: "A/A control (original re-exported)", "taso": "TASO search",
+                "greedy": "greedy", "model_free": "model-free PPO", "rlflow": "RLFlow"}
 BACKEND_ORDER = ("ort", "torch", "tf", "tf-xla")
 BACKEND_LABEL = {"ort": "onnxruntime", "torch": "torch", "tf": "TensorFlow", "tf-xla": "TF-XLA"}
 #: the packages whose versions the report lists: label -> distribution names to try
@@ -137,8 +142,12 @@ def read_evaluation(path: Path, model: str | None = None) -> list[dict]:
         if None in raw or any(raw.get(c) is None for c in EVAL_COLUMNS):
             raise RLFlowError(f"{path}: line {i} does not have {len(header)} cells")
         row: dict[str, Any] = {c: raw[c].strip() for c in EVAL_TEXT}
+        for c in EVAL_BOOL:
+            if raw[c].strip() not in ("True", "False"):
+                raise RLFlowError(f"{path}: line {i}, column '{c}': not True or False ({raw[c]!r})")
+            row[c] = raw[c].strip() == "True"
         for c in EVAL_COLUMNS:
-            if c not in EVAL_TEXT:
+            if c not in EVAL_TEXT and c not in EVAL_BOOL:
                 row[c] = _number(raw[c], path, i, c)
         if row["status"] == "ok" and row["latency_ms_median"] is None:
             raise RLFlowError(f"{path}: line {i}: status ok but no latency_ms_median")

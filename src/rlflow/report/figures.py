@@ -22,7 +22,7 @@ from rlflow.report.data import BACKEND_LABEL, METHOD_LABEL  # noqa: E402
 STYLE = {"svg.fonttype": "path", "svg.hashsalt": "rlflow-report", "font.size": 9, "axes.grid": True,
          "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False}
 #: one colour per method, the same in every figure
-COLOURS = {"original": "#7f7f7f", "taso": "#1f77b4", "greedy": "#2ca02c", "model_free": "#ff7f0e", "rlflow": "#d62728"}
+COLOURS = {"original": "#7f7f7f", "original-aa": "#bcbd22", "taso": "#1f77b4", "greedy": "#2ca02c", "model_free": "#ff7f0e", "rlflow": "#d62728"}
 
 
 def _uri(fig) -> str:
@@ -36,34 +36,30 @@ def _colour(method: str, i: int = 0) -> str:
     return COLOURS.get(method, f"C{i % 10}")
 
 
-def latency_bars(grid: dict) -> str | None:
-    """Fig. 6: median latency of every graph on every backend, grouped by backend; error bars = IQR."""
-    ms, bs = grid["methods"], grid["backends"]
-    cells = grid["cells"]
-    if not any(c is not None and c["status"] == "ok" for c in cells.values()):
+def ratio_points(grid: dict) -> str | None:
+    """Fig. 6: every graph's latency ratio to the original on the same backend with its 95% interval (error
+    bars), grouped by backend; a dashed line at 1."""
+    ms = [m for m in grid["methods"] if m != "original"]
+    bs, cells = grid["backends"], grid["cells"]
+    if not any(c is not None and c["status"] == "ok" and c.get("ci_low") is not None for c in cells.values()):
         return None
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(bs) + 2), 3.6))
         width = 0.8 / max(1, len(ms))
-        values: list[float] = []
         for i, m in enumerate(ms):
-            xs, ys, errs = [], [], []
+            xs, ys, lo, hi = [], [], [], []
             for j, b in enumerate(bs):
                 c = cells[(m, b)]
-                if c is not None and c["status"] == "ok":
+                if c is not None and c["status"] == "ok" and c.get("ci_low") is not None:
                     xs.append(j - 0.4 + width * (i + 0.5))
-                    ys.append(c["latency_ms_median"])
-                    errs.append((c["latency_ms_iqr"] or 0.0) / 2)
-            # +/- IQR/2, the lower bar stopped short of zero (and of the log scale's floor)
-            lower = [min(e, 0.9 * y) for e, y in zip(errs, ys)]
-            ax.bar(xs, ys, width, yerr=[lower, errs], capsize=2, label=METHOD_LABEL.get(m, m), color=_colour(m, i))
-            values += [y for y in ys if y > 0]
+                    ys.append(c["ratio"])
+                    lo.append(c["ratio"] - c["ci_low"])
+                    hi.append(c["ci_high"] - c["ratio"])
+            ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label=METHOD_LABEL.get(m, m), color=_colour(m, i))
+        ax.axhline(1.0, color="#444444", linestyle="--", linewidth=1)
         ax.set_xticks(range(len(bs)), [BACKEND_LABEL.get(b, b) for b in bs])
-        log = bool(values) and max(values) / min(values) > 20
-        if log:
-            ax.set_yscale("log")
-        ax.set_ylabel("median latency (ms)" + (", log scale" if log else ""))
-        ax.legend(fontsize=8, ncols=min(5, len(ms)), loc="upper center", bbox_to_anchor=(0.5, -0.12))
+        ax.set_ylabel("latency / original's (95% interval)")
+        ax.legend(fontsize=8, ncols=min(3, len(ms)), loc="upper center", bbox_to_anchor=(0.5, -0.12))
         return _uri(fig)
 
 

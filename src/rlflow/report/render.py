@@ -12,7 +12,7 @@ import yaml
 from rlflow.report import figures, paper
 from rlflow.report import html as h
 from rlflow.report import tables as t
-from rlflow.report.data import BACKEND_LABEL, METHOD_LABEL, METHOD_ORDER, ReportData, reported_config
+from rlflow.report.data import AA, BACKEND_LABEL, METHOD_LABEL, METHOD_ORDER, ReportData, reported_config
 
 
 def _m(method: str) -> str:
@@ -59,6 +59,14 @@ def how_to_read(d: ReportData) -> tuple[str, str, str]:
             "world model (the 'dream') and then run once on the real environment.",
             "Backends: each graph is timed end to end with onnxruntime, torch (op by op), TensorFlow (a tf.function, "
             "Grappler on) and TF-XLA. Latency is the median of the timed runs; the IQR shows their spread.",
+            "Speed is only ever compared on the same backend, under one measurement protocol: every graph runs in "
+            "several freshly built sessions, interleaved in rounds of random order; the ratio of its latency to "
+            "the original's comes with a 95% interval (a bootstrap over sessions, then runs) and a verdict: "
+            "faster or slower only when the whole interval is below or above 1, else 'no detectable "
+            "difference'. 'Smallest detectable' is the change the comparison could have detected (80% power).",
+            "The A/A control is the original graph exported and imported again, timed as a method of its own: it "
+            "is the same computation, so its interval must contain 1. Where it does not, that backend's run is "
+            "marked TOO NOISY and none of its verdicts is a finding.",
             "Improvement percentages are (baseline - value) / baseline x 100: positive means faster or smaller.",
             "The cost model is the estimate the searches and agents optimise (a sum of per-op costs); the "
             "'cost model vs end-to-end' section shows how far it is from measured latency.",
@@ -70,22 +78,73 @@ def how_to_read(d: ReportData) -> tuple[str, str, str]:
     return "how", "How to read this report", body
 
 
+def _interval_pct(x: dict) -> str:
+    """``+1.2% [-0.3%, +2.6%]`` from a row with pct, pct_low, pct_high."""
+    if x["pct"] is None or x["pct_low"] is None:
+        return h.DASH
+    return f"{h.pct(x['pct'])} [{h.pct(x['pct_low'])}, {h.pct(x['pct_high'])}]"
+
+
+def _ratio(r: dict | None) -> str:
+    """``0.987 [0.975, 0.999]`` from an evaluation row."""
+    if r is None or r.get("ratio") is None or r.get("ci_low") is None:
+        return h.DASH
+    return f"{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
+
+
+def _noise_note(d: ReportData) -> str:
+    noisy = t.noisy_backends(d.evaluation)
+    if not noisy:
+        return ""
+    return h.missing("TOO NOISY on " + ", ".join(_b(b) for b in noisy) + ": the A/A control (the original graph "
+                     "re-exported, timed as its own method) got an interval that excludes 1, so the machine's noise "
+                     "exceeded what the intervals account for; no verdict on " + ("that backend" if len(noisy) == 1
+                                                                                 else "those backends")
+                     + " is a finding. Rerun on a quieter machine or with a larger timing.budget_s.")
+
+
+def _findings(d: ReportData, backend: str) -> str:
+    """One sentence on what the verdicts on ``backend`` support (nothing beyond them)."""
+    rows = [r for r in d.evaluation if r["backend"] == backend and r["method"] not in ("original", AA)
+            and r["status"] == "ok" and r.get("verdict")]
+    if not rows:
+        return ""
+    if any(r.get("too_noisy") for r in rows):
+        return f"On {_b(backend)} the run was too noisy: no method is reported faster or slower."
+    faster = [_m(r["method"]) for r in rows if r["verdict"] == "faster"]
+    slower = [_m(r["method"]) for r in rows if r["verdict"] == "slower"]
+    same = [_m(r["method"]) for r in rows if r["verdict"] not in ("faster", "slower")]
+    parts = []
+    if faster:
+        parts.append("faster than the original: " + ", ".join(faster))
+    if slower:
+        parts.append("slower than the original: " + ", ".join(slower))
+    if same:
+        parts.append("no detectable difference from the original: " + ", ".join(same))
+    return f"On {_b(backend)}, " + "; ".join(parts) + " (95% intervals)."
+
+
 def table2(d: ReportData) -> tuple[str, str, str]:
     r = t.table2(d.evaluation)
-    parts = [h.p("Each graph's latency against the original graph run by TensorFlow (backend tf, Grappler on), "
-                 "first on TensorFlow itself (the effect of the rewrites alone), then on whichever backend ran that "
-                 "graph fastest (the evaluate stage's improvement_vs_tf_pct, the figure set beside RLFlow's Table 2).")]
+    parts = [h.p("Each graph on TensorFlow (backend tf, Grappler on) against the original graph on TensorFlow, from "
+                 "the same comparison: the effect of the rewrites alone, with its 95% interval and verdict. No "
+                 "figure here compares different backends (the paper's Table 2 is GPU work: its numbers are quoted "
+                 "beside ours, not comparable).")]
     if r["baseline_ms"] is None:
         parts.append(h.missing("No TensorFlow baseline: evaluation.csv has no 'ok' row for the original graph on "
                                "backend tf (TensorFlow not evaluated or unsupported), so the latency improvements "
                                "cannot be computed."))
+    parts.append(_noise_note(d))
     mem_label = ("peak memory on TensorFlow (MB)" if r["memory_kind"] == "peak"
                  else "activation memory, estimate (MB)")
-    rows = [(_m(x["method"]), h.num(x["tf_ms"]), h.pct(x["tf_pct"]), _b(x["best_backend"]), h.num(x["best_ms"]),
-             h.pct(x["best_pct"]), h.num(x["memory_mb"]), h.pct(x["memory_pct"])) for x in r["rows"]]
-    parts.append(h.table(["graph", "TensorFlow latency (ms)", "improvement vs TF (same backend)", "fastest backend",
-                          "its latency (ms)", "improvement vs TF (fastest backend)", mem_label, "memory improvement"],
-                         rows, f"This run: improvement vs TensorFlow in inference latency and memory ({d.model})"))
+    rows = [(_m(x["method"]), h.num(x["tf_ms"]), _interval_pct(x), x["finding"] or h.DASH, h.num(x["memory_mb"]),
+             h.pct(x["memory_pct"])) for x in r["rows"]]
+    parts.append(h.table(["graph", "TensorFlow latency (ms)", "latency improvement vs TF [95% interval]", "verdict",
+                          mem_label, "memory improvement"],
+                         rows, f"This run: improvement vs TensorFlow running the original, in inference latency "
+                               f"and memory ({d.model})"))
+    if (sentence := _findings(d, "tf")):
+        parts.append(h.p(sentence))
     parts.append(_not_evaluated(d))
     if r["memory_kind"] != "peak":
         parts.append(h.p("Memory: the backends reported no peak memory for every graph (they do on CUDA only), so "
@@ -109,9 +168,10 @@ def _bold(bold: bool, text: str) -> str:
 
 def fig6(d: ReportData) -> tuple[str, str, str]:
     grid = t.latency_grid(d.evaluation)
-    parts = [h.figure(figures.latency_bars(grid), "bar chart of latency per method and backend",
-                      "Fig. 6: median end-to-end latency of each graph on each backend (error bars: +/- half the "
-                      "interquartile range, the lower one cut short above zero).")]
+    parts = [h.figure(figures.ratio_points(grid), "latency ratio to the original per method and backend",
+                      "Fig. 6: each graph's latency relative to the original graph on the same backend (below 1: "
+                      "faster), with the 95% interval of the measurement protocol; the dashed line is 1."),
+             _noise_note(d)]
     rows = []
     for m in grid["methods"]:
         cells = []
@@ -122,13 +182,23 @@ def fig6(d: ReportData) -> tuple[str, str, str]:
             elif c["status"] != "ok":
                 cells.append(c["status"])
             else:
-                cells.append(f"{h.num(c['latency_ms_median'])} (IQR {h.num(c['latency_ms_iqr'])})")
+                cells.append(f"{h.num(c['latency_ms_median'])} (IQR {h.num(c['latency_ms_iqr'])})"
+                             + ("" if m == "original" else f"; ratio {_ratio(c)}, {t.finding(c)}"))
         diffs = [c["max_rel_diff"] for b in grid["backends"] if (c := grid["cells"][(m, b)]) is not None
                  and c["max_rel_diff"] is not None]
         rows.append((_m(m), *cells, f"{max(diffs):.1e}" if diffs else h.DASH))
     parts.append(h.table(["graph", *(f"{_b(b)} (ms)" for b in grid["backends"]), "max output difference"], rows,
-                         "This run: median latency in ms (IQR); 'unsupported': the backend cannot run the graph; "
-                         "'mismatch': its outputs for the original disagree with onnxruntime (left out)"))
+                         "This run: median latency in ms (IQR); ratio to the original on the same backend [95% "
+                         "interval] and verdict; 'unsupported': the backend cannot run the graph; 'mismatch': its "
+                         "outputs for the original disagree with onnxruntime (left out)"))
+    sentences = [s for b in grid["backends"] if (s := _findings(d, b))]
+    if sentences:
+        parts.append(h.p(" ".join(sentences)))
+    checks = [(m, c) for m in grid["methods"] if (c := t.method_value(d.evaluation, m, "speed_check"))]
+    if checks:
+        parts.append(h.p("Never-slower check of each method's stage (its final graph against the original on the "
+                         "check backend; a graph not significantly faster is replaced by the original): "
+                         + "; ".join(f"{_m(m)}: {c}" for m, c in checks) + "."))
     parts.append(_not_evaluated(d))
     pm = _paper_model(d.model)
     if pm in paper.RLFLOW_LATENCY_MS:

@@ -1,6 +1,11 @@
-"""The table across models: one row per (model, method) from each evaluate job's headline file
-``results/summary/<model>.json`` (format ``rlflow.evaluation-headline/1``, written by
+"""The table across models: one row per (model, method, backend) from each evaluate job's headline file
+``results/summary/<model>.json`` (format ``rlflow.evaluation-headline/2``, written by
 :func:`rlflow.evaluation.tables.headline`), as CSV and as a self-contained HTML page linking each model's report.
+
+Every comparison is on one backend: a method's graph against the original graph on the same backend (the ratio,
+its 95% interval and the verdict, or ``too noisy`` where that backend's A/A control failed). There is no "best
+backend" column: picking each method's fastest backend would compare different executors and reward noise.
+"Improvement vs TF" is the ``tf`` rows' figure (the original on TensorFlow against the method on TensorFlow).
 
 Keys are read tolerantly: a missing one is an empty cell. A headline that is not a JSON object with a ``methods``
 mapping is a one-line :class:`RLFlowError` naming the file.
@@ -8,30 +13,23 @@ mapping is a one-line :class:`RLFlowError` naming the file.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from rlflow.errors import RLFlowError
 from rlflow.report import html as h
-from rlflow.report.data import METHOD_LABEL, METHOD_ORDER
+from rlflow.report.data import BACKEND_LABEL, BACKEND_ORDER, METHOD_LABEL, METHOD_ORDER
 from rlflow.report.tables import ordered
 
-#: the CSV's columns: (column, headline key(s) tried in turn)
-COLUMNS = (
-    ("model", ()), ("device", ()), ("method", ()),
-    ("best_backend", ("best_backend",)),
-    ("latency_ms", ("latency_ms",)),
-    ("speedup_vs_original_ort", ("speedup_ort", "speedup_vs_original_ort")),
-    ("improvement_vs_tf_pct", ("improvement_vs_tf_pct",)),
-    ("optimisation_s", ("optimisation_s",)),
-    ("training_s", ("training_s",)),
-    ("real_interactions", ("real_interactions",)),
-    ("rules_applied", ("rules_applied",)),
-)
+#: the CSV's columns
+COLUMNS = ("model", "device", "method", "backend", "latency_ms", "ratio", "ci_low", "ci_high", "finding",
+           "optimisation_s", "training_s", "real_interactions", "rules_applied", "speed_check")
+_PER_METHOD = ("optimisation_s", "training_s", "real_interactions", "rules_applied", "speed_check")
+_PER_BACKEND = ("latency_ms", "ratio", "ci_low", "ci_high", "finding")
 
 
 def read_headlines(folder: Path, models: list[str] | None = None) -> list[dict]:
@@ -57,39 +55,43 @@ def read_headlines(folder: Path, models: list[str] | None = None) -> list[dict]:
     return docs
 
 
-def summary_rows(headlines: list[dict]) -> list[dict[str, Any]]:
-    """One dict per (model, method) with the keys of :data:`COLUMNS` (None where the headline lacks it)."""
+def summary_rows(headlines: list[dict]) -> pd.DataFrame:
+    """One row per (model, method, backend) with :data:`COLUMNS` (NaN / None where the headline lacks it)."""
     rows = []
     for doc in headlines:
         methods = doc["methods"]
         for m in ordered(methods, METHOD_ORDER):
             entry = methods[m] if isinstance(methods[m], dict) else {}
-            row: dict[str, Any] = {"model": str(doc["model"]), "device": doc.get("device"), "method": m}
-            for col, keys in COLUMNS[3:]:
-                row[col] = next((entry[k] for k in keys if entry.get(k) is not None), None)
-            rows.append(row)
-    return rows
+            per = entry.get("backends") if isinstance(entry.get("backends"), dict) else {}
+            for b in ordered(per, BACKEND_ORDER):
+                cell = per[b] if isinstance(per[b], dict) else {}
+                rows.append({"model": str(doc["model"]), "device": doc.get("device"), "method": m, "backend": b,
+                             **{k: cell.get(k) for k in _PER_BACKEND}, **{k: entry.get(k) for k in _PER_METHOD}})
+    return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def _csv_cell(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else format(v, ".6g")
-    return str(v)
-
-
-def to_csv(rows: list[dict]) -> str:
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow([c for c, _ in COLUMNS])
-    for r in rows:
-        w.writerow([_csv_cell(r[c]) for c, _ in COLUMNS])
-    return buf.getvalue()
+def to_csv(rows: pd.DataFrame) -> str:
+    out = rows.copy()
+    for c in ("real_interactions", "rules_applied"):
+        out[c] = pd.to_numeric(out[c], errors="coerce").round().astype("Int64")
+    return out.to_csv(index=False, float_format="%.6g", lineterminator="\n")
 
 
 def _num(v: Any, fmt: str) -> str:
-    return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else h.DASH
+    if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+        return h.DASH
+    return format(v, fmt)
+
+
+def _value(v: Any) -> float | None:
+    """A DataFrame cell as a number, or None (missing: None or NaN)."""
+    return None if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or v != v else v
+
+
+def _ratio(r) -> str:
+    if _num(r["ci_low"], ".3f") == h.DASH:
+        return _num(r["ratio"], ".3f")
+    return f"{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
 
 
 def to_html(rows: list[dict], headlines: list[dict], out: Path, headline_dir: Path,
@@ -102,21 +104,23 @@ def to_html(rows: list[dict], headlines: list[dict], out: Path, headline_dir: Pa
         rel = os.path.relpath(report, Path(out).parent).replace(os.sep, "/")
         links[str(doc["model"])] = h.Raw(f'<a href="{h.esc(rel)}">{h.esc(doc["model"])}</a>')
     body_rows = []
-    for r in rows:
-        body_rows.append((links.get(r["model"], r["model"]), r["device"] or h.DASH, METHOD_LABEL.get(r["method"], r["method"]),
-                          r["best_backend"] or h.DASH, _num(r["latency_ms"], ".3f"),
-                          _num(r["speedup_vs_original_ort"], ".3f") + ("x" if r["speedup_vs_original_ort"] is not None else ""),
-                          h.pct(r["improvement_vs_tf_pct"]), _num(r["optimisation_s"], ".2f"),
-                          h.count(r["real_interactions"]), h.count(r["rules_applied"])))
-    parts = [h.p("One row per model and method, from each model's evaluation (results/summary/<model>.json). "
-                 "Best latency: the median on the backend where the method's graph ran fastest. Speedup: the "
-                 "original's latency over the optimised graph's, both on onnxruntime (the rewrite alone). "
-                 "Improvement vs TF: how much faster than TensorFlow runs the original graph, in percent (RLFlow's "
-                 "Table 2). Real interactions: steps in the real rewrite environment (RL agents only). Click a "
-                 "model for its full report."),
-             h.table(["model", "device", "method", "best backend", "best latency (ms)", "speedup vs original (ort)",
-                      "improvement vs TF", "optimisation (s)", "real interactions", "rules applied"], body_rows,
-                     cls="left4")]
+    for _, r in rows.iterrows():
+        body_rows.append((links.get(r["model"], r["model"]), r["device"] or h.DASH,
+                          METHOD_LABEL.get(r["method"], r["method"]), BACKEND_LABEL.get(r["backend"], r["backend"]),
+                          _num(r["latency_ms"], ".3f"), _ratio(r) if r["method"] != "original" else h.DASH,
+                          (r["finding"] or h.DASH) if r["method"] != "original" else h.DASH,
+                          _num(r["optimisation_s"], ".2f"), h.count(_value(r["real_interactions"])),
+                          h.count(_value(r["rules_applied"])), r["speed_check"] or h.DASH))
+    parts = [h.p("One row per model, method and backend, from each model's evaluation (results/summary/<model>.json)."
+                 " Every comparison is on one backend: the method's graph against the original graph on the same "
+                 "backend, as the ratio of latencies (below 1: faster) with its 95% interval and the verdict; "
+                 "'too noisy' where that backend's A/A control failed (no finding). Improvement vs TF is the "
+                 "TensorFlow rows' ratio (RLFlow's Table 2 compares against TensorFlow running the original). "
+                 "Real interactions: steps in the real rewrite environment (RL agents only). Never-slower check: "
+                 "whether the method's stage kept its graph or the original. Click a model for its full report."),
+             h.table(["model", "device", "method", "backend", "median latency (ms)", "ratio to original [95%]",
+                      "verdict", "optimisation (s)", "real interactions", "rules applied", "never-slower check"],
+                     body_rows, cls="left4")]
     if missing_models:
         parts.append(h.missing("Not evaluated yet (no headline file): " + ", ".join(missing_models) + "."))
     return h.page("RLFlow summary: every model evaluated", "", [], "".join(parts))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from rlflow.report.data import BACKEND_ORDER, METHOD_ORDER, Input, ReportData
+from rlflow.report.data import AA, BACKEND_ORDER, METHOD_ORDER, Input, ReportData
 
 
 def improvement_pct(base: float | None, new: float | None) -> float | None:
@@ -46,13 +46,20 @@ def ok_cell(rows: list[dict], method: str, backend: str) -> dict | None:
     return r if r is not None and r["status"] == "ok" else None
 
 
-def best_backend(rows: list[dict], method: str) -> tuple[str | None, float | None]:
-    """The backend on which the method's graph ran fastest (median latency), and that latency."""
-    ok = [r for r in rows if r["method"] == method and r["status"] == "ok"]
-    if not ok:
-        return None, None
-    best = min(ok, key=lambda r: (r["latency_ms_median"], r["backend"]))  # ties: as the evaluate stage
-    return best["backend"], best["latency_ms_median"]
+TOO_NOISY = "too noisy"
+
+
+def finding(r: dict | None) -> str:
+    """What a row may be reported as: its verdict (faster / slower / no detectable difference), ``too noisy``
+    when its backend's A/A control failed, ``reference`` for the original, empty when not compared."""
+    if r is None or not r.get("verdict"):
+        return ""
+    return TOO_NOISY if r.get("too_noisy") and r["verdict"] != "reference" else r["verdict"]
+
+
+def noisy_backends(rows: list[dict]) -> list[str]:
+    """The backends whose A/A control's interval excludes 1.0."""
+    return [b for b in backends(rows) if any(r["backend"] == b and r.get("too_noisy") for r in rows)]
 
 
 def method_value(rows: list[dict], method: str, column: str) -> float | None:
@@ -66,11 +73,13 @@ def method_value(rows: list[dict], method: str, column: str) -> float | None:
 
 # -- Table 2 ------------------------------------------------------------------------------------------------
 def table2(rows: list[dict]) -> dict:
-    """Improvement vs TensorFlow (the original graph on backend ``tf``) of every graph, in latency and memory.
+    """Improvement vs TensorFlow: TensorFlow (backend ``tf``) running the original graph against TensorFlow
+    running the method's graph, from the same comparison of the measurement protocol, with the interval; and
+    memory.
 
-    Returns ``{"baseline_ms", "memory_kind", "rows": [{method, tf_ms, tf_pct, best_backend, best_ms, best_pct,
-    memory_mb, memory_pct}]}``. Memory: the measured peak on ``tf`` where the backend reported one for both
-    graphs (CUDA), else the activation-memory estimate (the same for every backend)."""
+    Returns ``{"baseline_ms", "memory_kind", "rows": [{method, tf_ms, pct, pct_low, pct_high, finding,
+    memory_mb, memory_pct}]}``; ``pct`` = 100 (1 - ratio), its interval from the ratio's. Memory: the measured
+    peak on ``tf`` where the backend reported one for both graphs (CUDA), else the activation-memory estimate."""
     base = ok_cell(rows, "original", "tf")
     base_ms = base["latency_ms_median"] if base else None
     peak_base = base["peak_memory_mb"] if base else None
@@ -80,15 +89,15 @@ def table2(rows: list[dict]) -> dict:
     out = []
     for m in methods(rows):
         tf = ok_cell(rows, m, "tf")
-        tf_ms = tf["latency_ms_median"] if tf else None
-        bb, best_ms = best_backend(rows, m)
+        ratio, lo, hi = ((tf or {}).get(k) for k in ("ratio", "ci_low", "ci_high"))
         if use_peak:
             mem, mem_base = (tf or {}).get("peak_memory_mb"), peak_base
         else:
             mem, mem_base = method_value(rows, m, "activation_memory_mb"), act_base
-        out.append({"method": m, "tf_ms": tf_ms, "tf_pct": improvement_pct(base_ms, tf_ms), "best_backend": bb,
-                    "best_ms": best_ms, "best_pct": improvement_pct(base_ms, best_ms), "memory_mb": mem,
-                    "memory_pct": improvement_pct(mem_base, mem)})
+        out.append({"method": m, "tf_ms": tf["latency_ms_median"] if tf else None,
+                    "pct": None if ratio is None or m == "original" else 100 * (1 - ratio),
+                    "pct_low": None if hi is None else 100 * (1 - hi), "pct_high": None if lo is None else 100 * (1 - lo),
+                    "finding": finding(tf), "memory_mb": mem, "memory_pct": improvement_pct(mem_base, mem)})
     return {"baseline_ms": base_ms, "memory_kind": "peak" if use_peak else "activation", "rows": out}
 
 
@@ -105,7 +114,7 @@ def optimisation_times(data: ReportData) -> list[dict]:
     (RL agents), from evaluation.csv, else from the method's trace."""
     out = []
     for m in methods(data.evaluation):
-        if m == "original":
+        if m in ("original", AA):
             continue
         opt = method_value(data.evaluation, m, "optimisation_s")
         train = method_value(data.evaluation, m, "training_s")

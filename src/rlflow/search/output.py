@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from rlflow.errors import RLFlowError
 from rlflow.graph.ir import Graph
@@ -32,9 +32,16 @@ def run_method(method: str, graph: Graph, rules: Sequence, cost, alpha: float = 
 
 
 def verify_and_write(original: Graph, result: SearchResult, out: Path, trace: Path | None, extra: dict[str, Any],
-                     seed: int = 0, device: str = "cpu", tol: float = TOLERANCE) -> tuple[float, dict]:
+                     seed: int = 0, device: str = "cpu", tol: float = TOLERANCE,
+                     speed_check: Callable[[Graph, Graph], dict] | None = None,
+                     log: Callable[[str], None] = print) -> tuple[float, dict]:
     """Check ``result.graph`` against ``original`` (nothing is written if it differs), then write ``out`` and,
-    if given, ``trace`` (``result.to_json(**extra)`` plus ``max_rel_diff``). Returns (difference, trace doc)."""
+    if given, ``trace`` (``result.to_json(**extra)`` plus ``max_rel_diff``). Returns (difference, trace doc).
+
+    ``speed_check(original, optimised)`` (the never-slower check; the callers above this floor pass
+    :func:`rlflow.evaluation.protocol.never_slower`) returns a record with ``kept`` (``optimised`` |
+    ``original``) and a one-line ``line``: the record goes into the trace as ``speed_check``, the line to
+    ``log``, and when it says ``original`` the ORIGINAL graph is written to ``out`` instead of the result."""
     from rlflow.atomic import write_text
     from rlflow.graph.exec.check import check_equal
     from rlflow.graph.onnx_io import save_onnx
@@ -50,7 +57,13 @@ def verify_and_write(original: Graph, result: SearchResult, out: Path, trace: Pa
     doc = result.to_json(**extra)
     doc["max_rel_diff"] = diff
     doc["tolerance"] = tol
-    save_onnx(result.graph, out)
+    graph = result.graph
+    if speed_check is not None:
+        doc["speed_check"] = record = speed_check(original, result.graph)
+        log(record["line"])
+        if record["kept"] == "original":
+            graph = original
+    save_onnx(graph, out)
     if trace is not None:
         write_text(trace, json.dumps(doc, indent=1) + "\n")
     return diff, doc

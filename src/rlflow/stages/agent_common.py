@@ -16,6 +16,10 @@ def run_agent(args: argparse.Namespace, method: str) -> int:
     files = AgentFiles(onnx=args.onnx, rules=args.rules, costs=args.costs, encoder=args.encoder, out=args.out,
                        metrics=args.metrics, optimised=args.optimised, trace=args.trace, logs=args.logs,
                        latents=getattr(args, "latents", None), world_model=getattr(args, "world_model", None))
-    run_agent_stage(method, args.model, load_config(args.config, args.overrides), files,
-                    progress=not args.no_progress)
+    from rlflow.stages.search_common import e2e_meter, never_slower_check
+
+    config = load_config(args.config, args.overrides)
+    run_agent_stage(method, args.model, config, files, progress=not args.no_progress,
+                    speed_check=lambda device: never_slower_check(config, device),
+                    latency_meter=lambda device: e2e_meter(config, device))
     return 0

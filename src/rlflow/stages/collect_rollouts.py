@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     problem = load_problem(args)
     config = problem.config
     seed, episodes, stop_prob = get(config, "seed"), get(config, "rollouts.episodes"), get(config, "rollouts.stop_prob")
-    env = make_env(config, problem.graph, problem.rules, problem.cost, reward=False, device=problem.device)
+    env = make_env(config, problem.graph, problem.rules, problem.cost, reward=False)
     print(f"collect_rollouts: {args.model} shard {args.shard}: {episodes} episodes, {len(problem.rules)} rules, "
           f"max_steps={env.max_steps}, stop_prob={stop_prob}, cost model {problem.cost.name}", flush=True)
     t0 = time.perf_counter()

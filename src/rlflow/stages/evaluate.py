@@ -1,13 +1,17 @@
 """Evaluate end to end (pipeline stage ``evaluate``): the original model and every method's optimised graph on
 every configured backend -- latency, memory, the cost model's estimate, the method's effort, output check.
 
-For each graph (original, taso, greedy, model_free, rlflow) and backend (evaluate.backends: ort, torch, tf,
-tf-xla) on the configured device: build the runner, run it once on the same seeded random inputs and compare its
-outputs with the ORIGINAL graph run by onnxruntime; then warm-up (run.warmup) and timed runs (run.repeats),
-interleaved across the graphs with the order rotated every round, one backend at a time
-(rlflow.evaluation.runs). Graphs that are the same computation share one runner; when the runners would not fit in
-half the available memory (paper-size models on TensorFlow), the methods are timed in batches beside the
-original. A progress bar over the (method, backend) runs goes to stderr; a line per backend to stdout.
+For each graph (original, its A/A control "original-aa" = the original exported and imported again through the
+IR, taso, greedy, model_free, rlflow) and backend (evaluate.backends: ort, torch, tf, tf-xla) on the configured
+device: build the runner, run it once on the same seeded random inputs and compare its outputs with the ORIGINAL
+graph run by onnxruntime; then, one backend at a time, the measurement protocol (rlflow.evaluation.protocol,
+config section timing): every graph in timing.sessions freshly built runners, timed interleaved in rounds of
+random order within timing.budget_s per backend; per graph the latency ratio to the original with its 95%
+interval (hierarchical bootstrap over sessions, then runs) and a verdict (faster / slower / no detectable
+difference). When the A/A control's interval excludes 1.0 the backend is marked too noisy: its verdicts are no
+findings. Methods that found the same graph share one estimate; when the runners would not fit in half the
+available memory (paper-size models on TensorFlow), the methods are compared in several groups with the original.
+A progress bar over the backends goes to stderr; a line per backend and the table to stdout.
 
 Wrong results are never reported: if any optimised graph's outputs differ from the original's by more than
 evaluate.tolerance (relative; rlflow.graph.exec.max_rel_diff) on any backend, the stage stops with one line naming
@@ -18,19 +22,20 @@ raises while building or running a graph stops the stage with one line naming th
 status 2, nothing written (a crash is never a row). Bad input (a missing or corrupt ONNX file or trace, an optimised graph whose inputs differ
 from the original's) is one line and exit status 2, nothing written.
 
-Reads these config keys: seed (the inputs), device, run.warmup, run.repeats, evaluate.backends,
-evaluate.tolerance. Each method needs its optimised ONNX and its trace (rlflow.search-trace/1; the cost
+Reads these config keys: seed (the inputs and the protocol's random orders), device, timing.*,
+evaluate.backends, evaluate.tolerance. Each method needs its optimised ONNX and its trace (rlflow.search-trace/1; the cost
 estimate, rules applied, optimisation seconds, and for the RL methods training seconds and real interactions);
 methods not given are left out. Writes, atomically and only once everything has run:
   --out       evaluation.csv: one row per (method, backend); columns in rlflow.evaluation.tables.COLUMNS
-  --metrics   metrics.json (DVC): latency, speedup vs the original, improvement vs TensorFlow (RLFlow's
-              Table 2), max output difference
+  --metrics   metrics.json (DVC): latency, ratio to the original with interval and verdict per method and
+              backend, the A/A control's noise flag, improvement vs TensorFlow (RLFlow's Table 2: original and
+              method both on tf, with the interval), max output difference
   --headline  summary/<model>.json: the model's row of the cross-model summary
 (their contents are documented in rlflow.evaluation.tables).
 
 Examples:
   rlflow evaluate --model bert --onnx m.onnx --greedy g.onnx --greedy-trace g.json --set evaluate.backends=[ort] \\
-      --set run.repeats=5 --out /tmp/e.csv --metrics /tmp/m.json --headline /tmp/h.json
+      --set timing.budget_s=3 --out /tmp/e.csv --metrics /tmp/m.json --headline /tmp/h.json
 """
 
 from __future__ import annotations
@@ -44,8 +49,9 @@ from rlflow.config import get, load_config, resolve_device
 from rlflow.errors import RLFlowError
 from rlflow.pipeline.registry import METHODS
 
-HELP = "run the original and every method's graph on every backend: latency, memory, output check (stage evaluate)"
-SET_EXAMPLE = "run.repeats=5"
+HELP = ("compare the original, its A/A control and every method's graph on every backend: latency ratio with interval "
+        "and verdict, memory, output check (stage evaluate)")
+SET_EXAMPLE = "timing.budget_s=5"
 
 
 def _flag(method: str) -> str:
@@ -62,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     config = load_config(args.config, args.overrides)
     device = resolve_device(config)
-    seed, warmup, repeats = get(config, "seed"), get(config, "run.warmup"), get(config, "run.repeats")
+    from rlflow.evaluation.protocol import Protocol
+
+    seed, protocol = get(config, "seed"), Protocol.from_config(config)
     backends, tolerance = list(get(config, "evaluate.backends")), float(get(config, "evaluate.tolerance"))
     for p in (args.out, args.metrics, args.headline):
         if p.is_dir():
@@ -90,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         traces[m] = load_trace(trace_path)
         graphs.append((m, load(onnx_path)))
     print(f"evaluate: {args.model} on {device}: {len(graphs)} graphs ({', '.join(m for m, _ in graphs)}) x "
-          f"{len(backends)} backends ({', '.join(backends)}); warm-up {warmup}, repeats {repeats}, tolerance "
+          f"{len(backends)} backends ({', '.join(backends)}), plus the A/A control; {protocol.describe()}; tolerance "
           f"{tolerance:g}; loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     differ = [f"{m} {int(traces[m].final['nodes'])} -> {len(g.nodes)}" for m, g in graphs[1:]
               if int(traces[m].final["nodes"]) != len(g.nodes)]
@@ -99,8 +107,7 @@ def run(args: argparse.Namespace) -> int:
               "ops export as several ONNX ops): " + ", ".join(differ) + "; the table reports the file's", flush=True)
 
     # -- run, check, time
-    measurements = evaluate_graphs(graphs, backends, device, seed=seed, warmup=warmup, repeats=repeats,
-                                   tolerance=tolerance, progress=not args.no_progress,
+    measurements = evaluate_graphs(graphs, backends, device, protocol, seed=seed, tolerance=tolerance, progress=not args.no_progress,
                                    log=lambda line: print(line, flush=True))
     rows = make_rows(args.model, device, measurements, nodes={m: len(g.nodes) for m, g in graphs},
                      activation_bytes={m: activation_memory_bytes(g) for m, g in graphs}, traces=traces)

@@ -1,5 +1,7 @@
 """What the pipeline stages search_taso and search_greedy share (their modules are one-liners over this):
-load the declared inputs, run the search, verify, write the optimised ONNX and the trace."""
+load the declared inputs, run the search, verify, check it never slower (the measurement protocol on
+timing.check_backend: a graph not significantly faster than the original is replaced by the original; the trace
+records the check), write the optimised ONNX and the trace."""
 
 from __future__ import annotations
 
@@ -31,10 +33,29 @@ def run_stage(args, method: str, label: str) -> int:
         "device": problem.device, "cost_model": cost.name, "cost": _describe(cost, getattr(args, "costs", None)),
         "config": config_used(config, method, alpha, budget, limit),
     }
-    diff, _ = verify_and_write(problem.graph, result, args.out, args.trace, extra, seed=seed, device=problem.device)
+    diff, _ = verify_and_write(problem.graph, result, args.out, args.trace, extra, seed=seed, device=problem.device,
+                               speed_check=never_slower_check(config, problem.device),
+                               log=lambda line: print(f"{label}: {line}", flush=True))
     print(summary(result, diff, label))
     print(f"{label}: wrote {args.out} and {args.trace} ({time.perf_counter() - t0:.1f} s in all)", flush=True)
     return 0
+
+
+def never_slower_check(config: dict, device: str):
+    """The pipeline's never-slower check of a method's final graph: the measurement protocol on
+    timing.check_backend (rlflow.evaluation.protocol.never_slower)."""
+    from rlflow.evaluation.protocol import Protocol, never_slower
+
+    return never_slower(Protocol.from_config(config), get(config, "timing.check_backend"), device, get(config, "seed"))
+
+
+def e2e_meter(config: dict, device: str):
+    """The e2e reward's latency measurement: the measurement protocol on env.reward.e2e_backend within
+    timing.e2e_budget_s (rlflow.evaluation.protocol.latency_meter)."""
+    from rlflow.evaluation.protocol import Protocol, latency_meter
+
+    protocol = Protocol.from_config(config, budget_s=get(config, "timing.e2e_budget_s"))
+    return latency_meter(protocol, get(config, "env.reward.e2e_backend"), device, get(config, "seed"))
 
 
 def config_used(config: dict, method: str, alpha: float, budget: int, limit: float) -> dict:

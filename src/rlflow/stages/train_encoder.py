@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     single_cpu_thread(problem.device)
     config = problem.config
     seed, cfg = int(get(config, "seed")), dict(get(config, "encoder"))
-    env = make_env(config, problem.graph, problem.rules, problem.cost, reward=False, device=problem.device)
+    env = make_env(config, problem.graph, problem.rules, problem.cost, reward=False)
     doc = _load_rollouts(args.rollouts)
     check_rollouts(doc, problem.rules, env.max_steps, env.max_locations, str(args.rollouts))
     episodes = doc["episodes"]
