@@ -328,10 +328,32 @@ class OrtCpuCost(CostModel):
             self._refresh()
         return len(want)
 
+    def set_calibration(self, calibration: Calibration) -> None:
+        """Use this device calibration (its GEMM rate, bandwidth and per-kernel overhead) from now on."""
+        self.calibration = calibration
+        self.peak = calibration.as_peak()
+        self._refresh()
+
+    def signatures(self, graph: Graph) -> set[str]:
+        """The kernel signatures of ``graph``."""
+        _, flags = _static(graph)
+        return {group_signature(graph, m) for m in kernel_groups(graph, self.fusable, flags)}
+
     # ------------------------------------------------------------------ the cache
     def sections(self) -> dict:
-        """What this target keeps in the cost cache."""
-        return {"kernels": dict(sorted(self.kernels.items())), "fusion": dict(sorted(self.fusion.items()))}
+        """What this target keeps in the cost cache (with the calibration it used)."""
+        from rlflow.cost.calibration import to_json
+
+        out = {"device": "cpu", "hardware": self.hardware, "warmup": self.warmup, "repeats": self.repeats,
+               "kernels": dict(sorted(self.kernels.items())), "fusion": dict(sorted(self.fusion.items()))}
+        if self.calibration is not None:
+            out["calibration"] = to_json({"ort": self.calibration})
+        return out
+
+    def save(self, path) -> None:
+        from rlflow.cost.model import write_cache
+
+        write_cache(path, self.sections())
 
     def describe(self):
         return {**super().describe(), "kernels_timed": len(self.kernels),

@@ -422,7 +422,7 @@ def render_report(d: ReportData) -> str:
     cfg = d.config
     reward = (cfg.get("env") or {}).get("reward") or {}
     header = _kv([("model", d.model), *d.machine.items(),
-                  ("cost model", (cfg.get("cost") or {}).get("model")),
+                  ("cost target", (cfg.get("cost") or {}).get("target") or (cfg.get("cost") or {}).get("model")),
                   ("reward", reward.get("name")),
                   ("controller temperature", (cfg.get("controller") or {}).get("temperature")),
                   ("seed", cfg.get("seed")), ("results", str(d.results))])

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from rlflow.config import get
+from rlflow.cost.targets import resolve_target
 from rlflow.errors import RLFlowError
 from rlflow.search.output import run_method, summary, verify_and_write
 from rlflow.stages.common import add_config_arguments, add_problem_arguments, load_problem
@@ -48,7 +49,7 @@ def run_stage(args, method: str, label: str) -> int:
 def config_used(config: dict, method: str, alpha: float, budget: int, limit: float) -> dict:
     """The config values a search ran with, by dotted key."""
     used = {"seed": config.get("seed"), "device": config.get("device"),
-            "cost.model": config.get("cost", {}).get("model"), "search.time_limit_s": limit}
+            "cost.target": resolve_target(config), "search.time_limit_s": limit}
     if method == "taso":
         used.update({"search.alpha": alpha, "search.budget": budget})
     return used
