@@ -17,7 +17,7 @@ SEARCH_TARGETS = ["results/bert/taso/model.onnx", "results/bert/greedy/model.onn
 
 def test_rollouts_read_env_and_cost_keys_but_no_reward_key():
     keys = set(registry.stage("collect_rollouts").params.values())
-    assert {"env.max_steps", "env.max_locations", "cost.model", "rollouts.episodes"} <= keys
+    assert {"env.max_steps", "env.max_locations", "cost.target", "rollouts.episodes"} <= keys
     assert not any(k.startswith("env.reward") for k in keys)
     for name in ("measure_costs", "search_taso", "search_greedy", "merge_rollouts"):
         assert not any(k.startswith("env.reward") for k in registry.stage(name).params.values()), name

@@ -3,7 +3,7 @@ memory access (MB read and written by all ops), kernel launches, and the whole g
 (all flops at peak compute or all bytes at peak bandwidth). Ops that read weights only count nothing (they are
 folded before running); views (Reshape, Flatten, Identity) launch no kernel and move no bytes.
 
-Targets (--target; default: cost.target of --config, whose default `machine` is cuda on a GPU, else ort-cpu):
+Targets (--target; default: cost.target of --config if given, else `machine`: cuda on a GPU, else ort-cpu):
   ort-cpu      onnxruntime on this CPU: which nodes it fuses (learned from its optimised model), each kernel timed
                in its own session (profiler), plus the calibrated per-kernel overhead
   torch-eager  each distinct op signature timed as a torch eager call (ops a cache lacks: roofline x ratio)
@@ -40,7 +40,7 @@ def add_arguments(p) -> None:
     add_model_arguments(p)
     p.add_argument("--target", metavar="TARGET",
                    help="cost target: ort-cpu | torch-eager | cuda | sim-v100 | sim-a100 | sim-h100 | analytic | "
-                        "auto | machine (default: cost.target of --config, else machine)")
+                        "auto | machine (default: cost.target of --config if given, else machine)")
     p.add_argument("--model", dest="cost_model", metavar="MODEL", help="old spelling of --target (measured = "
                    "torch-eager)")
     p.add_argument("--config", action="append", metavar="YAML",
@@ -113,7 +113,7 @@ def run(args) -> int:
     if args.out is not None or args.remeasure:
         raise RLFlowError("--out and --remeasure belong to `rlflow cost calibrate`")
     config = load_config(args.config)
-    target = resolve_target(config, args.target or args.cost_model)
+    target = resolve_target(config, args.target or args.cost_model or (None if args.config else "machine"))
     if target not in MEASURED and (args.costs or args.save_cache) and target != "analytic":
         raise RLFlowError(f"--costs and --save-cache apply to the measured targets ({', '.join(MEASURED)}) "
                           f"and analytic (its calibration), not {target}")

@@ -16,8 +16,8 @@ The optimised graph, weight-only nodes folded, is checked equal to the original 
 inputs (largest relative difference <= --tolerance) before OUT.onnx is written; if the check fails nothing is
 written. Errors (a missing or damaged checkpoint, a rule set that does not match, ...) are one line, exit 2.
 
-Cost target (--target, default: the config's cost.target, whose default `machine` is this machine's runtime:
-cuda on a GPU box, else ort-cpu):
+Cost target (--target; default: the cost.target of --config/--set if they give one, else `machine`, this
+machine's runtime: cuda on a GPU box, else ort-cpu):
   ort-cpu      what onnxruntime will run here: its fusions learned from its optimised model, each kernel timed
                once (a few seconds; cached in --costs if given), the calibrated per-kernel overhead; kernels the
                rewrites create are estimated from the calibrated roofline scaled by measured ratios
@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cost cache to read and extend (created if missing; the measured targets only)")
     p.add_argument("--target", metavar="TARGET",
                    help="cost target: ort-cpu | torch-eager | cuda | sim-v100 | sim-a100 | sim-h100 | analytic | "
-                        "auto | machine (default: cost.target of the config; schema default machine)")
+                        "auto | machine (default: cost.target of --config/--set, else machine)")
     p.add_argument("--cost-model", choices=("measured", "analytic"), help="old spelling of --target")
     p.add_argument("--alpha", type=float, help="taso: keep candidates cheaper than alpha x best (default: search.alpha)")
     p.add_argument("--budget", type=int, help="taso: graphs to expand (default: search.budget)")
@@ -97,7 +97,9 @@ def _target(args, config: dict) -> str:
     from rlflow.cost import resolve_target
     from rlflow.cost.targets import MEASURED
 
-    kind = resolve_target(config, args.target or args.cost_model)
+    explicit = args.config or any(o.startswith(("cost.target=", "cost.model=")) for o in args.overrides)
+    # without a config naming one, optimise for this machine's runtime (the pipeline's `auto` simulates a GPU)
+    kind = resolve_target(config, args.target or args.cost_model or (None if explicit else "machine"))
     if args.costs is not None and kind not in MEASURED:
         raise _err(f"--costs is a cache of the measured targets ({', '.join(MEASURED)}); the target is {kind}")
     return kind
