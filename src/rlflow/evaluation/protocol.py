@@ -1,0 +1,294 @@
+"""The measurement protocol: is a graph faster than the original on a backend, by how much, and can we tell?
+
+Every speed claim of the project goes through :func:`compare` (the evaluate stage, ``rlflow run --compare``,
+``rlflow optimize``'s speed check and the ``e2e`` reward's measurements), so they all answer the same way.
+
+Design (why). On a shared CPU, two onnxruntime sessions of the *same* file differ by about 1% consistently
+(memory placement, thread pools): session effects are larger than the run-to-run noise, so timing one session
+per graph and resampling its runs calls identical graphs "significantly" different. So:
+
+1. **Sessions.** Each graph is run in ``sessions`` independently created runners (``make_runner`` is called
+   afresh for every one), one block after another. In block ``s`` every graph gets a fresh runner, ``warmup``
+   untimed calls each, then timed **rounds**: every graph called once per round, in an order drawn at random each
+   round (seeded), so drift and cache effects hit every graph alike. The block's runners are released before the
+   next block (one runner per graph alive at a time).
+2. **Budget.** The comparison's clock (``budget_s``, from the config) is shared out evenly: block ``s`` runs
+   rounds until ``start + budget_s (s + 1) / sessions`` (at least ``min_rounds``, at most ``max_rounds``).
+   Building runners and warm-up count against the budget: it bounds the comparison's wall time, not only the
+   timed calls (``min_rounds`` may overrun it when one round alone is longer).
+3. **Estimate.** A graph's latency is the mean over its sessions of each session's median run; the ratio is
+   graph / original (< 1: faster). Its interval is a **hierarchical bootstrap** (``resamples`` draws): draw the
+   blocks with replacement (a graph's session and the original's session of the same block go together: they
+   ran interleaved at the same time), then each drawn session's runs with replacement, recompute the ratio;
+   the ``confidence`` interval is the percentile interval of the draws. The session level is resampled, so a
+   session effect widens the interval instead of becoming a "finding".
+4. **Verdict.** ``faster`` when the whole interval is below 1, ``slower`` when above 1, else ``no detectable
+   difference``. The **smallest detectable effect** is the relative change this comparison would detect with
+   80% power at its confidence level: ``exp((z_{1-a/2} + z_{0.8}) sd) - 1`` with ``sd`` the bootstrap standard
+   deviation of the log ratio (a normal approximation; scipy's quantiles).
+5. **A/A control** (:func:`aa_copy`): the original re-exported to ONNX and imported again through the IR, timed
+   as a graph of its own. Its interval must contain 1.0; when it does not, the comparison is **too noisy** and
+   no verdict of it is a finding (:attr:`Comparison.too_noisy`).
+
+Statistics use numpy (resampling, quantiles) and scipy (normal quantiles); nothing is written by hand beyond
+the resampling scheme itself.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from rlflow.errors import RLFlowError
+
+FASTER, SLOWER, SAME = "faster", "slower", "no detectable difference"
+REFERENCE = "reference"
+#: the verdicts a non-reference graph can get
+VERDICTS = (FASTER, SLOWER, SAME)
+#: the name the A/A control is timed under (the original, re-imported and re-exported through the IR)
+AA = "original-aa"
+#: the power the smallest detectable effect is computed for
+POWER = 0.8
+
+Runner = Callable[[dict], Any]
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The protocol's settings (config section ``timing``; see ``src/rlflow/config.schema.yaml``)."""
+
+    sessions: int = 4
+    """Independently created runners per graph, one block each (>= 2: the session level needs two)."""
+    warmup: int = 3
+    """Untimed calls of every fresh runner before its block's rounds."""
+    budget_s: float = 20.0
+    """Wall-clock seconds per comparison (runner creation, warm-up and timed rounds of all its graphs)."""
+    min_rounds: int = 3
+    """Rounds per block at least, whatever the budget."""
+    max_rounds: int = 500
+    """Rounds per block at most."""
+    confidence: float = 0.95
+    """Coverage of the ratio's interval."""
+    resamples: int = 2000
+    """Bootstrap draws."""
+    seed: int = 0
+    """Seeds the round orders and the bootstrap."""
+
+    def __post_init__(self):
+        if self.sessions < 2 or self.warmup < 0 or self.min_rounds < 1 or self.max_rounds < self.min_rounds \
+                or not self.budget_s > 0 or not 0 < self.confidence < 1 or self.resamples < 100:
+            raise RLFlowError(
+                f"timing: need sessions >= 2, warmup >= 0, 1 <= min_rounds <= max_rounds, budget_s > 0, "
+                f"0 < confidence < 1 and resamples >= 100 (got sessions {self.sessions}, warmup {self.warmup}, "
+                f"rounds {self.min_rounds}..{self.max_rounds}, budget_s {self.budget_s}, confidence "
+                f"{self.confidence}, resamples {self.resamples})")
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], budget_s: float | None = None) -> "Protocol":
+        """The protocol of ``config`` (section ``timing``, schema defaults filled in by the config loader; seed:
+        the config's ``seed``); ``budget_s`` overrides ``timing.budget_s``."""
+        t = dict(config.get("timing") or {})
+        fields = {k: t[k] for k in ("sessions", "warmup", "budget_s", "min_rounds", "max_rounds", "confidence",
+                                    "resamples") if k in t}
+        if budget_s is not None:
+            fields["budget_s"] = budget_s
+        return cls(seed=int(config.get("seed", 0)), **fields)
+
+    def describe(self) -> str:
+        return (f"{self.sessions} sessions per graph, {self.warmup} warm-up calls each, randomised rounds within "
+                f"{self.budget_s:g} s per comparison ({self.min_rounds}-{self.max_rounds} rounds per session), "
+                f"{self.confidence:.0%} hierarchical-bootstrap interval")
+
+
+@dataclass
+class Estimate:
+    """One graph of a comparison: its latency, and its ratio to the reference with the interval and verdict."""
+
+    name: str
+    times_ms: list[list[float]]
+    """The timed calls, one list per session (block)."""
+    ratio: float | None = None
+    """latency / the reference's latency (< 1: faster); 1 for the reference itself."""
+    ci_low: float | None = None
+    ci_high: float | None = None
+    verdict: str = REFERENCE
+    """:data:`FASTER` | :data:`SLOWER` | :data:`SAME`; :data:`REFERENCE` for the reference."""
+    detectable: float | None = None
+    """The smallest relative latency change this comparison detects with 80% power (0.02 = 2%)."""
+
+    @property
+    def latency_ms(self) -> float:
+        """Mean over sessions of the session's median run (the protocol's latency)."""
+        return float(np.mean([np.median(s) for s in self.times_ms]))
+
+    @property
+    def median_ms(self) -> float:
+        return float(np.median(np.concatenate(self.times_ms)))
+
+    @property
+    def iqr_ms(self) -> float:
+        q1, q3 = np.percentile(np.concatenate(self.times_ms), [25, 75])
+        return float(q3 - q1)
+
+    @property
+    def runs(self) -> int:
+        return sum(len(s) for s in self.times_ms)
+
+    def interval(self) -> str:
+        """``1.004 [0.991, 1.017]``."""
+        if self.ratio is None or self.ci_low is None:
+            return "n/a"
+        return f"{self.ratio:.3f} [{self.ci_low:.3f}, {self.ci_high:.3f}]"
+
+
+@dataclass
+class Comparison:
+    """The result of :func:`compare`: one :class:`Estimate` per graph, the reference first."""
+
+    reference: str
+    estimates: dict[str, Estimate]
+    rounds: list[int] = field(default_factory=list)
+    """Timed rounds in each block."""
+    seconds: float = 0.0
+    protocol: Protocol | None = None
+
+    def __getitem__(self, name: str) -> Estimate:
+        return self.estimates[name]
+
+    @property
+    def too_noisy(self) -> bool:
+        """True when the comparison holds an A/A control (:data:`AA`) whose interval excludes 1.0."""
+        aa = self.estimates.get(AA)
+        return aa is not None and aa.verdict != SAME
+
+
+def verdict(ci_low: float, ci_high: float) -> str:
+    """faster | slower | no detectable difference, from the interval of a latency ratio."""
+    if ci_high < 1.0:
+        return FASTER
+    if ci_low > 1.0:
+        return SLOWER
+    return SAME
+
+
+def _session_stats(sessions: Sequence[np.ndarray], pick: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The statistic (mean over the drawn sessions of each one's median run) for every bootstrap draw: ``pick``
+    (draws, sessions) holds the drawn session indices; each drawn slot resamples its session's runs afresh."""
+    out = np.empty(pick.shape)
+    for s, x in enumerate(sessions):
+        slots = pick == s
+        k = int(slots.sum())
+        if k:
+            out[slots] = np.median(x[rng.integers(0, len(x), (k, len(x)))], axis=1)
+    return out.mean(axis=1)
+
+
+def ratio_interval(reference: Sequence[Sequence[float]], other: Sequence[Sequence[float]], *,
+                   confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+                   ) -> tuple[float, float, float, float]:
+    """(ratio, low, high, smallest detectable effect) of ``other``'s latency over ``reference``'s, both given as
+    one list of timed runs per session, session ``s`` of each from the same block (see the module docstring)."""
+    from scipy.stats import norm
+
+    ref = [np.asarray(s, np.float64) for s in reference]
+    oth = [np.asarray(s, np.float64) for s in other]
+    if len(ref) != len(oth) or len(ref) < 2 or any(len(s) == 0 for s in ref + oth):
+        raise RLFlowError("ratio_interval: need the same number (>= 2) of non-empty sessions for both graphs")
+    point = float(np.mean([np.median(s) for s in oth]) / np.mean([np.median(s) for s in ref]))
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(ref), (resamples, len(ref)))  # blocks drawn jointly for both graphs
+    draws = _session_stats(oth, pick, rng) / _session_stats(ref, pick, rng)
+    a = 1.0 - confidence
+    lo, hi = np.quantile(draws, [a / 2, 1 - a / 2])
+    sd = float(np.std(np.log(draws), ddof=1))
+    detectable = math.expm1((norm.ppf(1 - a / 2) + norm.ppf(POWER)) * sd)
+    return point, float(lo), float(hi), detectable
+
+
+def compare(graphs: Sequence[tuple[str, Any]], feeds: dict, protocol: Protocol, make_runner: Callable[[Any], Runner],
+            *, clock: Callable[[], float] = time.perf_counter, log: Callable[[str], None] | None = None
+            ) -> Comparison:
+    """Time ``graphs`` (``(name, graph)``, the first the reference) under ``protocol`` and estimate each one's
+    latency ratio to the reference (see the module docstring). ``make_runner(graph)`` builds a fresh runner (a
+    callable on ``feeds``); it is called ``protocol.sessions`` times per graph. ``clock`` gives seconds."""
+    names = [n for n, _ in graphs]
+    if len(graphs) < 2 or len(set(names)) != len(names):
+        raise RLFlowError(f"compare: need a reference and at least one other graph, names unique (got {names})")
+    p = protocol
+    rng = np.random.default_rng(p.seed)
+    times: list[list[list[float]]] = [[] for _ in graphs]
+    rounds: list[int] = []
+    start = clock()
+    for s in range(p.sessions):
+        runners = [make_runner(g) for _, g in graphs]
+        for _ in range(p.warmup):
+            for i in rng.permutation(len(runners)):
+                runners[i](feeds)
+        for t in times:
+            t.append([])
+        deadline = start + p.budget_s * (s + 1) / p.sessions
+        k = 0
+        while k < p.min_rounds or (k < p.max_rounds and clock() < deadline):
+            for i in rng.permutation(len(runners)):
+                t0 = clock()
+                runners[i](feeds)
+                times[i][s].append((clock() - t0) * 1e3)
+            k += 1
+        rounds.append(k)
+        runners = None
+        gc.collect()  # the block's sessions go before the next block's are built
+        if log is not None:
+            log(f"session {s + 1}/{p.sessions}: {k} rounds")
+    estimates = {names[0]: Estimate(names[0], times[0], ratio=1.0)}
+    for j, name in enumerate(names[1:], 1):
+        r, lo, hi, det = ratio_interval(times[0], times[j], confidence=p.confidence, resamples=p.resamples,
+                                        seed=p.seed + j)
+        estimates[name] = Estimate(name, times[j], r, lo, hi, verdict(lo, hi), det)
+    return Comparison(names[0], estimates, rounds, clock() - start, p)
+
+
+def aa_copy(graph):
+    """The A/A control: ``graph`` exported to ONNX and imported again through the IR (what every method's graph
+    goes through), timed as a graph of its own."""
+    import tempfile
+    from pathlib import Path
+
+    from rlflow.graph.onnx_io import load_onnx, save_onnx
+
+    with tempfile.TemporaryDirectory(prefix="rlflow-aa-") as tmp:
+        path = Path(tmp) / "aa.onnx"
+        save_onnx(graph, path, check=False)
+        return load_onnx(path)
+
+
+def backend_runner(backend: str, device: str) -> Callable[[Any], Runner]:
+    """``make_runner`` for :func:`compare` on a real backend: a fresh runner of ``graph`` each call."""
+    from rlflow.graph.exec import get_runner
+
+    return lambda graph: get_runner(graph, backend, device)
+
+
+def speed_check(original, optimised, backend: str, device: str, feeds: dict, protocol: Protocol,
+                make_runner: Callable[[Any], Runner] | None = None, *,
+                clock: Callable[[], float] = time.perf_counter) -> dict:
+    """``rlflow optimize``'s and the pipeline's "never slower" check: ``optimised`` against ``original`` on
+    ``backend``, under ``protocol``. Returns the trace record: ``{"backend", "ratio", "ci_low", "ci_high",
+    "verdict", "detectable", "kept": "optimised" | "original", "line"}``; the optimised graph is kept only when
+    the verdict is ``faster``."""
+    make_runner = make_runner or backend_runner(backend, device)
+    est = compare([("original", original), ("optimised", optimised)], feeds, protocol, make_runner,
+                  clock=clock)["optimised"]
+    kept = "optimised" if est.verdict == FASTER else "original"
+    if kept == "optimised":
+        line = f"speed check: faster, ratio {est.interval()} on {backend}"
+    else:
+        why = "slower" if est.verdict == SLOWER else "no significant speedup"
+        line = f"kept the original: {why}, ratio {est.interval()} on {backend}"
+    return {"backend": backend, "ratio": est.ratio, "ci_low": est.ci_low, "ci_high": est.ci_high,
+            "verdict": est.verdict, "detectable": est.detectable, "sessions": protocol.sessions, "runs": est.runs,
+            "budget_s": protocol.budget_s, "kept": kept, "line": line}

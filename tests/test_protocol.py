@@ -1,0 +1,153 @@
+"""The measurement protocol (rlflow.evaluation.protocol) with fake runners on a fake clock: latencies are
+known, so the intervals, verdicts and the budget can be checked exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlflow.errors import RLFlowError
+from rlflow.evaluation.protocol import (AA, FASTER, SAME, SLOWER, Protocol, compare, ratio_interval, speed_check,
+                                        verdict)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class FakeGraph:
+    """A 'graph' whose runs take ``ms`` milliseconds, times a per-session factor, times per-run noise."""
+
+    def __init__(self, ms, session_sd=0.0, run_sd=0.0):
+        self.ms, self.session_sd, self.run_sd = ms, session_sd, run_sd
+
+
+def fake_runners(clock, seed=0):
+    """make_runner for compare(): each call is a fresh 'session' with its own random speed factor."""
+    rng = np.random.default_rng(seed)
+    built = []
+
+    def make(g):
+        factor = 1.0 + g.session_sd * rng.standard_normal()
+        built.append(g)
+
+        def run(feeds):
+            clock.now += g.ms * factor * (1.0 + g.run_sd * rng.standard_normal()) / 1e3
+
+        return run
+
+    make.built = built
+    return make
+
+
+def proto(**kw):
+    return Protocol(**{"sessions": 4, "warmup": 1, "budget_s": 2.0, "min_rounds": 3, "max_rounds": 1000,
+                       "resamples": 500, **kw})
+
+
+def test_identical_graphs_get_an_interval_containing_one():
+    clock = Clock()
+    a, b = FakeGraph(10, 0.01, 0.02), FakeGraph(10, 0.01, 0.02)
+    c = compare([("original", a), (AA, b)], {}, proto(), fake_runners(clock), clock=clock)
+    e = c[AA]
+    assert e.ci_low <= 1.0 <= e.ci_high
+    assert e.verdict == SAME and not c.too_noisy
+    assert e.ci_low < e.ratio < e.ci_high and 0 < e.detectable < 0.2
+
+
+def test_deterministic_identical_graphs_give_exactly_one():
+    clock = Clock()
+    c = compare([("original", FakeGraph(5)), ("same", FakeGraph(5))], {}, proto(), fake_runners(clock), clock=clock)
+    assert c["same"].ratio == c["same"].ci_low == c["same"].ci_high == 1.0
+    assert c["same"].verdict == SAME
+
+
+def test_a_clearly_slower_graph_is_called_slower_and_a_faster_one_faster():
+    clock = Clock()
+    graphs = [("original", FakeGraph(10, 0.01, 0.02)), ("slow", FakeGraph(12, 0.01, 0.02)),
+              ("fast", FakeGraph(8, 0.01, 0.02))]
+    c = compare(graphs, {}, proto(), fake_runners(clock), clock=clock)
+    assert c["slow"].verdict == SLOWER and 1.0 < c["slow"].ci_low <= c["slow"].ratio <= c["slow"].ci_high
+    assert c["slow"].ratio == pytest.approx(1.2, rel=0.05)
+    assert c["fast"].verdict == FASTER and c["fast"].ci_high < 1.0
+    assert c["original"].verdict == "reference" and c["original"].ratio == 1.0
+
+
+def test_session_effects_widen_the_interval():
+    """Large per-session effects and tiny per-run noise: resampling runs alone would give a narrow interval;
+    the hierarchical bootstrap's is much wider."""
+    clock = Clock()
+    g = [("original", FakeGraph(10, 0.05, 0.001)), ("other", FakeGraph(10, 0.05, 0.001))]
+    c = compare(g, {}, proto(sessions=6), fake_runners(clock, seed=3), clock=clock)
+    wide = c["other"].ci_high - c["other"].ci_low
+    one = [c[n].times_ms[0] for n in ("original", "other")]  # one session per graph, its runs resampled
+    flat = ratio_interval([one[0], one[0]], [one[1], one[1]], resamples=500)
+    assert wide > 5 * (flat[2] - flat[1])
+    assert c["other"].ci_low <= 1.0 <= c["other"].ci_high
+
+
+def test_the_budget_bounds_the_rounds():
+    clock = Clock()
+    make = fake_runners(clock)
+    p = proto(budget_s=1.0, sessions=2, warmup=0, min_rounds=1)
+    c = compare([("original", FakeGraph(10)), ("other", FakeGraph(10))], {}, p, make, clock=clock)
+    # one round = 20 ms of (fake) time: 1 s buys 50 rounds in all (each block may overrun by one round)
+    assert 50 <= sum(c.rounds) <= 52
+    assert c.seconds <= 1.0 + 2 * 0.02
+    assert len(make.built) == 2 * 2  # a fresh runner per graph and session
+    clock2 = Clock()
+    c2 = compare([("original", FakeGraph(10)), ("other", FakeGraph(10))], {}, proto(budget_s=2.0, sessions=2,
+                 warmup=0, min_rounds=1), fake_runners(clock2), clock=clock2)
+    assert 100 <= sum(c2.rounds) <= 102
+    assert all(len(s) == k for s, k in zip(c2["other"].times_ms, c2.rounds))
+
+
+def test_min_and_max_rounds_hold_whatever_the_budget():
+    clock = Clock()
+    c = compare([("original", FakeGraph(1000)), ("b", FakeGraph(1000))], {}, proto(budget_s=0.5, min_rounds=4),
+                fake_runners(clock), clock=clock)
+    assert c.rounds == [4, 4, 4, 4]
+    clock = Clock()
+    c = compare([("original", FakeGraph(0.01)), ("b", FakeGraph(0.01))], {}, proto(max_rounds=7),
+                fake_runners(clock), clock=clock)
+    assert c.rounds == [7, 7, 7, 7]
+
+
+def test_a_failed_aa_control_marks_the_comparison_too_noisy():
+    clock = Clock()
+    c = compare([("original", FakeGraph(10, 0, 0.01)), (AA, FakeGraph(11, 0, 0.01))], {}, proto(),
+                fake_runners(clock), clock=clock)
+    assert c[AA].verdict == SLOWER and c.too_noisy
+
+
+def test_verdicts_and_bad_settings():
+    assert verdict(0.9, 0.99) == FASTER and verdict(1.01, 1.2) == SLOWER and verdict(0.99, 1.01) == SAME
+    with pytest.raises(RLFlowError, match="sessions >= 2"):
+        Protocol(sessions=1)
+    with pytest.raises(RLFlowError, match="budget_s > 0"):
+        Protocol(budget_s=0)
+    with pytest.raises(RLFlowError, match="reference and at least one"):
+        compare([("original", FakeGraph(1))], {}, proto(), fake_runners(Clock()))
+
+
+def test_from_config_reads_the_timing_section():
+    p = Protocol.from_config({"seed": 7, "timing": {"sessions": 5, "budget_s": 3.5, "warmup": 2}})
+    assert (p.sessions, p.budget_s, p.warmup, p.seed) == (5, 3.5, 2, 7)
+    assert Protocol.from_config({"timing": {"budget_s": 3.5}}, budget_s=1.0).budget_s == 1.0
+
+
+def test_speed_check_keeps_the_original_unless_significantly_faster():
+    clock = Clock()
+    make = fake_runners(clock)
+    same = speed_check(FakeGraph(10, 0.01, 0.02), FakeGraph(10, 0.01, 0.02), "ort", "cpu", {}, proto(), make,
+                       clock=clock)
+    fast = speed_check(FakeGraph(10, 0.01, 0.02), FakeGraph(7, 0.01, 0.02), "ort", "cpu", {}, proto(), make,
+                       clock=clock)
+    assert same["kept"] == "original" and same["verdict"] == SAME
+    assert same["line"].startswith("kept the original: no significant speedup, ratio ") and same["line"].endswith(
+        " on ort")
+    assert fast["kept"] == "optimised" and fast["verdict"] == FASTER and fast["ci_high"] < 1
