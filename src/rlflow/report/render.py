@@ -12,6 +12,7 @@ import yaml
 from rlflow.report import figures, paper
 from rlflow.report import html as h
 from rlflow.report import tables as t
+from rlflow.report import targets as cost_target
 from rlflow.report.data import BACKEND_LABEL, METHOD_LABEL, METHOD_ORDER, ReportData, reported_config
 
 
@@ -413,7 +414,8 @@ def config_versions(d: ReportData) -> tuple[str, str, str]:
     return "config", "Config, versions and machine", "".join(parts)
 
 
-SECTIONS = (how_to_read, table2, fig6, fig7, fig8, fig9, fig10, fig5, table3, cost_vs_e2e, sample_efficiency,
+SECTIONS = (how_to_read, table2, fig6, fig7, fig8, fig9, fig10, fig5, table3, cost_vs_e2e, cost_target.section,
+            sample_efficiency,
             encoder, rollouts, rules, evaluation, config_versions)
 
 
