@@ -259,7 +259,7 @@ def sign_test(args, config, rules, loaded: Models) -> list[dict]:
         est = {k: (costs[m][k].graph_metrics(g0).runtime_ms, costs[m][k].graph_metrics(g).runtime_ms)
                for k in ("ort-cpu", "torch-eager", "sim-h100")}
         row = {"model": m, "graph": what, "nodes": [len(g0.nodes), len(g.nodes)], "ratio": e.ratio,
-               "ci": [e.ci_low, e.ci_high], "verdict": e.verdict, "too_noisy": cmp.too_noisy,
+               "latency_ms": [cmp["original"].latency_ms, e.latency_ms], "ci": [e.ci_low, e.ci_high], "verdict": e.verdict, "too_noisy": cmp.too_noisy,
                "aa": cmp[proto.AA].interval(), "estimate_ms": est}
         row["significant"] = e.verdict in (proto.FASTER, proto.SLOWER) and not cmp.too_noisy
         row["hit"] = {k: hits(e.verdict, *est[k]) for k in ("ort-cpu", "torch-eager")}

@@ -19,6 +19,9 @@ wildcard_patterns benchmark snakemake_shell param_values _init_dvc _init_studio 
 action_space observation_space log_severity_level intra_op_num_threads writeable producer_name
 _dvc_file _dvc_studio_config __getattr__
 """.split()
+#: protocol.speed_check (cherry-picked from issue G, 670ac56): its callers (rlflow optimize's speed check, the
+#: pipeline's never-slower check) are on branch issue-g; drop this entry when that branch is merged
+USED_ELSEWHERE.append("speed_check")
 
 
 def test_no_function_in_src_is_reachable_only_from_tests(tmp_path):
