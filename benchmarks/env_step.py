@@ -52,7 +52,9 @@ def main() -> None:
     ap.add_argument("--model", default="bert", choices=zoo.MODEL_NAMES)
     ap.add_argument("--rules", default=str(ROOT / "results/rules/rules.json"))
     ap.add_argument("--config", default=str(ROOT / "config.yaml"))
-    ap.add_argument("--costs", default=None, help="measured cost cache (default: analytic cost model)")
+    ap.add_argument("--costs", default=None, help="cost cache of `rlflow measure-costs` (tables, calibration)")
+    ap.add_argument("--target", default=None, help="cost target (default: torch-eager with --costs, else analytic); "
+                    "ort-cpu without --costs learns the fusions and times the model's kernels first")
     ap.add_argument("--steps", type=int, default=300, help="timed steps (default 300)")
     ap.add_argument("--episodes", type=int, default=0, help="also time this many random-agent episodes")
     ap.add_argument("--tiny", action="store_true", help="tiny model sizes (quick check)")
@@ -61,7 +63,14 @@ def main() -> None:
     config = load_config(args.config)
     graph, source = load_model(args.model, args.tiny)
     rules = load_rules(args.rules)
-    cost = make_cost_model(config, "cpu", args.costs, kind="measured" if args.costs else "analytic")
+    target = args.target or ("torch-eager" if args.costs else "analytic")
+    cost = make_cost_model(config, "cpu", args.costs, kind=target)
+    if cost.name == "ort-cpu" and not args.costs:
+        from rlflow.cost.calibration import load_or_measure
+
+        cost.set_calibration(load_or_measure("ort", "cpu"))
+        cost.learn([graph])
+        cost.measure([graph])
     env = make_env(config, graph, rules, cost, reward=True)
     agent = RandomAgent(stop_prob=0.0, rng=np.random.default_rng(0))
 
@@ -82,7 +91,7 @@ def main() -> None:
     q1, med, q3 = np.percentile(times, [25, 50, 75])
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}")
     print(f"model {args.model} ({source}): {len(graph.nodes)} nodes, {len(rules)} rules, "
-          f"{sum(env.initial_index.counts())} (rule, location) pairs at the start; cost model {cost.name}; "
+          f"{sum(env.initial_index.counts())} (rule, location) pairs at the start; cost target {cost.name} ({cost.label}); "
           f"max_steps {env.max_steps}")
     print(f"{len(times)} steps over {episodes + 1} episodes: median {med:.2f} ms, IQR {q3 - q1:.2f} ms, "
           f"p90 {np.percentile(times, 90):.2f} ms, max {max(times):.2f} ms, mean {statistics.mean(times):.2f} ms")

@@ -12,6 +12,12 @@ from rlflow.cost import AnalyticCost, MeasuredCost, Metrics, make_cost_model, si
 from rlflow.errors import RLFlowError
 from rlflow.graph import GraphBuilder, load_onnx, save_onnx
 
+@pytest.fixture(autouse=True)
+def _calibration_cache(tmp_path, monkeypatch):
+    """Calibrations measured by a test go to its own folder, not ~/.cache."""
+    monkeypatch.setenv("RLFLOW_CACHE_DIR", str(tmp_path / "cache"))
+
+
 PEAK = {"gflops": 1.0, "gbps": 2.0, "launch_us": 10.0}  # 1e9 flop/s, 2e9 B/s, 0.01 ms per launch
 
 ASSOC = {  # (x @ w0) @ w1 -> x @ (w0 @ w1), weights only
@@ -141,7 +147,7 @@ def test_cache_errors(tmp_path):
         with pytest.raises(RLFlowError, match="bad.json") as e:
             MeasuredCost.load(bad, "cpu")
         assert "\n" not in str(e.value)
-    with pytest.raises(RLFlowError, match="unknown cost model"):
+    with pytest.raises(RLFlowError, match="unknown cost target"):
         make_cost_model({}, "cpu", kind="magic")
 
 
@@ -158,24 +164,27 @@ def test_cli_cost(tiny_onnx, tmp_path, capsys):
     for word in ("runtime", "GFLOP", "memory access", "kernel launches", "roofline bound", "MatMul", "Relu"):
         assert word in out
     cache = tmp_path / "cache.json"
-    assert main(["cost", str(tiny_onnx), "--json", "--per-op", "--save-cache", str(cache)]) == 0
+    assert main(["cost", str(tiny_onnx), "--target", "torch-eager", "--json", "--per-op", "--save-cache",
+                 str(cache)]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["cost_model"] == "measured" and res["measured_now"] == 3 and res["saved_cache"] == str(cache)
+    assert res["cost_model"] == "torch-eager" and res["measured_now"] == 3 and res["saved_cache"] == str(cache)
     assert res["metrics"]["launches"] == 3 and res["metrics"]["flops"] == 2 * 4 * 8 * 16 + 2 * 4 * 16 * 2 + 4 * 2
     assert res["per_op"]["MatMul"]["count"] == 2 and sum(r["share"] for r in res["per_op"].values()) == \
         pytest.approx(1.0)
-    assert main(["cost", str(tiny_onnx), "--costs", str(cache), "--json"]) == 0
+    assert main(["cost", str(tiny_onnx), "--target", "torch-eager", "--costs", str(cache), "--json"]) == 0
     res2 = json.loads(capsys.readouterr().out)
     assert res2["measured_now"] == 0 and res2["missing_from_cache"] == 0
     assert res2["metrics"] == res["metrics"]
-    assert main(["cost", str(tiny_onnx), "--costs", str(cache)]) == 0
+    assert main(["cost", str(tiny_onnx), "--model", "measured", "--costs", str(cache)]) == 0
     assert "3 of 3 op signatures measured" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model", "magic"], "unknown cost model 'magic'"),
+    (["--model", "magic"], "unknown cost target 'magic'"),
+    (["--target", "magic"], "unknown cost target 'magic'"),
     (["--costs", "missing.json"], "no such cost cache"),
-    (["--model", "analytic", "--costs", "x.json"], "measured cost model only"),
+    (["--target", "sim-h100", "--costs", "x.json"], "apply to the measured targets"),
+    (["--target", "cuda"], "needs a CUDA GPU"),
 ])
 def test_cli_cost_errors(tiny_onnx, capsys, args, message):
     assert main(["cost", str(tiny_onnx), *args]) == 2
@@ -215,18 +224,19 @@ def test_measure_costs_stage(tiny_zoo, rules_file, tmp_path, capsys):
     out = tmp_path / "costs" / "cpu" / "bert.json"
     args = ["measure-costs", "--model", "bert", "--onnx", str(tiny_zoo["bert"]), "--rules", str(rules_file),
             "--out", str(out), "--no-progress", "--set", "device=cpu", "--set", "cost.explore_steps=10",
-            "--set", "cost.repeats=2", "--set", "cost.warmup=0"]
+            "--set", "cost.repeats=2", "--set", "cost.warmup=0", "--set", "cost.target=torch-eager"]
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "op signatures measured" in text and "ms measured" in text and "ms analytic" in text
+    assert "op signatures measured" in text and "ms torch-eager" in text and "ms analytic" in text
+    assert "calibration ort: GEMM" in text
     model = MeasuredCost.load(out, "cpu")
     g = load_onnx(tiny_zoo["bert"])
     assert model.table and not model.missing([g])  # every signature of the model is measured
     data = json.loads(out.read_text())
     assert data["device"] == "cpu" and data["repeats"] == 2 and data["warmup"] == 0
-    assert main(["cost", str(tiny_zoo["bert"]), "--costs", str(out), "--json"]) == 0
+    assert main(["cost", str(tiny_zoo["bert"]), "--target", "torch-eager", "--costs", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["missing_from_cache"] == 0
-    assert main(args[:-8] + ["--out", str(tmp_path)]) == 2  # --out a folder: a one-line error
+    assert main(args[:-10] + ["--out", str(tmp_path)]) == 2  # --out a folder: a one-line error
 
 
 def test_commutative_ops_share_a_signature():

@@ -11,6 +11,7 @@ import pytest
 from test_pipeline import copy_workflow, job_counts, sh, tool
 from test_pipeline_search_env import override
 
+from rlflow.cost import resolve_target
 from rlflow.pipeline import registry
 
 FOLDERS = {"controller": "results/bert/controller", "model_free": "results/bert/model_free"}
@@ -64,7 +65,8 @@ def test_snakemake_tiny_learning_pipeline_and_partial_reruns(tmp_path):
         assert trace["format"] == "rlflow.search-trace/1"
         assert trace["method"] == ("rlflow" if method == "controller" else "model_free")
         assert trace["model"] == "bert" and trace["onnx"] == "results/bert/model.onnx"
-        assert trace["cost_model"] == "measured" and trace["cost"]["cache"].startswith("results/costs/")
+        assert trace["cost_model"] == resolve_target({"cost": {"target": "auto"}})  # config.yaml: auto
+        assert trace["cost"]["cache"].startswith("results/costs/")
         assert trace["real_interactions"] == metrics["real_interactions"]
         assert trace["final"]["runtime_ms"] == pytest.approx(metrics["real"]["best"]["runtime_ms"])
         assert len(trace["steps"]) == trace["rules_applied"] and trace["seconds"] > 0

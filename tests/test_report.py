@@ -407,3 +407,23 @@ def test_summary_without_headlines_is_one_line_exit_2(tmp_path, rlflow):
     (tmp_path / "summary" / "bert.json").write_text("[1, 2]")
     code, err = rlflow("summary", "--headlines", tmp_path / "summary", "--csv", tmp_path / "s.csv", "--out", out)
     assert code == 2 and "bert.json" in err and not out.exists()
+
+
+@pytest.mark.parametrize("target", ["sim-h100", "ort-cpu"])
+def test_report_estimate_on_the_target_beside_end_to_end(tmp_path, rlflow, target):
+    make_results(tmp_path)
+    out = tmp_path / "results" / "bert" / "report.html"
+    code, err = rlflow(*report_args(tmp_path, out, f"cost.target={target}"))
+    assert code == 0, err
+    html = out.read_text()
+    assert re.search(r"<h2>Estimate on the cost target vs end to end", html)
+    sec = text(section(html, "target"))
+    label = "simulated H100" if target == "sim-h100" else "ort-cpu"
+    assert f"estimate, {label} (ms)" in sec
+    # TASO: estimate 9.5 / 10 = 0.950; onnxruntime 12.0 / 12.5 = 0.960; RLFlow on TF-XLA unsupported
+    assert "0.950" in sec and "0.960" in sec and "n/a" in sec
+    assert "BERT: cost model 1.0453 ms, end to end 1.1264 ms, difference 7.8%" in sec  # X-RLflow's line
+    if target == "sim-h100":
+        assert "no GPU ran it" in sec and "This run, the original graph" not in sec
+    else:  # the original: |12.5 - 10| / 10 on onnxruntime
+        assert "This run, the original graph on ort-cpu: onnxruntime 25.0%" in sec

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlflow.config import get
+from rlflow.cost.targets import resolve_target
 from rlflow.errors import RLFlowError
 
 #: how each agent trains: config section, how often the policy is checkpointed (updates), and the dvclive name
@@ -176,10 +177,10 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
              else _RealEnvs(problem, encoder, section,
                             None if latency_meter is None or not reward.needs_latency else latency_meter(device)))
 
-    used = {"seed": seed, "device": get(config, "device"), "cost.model": get(config, "cost.model"),
+    used = {"seed": seed, "device": get(config, "device"), "cost.target": resolve_target(config),
             "env.reward": get(config, "env.reward"), "ppo": get(config, "ppo"), spec["section"]: section,
             "env.max_steps": max_steps, "env.max_locations": max_locations}
-    ckpt = Checkpointer(files.out, fingerprint({k: v for k, v in used.items() if k not in ("device", "cost.model")},
+    ckpt = Checkpointer(files.out, fingerprint({k: v for k, v in used.items() if k not in ("device", "cost.target")},
                                               files.inputs()))
     policy_args = {"in_dim": world.in_dim, "n_xfers": len(problem.rules), "max_locations": max_locations,
                    "hidden": get(config, "ppo.hidden")}

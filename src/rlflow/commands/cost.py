@@ -1,17 +1,26 @@
-"""Estimate a model's cost with a cost model: runtime (the sum of per-op estimates, TASO's cost), GFLOPs,
+"""Estimate a model's cost on a cost target: runtime (the sum of per-kernel estimates, TASO's cost), GFLOPs,
 memory access (MB read and written by all ops), kernel launches, and the whole graph's roofline lower bound
 (all flops at peak compute or all bytes at peak bandwidth). Ops that read weights only count nothing (they are
 folded before running); views (Reshape, Flatten, Identity) launch no kernel and move no bytes.
 
-Cost models: measured (each distinct op signature timed on the device; ops a cache lacks are estimated from the
-roofline scaled by their op type's measured ratio) | analytic (roofline per op plus a launch overhead, from the
-peak figures cost.peak.<device> of the config). Without --costs, the measured model times the model's ops on the
-fly (cost.warmup / cost.repeats of --config; --save-cache PATH keeps them). With --costs CACHE.json it reads
-the cache `rlflow measure-costs` wrote (results/costs/<device>/<model>.json).
+Targets (--target; default: cost.target of --config if given, else `machine`: cuda on a GPU, else ort-cpu):
+  ort-cpu      onnxruntime on this CPU: which nodes it fuses (learned from its optimised model), each kernel timed
+               in its own session (profiler), plus the calibrated per-kernel overhead
+  torch-eager  each distinct op signature timed as a torch eager call (ops a cache lacks: roofline x ratio)
+  cuda         each op timed on the GPU with CUDA events (8 warm-up, 32 runs); needs a GPU
+  sim-v100 | sim-a100 | sim-h100   a simulated GPU from its spec figures (cost.gpus): printed "simulated <GPU>"
+  analytic     roofline per op from the device calibration (in --costs), else the config's cost.peak
+Without --costs, a measured target times the model's kernels on the fly (cost.warmup / cost.repeats of --config;
+--save-cache PATH keeps them). With --costs CACHE.json it reads the cache `rlflow measure-costs` wrote
+(results/costs/<device>/<model>.json). (--model measured|analytic is the old spelling of --target.)
 
-  rlflow cost model.onnx                              (measured on the fly)
-  rlflow cost model.onnx --costs results/costs/auto/bert.json --per-op
-  rlflow cost model.onnx --model analytic --config config.yaml --json
+`rlflow cost calibrate` measures this machine's sustained GEMM rate, memory bandwidth and per-kernel overhead for
+each CPU backend (onnxruntime, torch eager) and caches them (default ~/.cache/rlflow/calibration/, or --out).
+
+  rlflow cost model.onnx                              (ort-cpu on a CPU box, timed on the fly)
+  rlflow cost model.onnx --target sim-h100 --per-op
+  rlflow cost model.onnx --costs results/costs/auto/bert.json --target ort-cpu
+  rlflow cost calibrate [--out calib.json] [--remeasure]
 """
 
 from __future__ import annotations
@@ -29,10 +38,15 @@ HELP = "estimate a model's runtime, flops, memory access and kernel launches wit
 
 def add_arguments(p) -> None:
     add_model_arguments(p)
-    p.add_argument("--model", dest="cost_model", metavar="MODEL",
-                   help="cost model: measured | analytic (default: cost.model of --config, else measured)")
+    p.add_argument("--target", metavar="TARGET",
+                   help="cost target: ort-cpu | torch-eager | cuda | sim-v100 | sim-a100 | sim-h100 | analytic | "
+                        "auto | machine (default: cost.target of --config if given, else machine)")
+    p.add_argument("--model", dest="cost_model", metavar="MODEL", help="old spelling of --target (measured = "
+                   "torch-eager)")
     p.add_argument("--config", action="append", metavar="YAML",
-                   help="config file(s) for cost.model, cost.warmup, cost.repeats, cost.peak and device")
+                   help="config file(s) for cost.target, cost.warmup, cost.repeats, cost.gpus, cost.peak and device")
+    p.add_argument("--out", type=Path, metavar="JSON", help="calibrate: the calibration file to write")
+    p.add_argument("--remeasure", action="store_true", help="calibrate: measure again even if cached")
     p.add_argument("--costs", type=Path, metavar="CACHE.json",
                    help="measured cost cache to read (from `rlflow measure-costs`); ops it lacks are estimated")
     p.add_argument("--save-cache", type=Path, metavar="PATH",
@@ -71,37 +85,61 @@ def _static_nodes(graph) -> set[int]:
     return set(static_nodes(graph))
 
 
+def calibrate(args) -> int:
+    """`rlflow cost calibrate`: measure (or read) each CPU backend's figures and print them."""
+    from rlflow.cost import calibration
+
+    path = args.out or calibration.default_path("cpu")
+    cals = {b: calibration.load_or_measure(b, "cpu", path, remeasure=args.remeasure) for b in calibration.BACKENDS}
+    if args.json:
+        print(json.dumps({"path": str(path), "calibration": calibration.to_json(cals)}, indent=2))
+        return 0
+    print(f"calibration of {next(iter(cals.values())).hardware} ({path}):")
+    for b, c in cals.items():
+        print(f"  {b:<6} GEMM {c.gemm_flops_per_s / 1e9:8.1f} GFLOP/s   bandwidth {c.bandwidth_bytes_per_s / 1e9:7.2f} "
+              f"GB/s   per-kernel overhead {c.kernel_overhead_s * 1e6:7.2f} us")
+    return 0
+
+
 def run(args) -> int:
     from rlflow.config import get, load_config, resolve_device
-    from rlflow.cost import MeasuredCost, make_cost_model
+    from rlflow.cost import make_cost_model, resolve_target
+    from rlflow.cost.targets import MEASURED
     from rlflow.errors import RLFlowError
     from rlflow.graph import load_onnx
 
+    if str(args.model) == "calibrate" and not Path(args.model).exists():
+        return calibrate(args)
+    if args.out is not None or args.remeasure:
+        raise RLFlowError("--out and --remeasure belong to `rlflow cost calibrate`")
     config = load_config(args.config)
-    kind = args.cost_model or get(config, "cost.model")
-    if kind not in ("measured", "analytic"):
-        raise RLFlowError(f"unknown cost model '{kind}' (choose from measured, analytic)")
-    if kind == "analytic" and (args.costs or args.save_cache):
-        raise RLFlowError("--costs and --save-cache apply to the measured cost model only")
+    target = resolve_target(config, args.target or args.cost_model or (None if args.config else "machine"))
+    if target not in MEASURED and (args.costs or args.save_cache) and target != "analytic":
+        raise RLFlowError(f"--costs and --save-cache apply to the measured targets ({', '.join(MEASURED)}) "
+                          f"and analytic (its calibration), not {target}")
+    if target == "analytic" and args.save_cache:
+        raise RLFlowError("--save-cache applies to the measured targets only")
     if args.costs is not None and not args.costs.is_file():
         raise RLFlowError(f"{args.costs}: no such cost cache (make one with `rlflow measure-costs`)")
     if args.save_cache is not None and args.save_cache.is_dir():
         raise RLFlowError(f"{args.save_cache}: --save-cache is a folder, expected a .json file path")
     device = resolve_device({"device": args.device or config["device"]})
     graph = load_onnx(args.model, args.input_shape)
-    model = make_cost_model(config, device, args.costs, kind)
+    model = make_cost_model(config, device, args.costs, target)
 
     measured, seconds = 0, 0.0
     coverage = None
-    if isinstance(model, MeasuredCost):
+    if target in MEASURED:
+        from rlflow.graph.exec import backend_errors, check_memory
+
+        if target == "ort-cpu" and args.costs is None:
+            _prepare_ort(model, graph)
         missing = len(model.missing([graph]))
         coverage = {"signatures": len(_signatures(model, graph)), "missing_from_cache": missing}
         if args.costs is None or args.save_cache is not None:
-            from rlflow.graph.exec import backend_errors, check_memory
-
             check_memory(graph, str(args.model), note=True)
             t0 = time.perf_counter()
-            with backend_errors(graph, "torch", what=str(args.model)):
+            with backend_errors(graph, "ort" if target == "ort-cpu" else "torch", what=str(args.model)):
                 measured = model.measure([graph], progress=not args.no_progress and sys.stderr.isatty())
             seconds = time.perf_counter() - t0
         if args.save_cache is not None:
@@ -112,6 +150,8 @@ def run(args) -> int:
     result = {
         "model": str(args.model),
         "cost_model": model.name,
+        "target": model.name,
+        "label": model.label,
         "device": device,
         "hardware": getattr(model, "hardware", None),
         "peak": model.peak,
@@ -128,16 +168,18 @@ def run(args) -> int:
         print(json.dumps(result, indent=2))
         return 0
 
-    where = f"{device}, {result['hardware']}" if result["hardware"] else device
-    print(f"{args.model}: {model.name} cost model ({where})")
+    where = f"{model.device}, {result['hardware']}" if result["hardware"] else model.device
+    if model.name.startswith("sim-"):
+        where = f"{model.describe()['gpu']}, not run: spec figures"
+    print(f"{args.model}: {model.label} ({model.name}; {where})")
     if coverage is not None:
         if args.costs is None:
-            print(f"  measured on the fly: {measured} op signatures timed in {seconds:.1f} s "
+            print(f"  measured on the fly: {measured} {_unit(model)} timed in {seconds:.1f} s "
                   f"(warmup {model.warmup}, repeats {model.repeats})"
                   + (f"; saved to {args.save_cache}" if args.save_cache else "; --save-cache PATH keeps them"))
         else:
             line = (f"  cache {args.costs}: {coverage['signatures'] - coverage['missing_from_cache']} of "
-                    f"{coverage['signatures']} op signatures measured")
+                    f"{coverage['signatures']} {_unit(model)} measured")
             if measured:
                 line += f"; {measured} more timed now in {seconds:.1f} s"
             elif coverage["missing_from_cache"]:
@@ -146,12 +188,13 @@ def run(args) -> int:
                 line += f"; saved to {args.save_cache}"
             print(line)
     pk = model.peak
-    print(f"  runtime          {m.runtime_ms:12.3f} ms    (sum of per-op estimates)")
+    sim = f"   [{model.label}]" if model.name.startswith("sim-") else ""
+    print(f"  runtime          {m.runtime_ms:12.3f} ms    (sum of per-kernel estimates){sim}")
     print(f"  flops            {m.flops / 1e9:12.3f} GFLOP")
     print(f"  memory access    {m.bytes / 1e6:12.1f} MB")
     print(f"  kernel launches  {int(m.launches):12d}")
     print(f"  roofline bound   {bound:12.3f} ms    (all flops at {pk['gflops']:g} GFLOP/s or all bytes at "
-          f"{pk['gbps']:g} GB/s, no launches)")
+          f"{pk['gbps']:g} GB/s, no launches){sim}")
     if args.per_op:
         rows = result["per_op"]
         print(f"  {'op type':<22} {'count':>6} {'launches':>8} {'runtime ms':>11} {'share':>7} {'GFLOP':>9} "
@@ -165,9 +208,24 @@ def run(args) -> int:
     return 0
 
 
+def _unit(model) -> str:
+    return "kernel signatures" if model.name == "ort-cpu" else "op signatures"
+
+
+def _prepare_ort(model, graph) -> None:
+    """ort-cpu without a cache: this machine's calibration (cached per device) and the fusions of the graph."""
+    from rlflow.cost.calibration import load_or_measure
+
+    model.set_calibration(load_or_measure("ort", "cpu"))
+    model.learn([graph])
+
+
 def _signatures(model, graph) -> set[str]:
-    """The distinct op signatures of the graph that launch a kernel (what a measured model times)."""
+    """The distinct op (kernel) signatures of the graph that launch a kernel (what a measured target times)."""
     from rlflow.cost import signature
+
+    if model.name == "ort-cpu":
+        return set(model.missing([graph])) | {s for s in model.kernels if s in model.signatures(graph)}
 
     return {signature(n, [graph.types[v] for v in n.inputs if v])
             for n, c in zip(graph.nodes, model.node_costs(graph)) if c[3]}

@@ -20,11 +20,15 @@ the original on --backend (default ort); unless the protocol calls it faster, OU
 and one line says so ("kept the original: no significant speedup, ratio 1.004 [0.991, 1.017] on ort"). The trace
 records the check (speed_check). --no-speed-check skips it. Errors (a missing or damaged checkpoint, a rule set that does not match, ...) are one line, exit 2.
 
-Cost model (--cost-model, default: the config's cost.model, whose default is measured):
-  measured  each distinct op of the model is timed once on the device (a few seconds; cached in --costs if
-            given, and read from it next time); ops the rewrites create are estimated from the roofline
-            scaled by their op type's measured/roofline ratio
-  analytic  roofline per op from the config's peak figures (cost.peak); no timing, fully deterministic
+Cost target (--target; default: the cost.target of --config/--set if they give one, else `machine`, this
+machine's runtime: cuda on a GPU box, else ort-cpu):
+  ort-cpu      what onnxruntime will run here: its fusions learned from its optimised model, each kernel timed
+               once (a few seconds; cached in --costs if given), the calibrated per-kernel overhead; kernels the
+               rewrites create are estimated from the calibrated roofline scaled by measured ratios
+  torch-eager  each distinct op timed as a torch eager call (the old --cost-model measured)
+  cuda         each op timed on the GPU with CUDA events (needs a GPU)
+  sim-v100 | sim-a100 | sim-h100   a simulated GPU (spec figures; results labelled "simulated <GPU>")
+  analytic     roofline per op; no timing, fully deterministic
 
 Defaults without --config are the schema defaults (alpha 1.05, budget 1000, no time limit, device auto, seed
 0). The rules default to results/rules/rules.json (made by `snakemake results/rules/rules.json`).
@@ -66,9 +70,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rules", type=Path, metavar="JSON",
                    help=f"rules file (default: {DEFAULT_RULES}, in the current folder or the rlflow checkout)")
     p.add_argument("--costs", type=Path, metavar="JSON",
-                   help="measured cost cache to read and extend (created if missing; only with the measured model)")
-    p.add_argument("--cost-model", choices=("measured", "analytic"),
-                   help="cost model (default: cost.model of the config; schema default measured)")
+                   help="cost cache to read and extend (created if missing; the measured targets only)")
+    p.add_argument("--target", metavar="TARGET",
+                   help="cost target: ort-cpu | torch-eager | cuda | sim-v100 | sim-a100 | sim-h100 | analytic | "
+                        "auto | machine (default: cost.target of --config/--set, else machine)")
+    p.add_argument("--cost-model", choices=("measured", "analytic"), help="old spelling of --target")
     p.add_argument("--alpha", type=float, help="taso: keep candidates cheaper than alpha x best (default: search.alpha)")
     p.add_argument("--budget", type=int, help="taso: graphs to expand (default: search.budget)")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",
@@ -99,18 +105,40 @@ def find_rules(path: Path | None) -> Path:
                "(in the rlflow checkout) or give --rules")
 
 
+def _target(args, config: dict) -> str:
+    from rlflow.cost import resolve_target
+    from rlflow.cost.targets import MEASURED
+
+    explicit = args.config or any(o.startswith(("cost.target=", "cost.model=")) for o in args.overrides)
+    # without a config naming one, optimise for this machine's runtime (the pipeline's `auto` simulates a GPU)
+    kind = resolve_target(config, args.target or args.cost_model or (None if explicit else "machine"))
+    if args.costs is not None and kind not in MEASURED:
+        raise _err(f"--costs is a cache of the measured targets ({', '.join(MEASURED)}); the target is {kind}")
+    return kind
+
+
 def _cost_model(args, config: dict, device: str, graph, kind: str, progress: bool):
-    """The configured cost model; a measured one first times the graph's unmeasured ops (and updates --costs).
-    Returns (cost model, number of op signatures timed)."""
+    """The target's cost model; a measured one first times the graph's untimed ops or kernels (and updates
+    --costs); ort-cpu also learns the graph's fusions and uses this machine's calibration.
+    Returns (cost model, number of signatures timed)."""
     from rlflow.cost import make_cost_model
+    from rlflow.cost.targets import MEASURED
 
     cost = make_cost_model(config, device, args.costs if args.costs is not None and args.costs.exists() else None,
                            kind=kind)
     measured = 0
-    if kind == "measured":
+    if kind in MEASURED:
         from rlflow.graph.exec import backend_errors
 
-        with backend_errors(graph, "torch", what=str(args.model)):  # the user's ops: a failing one is one line
+        backend = "ort" if kind == "ort-cpu" else "torch"
+        with backend_errors(graph, backend, what=str(args.model)):  # the user's ops: a failing one is one line
+            if kind == "ort-cpu":
+                from rlflow.cost.calibration import load_or_measure
+
+                if cost.calibration is None:
+                    cost.set_calibration(load_or_measure("ort", "cpu"))
+                if not cost.fusion:
+                    cost.learn([graph])
             measured = cost.measure([graph], progress=progress)
         if args.costs is not None and measured:
             cost.save(args.costs)
@@ -131,6 +159,13 @@ def _log(args):
     import sys
 
     return (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
+
+
+def _labelled(text: str, cost) -> str:
+    """The summary with the target named (a simulated GPU's figures say so on every line)."""
+    if cost.name.startswith("sim-"):
+        return "\n".join(f"{line}   [{cost.label}]" if line.strip() else line for line in text.splitlines())
+    return f"cost target: {cost.label} ({cost.name})\n{text}"
 
 
 def _err(msg: str):
@@ -166,9 +201,7 @@ def run(args: argparse.Namespace) -> int:
         if p is not None and p.is_dir():
             raise _err(f"{p}: is a folder, expected a file path")
     rules_path = find_rules(args.rules)
-    kind = args.cost_model or get(config, "cost.model")
-    if args.costs is not None and kind != "measured":
-        raise _err("--costs is a measured cost cache: use it with --cost-model measured")
+    kind = _target(args, config)
     seed = get(config, "seed")
     device = resolve_device(config)
     graph = load_onnx(args.model, args.input_shape)
@@ -179,9 +212,9 @@ def run(args: argparse.Namespace) -> int:
     result = run_method(args.method, graph, rules, cost, alpha=alpha, budget=budget, time_limit_s=limit,
                         progress=progress)
     used = config_used(config, args.method, alpha, budget, limit)
-    used["cost.model"] = kind
+    used["cost.target"] = kind
     extra = {"model": str(args.model), "rules": str(rules_path), "num_rules": len(rules), "device": device,
-             "cost_model": cost.name, "cost": cost.describe(), "config": used}
+             "cost_model": cost.name, "target": cost.name, "cost": cost.describe(), "config": used}
     diff, doc = verify_and_write(graph, result, args.out, args.trace, extra, seed=seed, device=device,
                                  tol=args.tolerance, speed_check=_speed_check(args, config, device), log=_log(args))
     if args.json:
@@ -190,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
                    rule_names=[s.rule_name for s in result.trace], total_seconds=time.perf_counter() - t0)
         print(json.dumps(doc, indent=2))
     else:
-        print(summary(result, diff, args.method))
+        print(_labelled(summary(result, diff, args.method), cost))
         print(f"wrote {args.out}" + (f" and {args.trace}" if args.trace else "")
               + f" ({time.perf_counter() - t0:.1f} s in all)")
     sys.stdout.flush()
@@ -223,9 +256,7 @@ def run_agent(args: argparse.Namespace, t0: float) -> int:
         if p is not None and p.is_dir():
             raise _err(f"{p}: is a folder, expected a file path")
     config = load_config(args.config, args.overrides)
-    kind = args.cost_model or get(config, "cost.model")
-    if args.costs is not None and kind != "measured":
-        raise _err("--costs is a measured cost cache: use it with --cost-model measured")
+    kind = _target(args, config)
     seed = get(config, "seed")
     device = resolve_device(config)
     rules_path = find_rules(args.rules)
@@ -239,8 +270,8 @@ def run_agent(args: argparse.Namespace, t0: float) -> int:
     result, episode = agent.optimise(graph, rules, cost, device)
     label = "rlflow" if agent.method == "rlflow" else "rlflow (model-free agent)"
     extra = {"model": str(args.model), "rules": str(rules_path), "num_rules": len(rules), "device": device,
-             "cost_model": cost.name, "cost": cost.describe(),
-             "config": {"seed": seed, "device": config.get("device"), "cost.model": kind},
+             "cost_model": cost.name, "target": cost.name, "cost": cost.describe(),
+             "config": {"seed": seed, "device": config.get("device"), "cost.target": kind},
              "agent": str(args.agent), "agent_method": agent.method, "agent_env": agent.env,
              "agent_trained_on": agent.info.get("model"),
              "real_interactions": {"evaluation": episode["steps"], "total": episode["steps"]}}
@@ -252,7 +283,7 @@ def run_agent(args: argparse.Namespace, t0: float) -> int:
                    rule_names=[s.rule_name for s in result.trace], total_seconds=time.perf_counter() - t0)
         print(json.dumps(doc, indent=2))
     else:
-        print(agent_summary(result, diff, label))
+        print(_labelled(agent_summary(result, diff, label), cost))
         print(f"wrote {args.out}" + (f" and {args.trace}" if args.trace else "")
               + f" ({time.perf_counter() - t0:.1f} s in all)")
     sys.stdout.flush()

@@ -1,8 +1,8 @@
 """Cost models: per-op metrics summed over the graph (TASO's cost function: graph cost = sum of op costs).
 
 - :class:`AnalyticCost` -- a roofline estimate per op, ``max(flops / peak, bytes / bandwidth) + launch``, from
-  device peak figures in config. Deterministic: tests and CI use it.
-- :class:`MeasuredCost` -- each distinct op signature (op, attributes, input types) timed once on the device
+  the device's calibration (rlflow.cost.calibration) or, failing that, the peak figures in config. Deterministic: tests and CI use it.
+- :class:`MeasuredCost` (targets ``torch-eager``, ``cuda``) -- each distinct op signature (op, attributes, input types) timed once on the device
   (torch; CUDA events on a GPU), as TASO times each operator with cuDNN, and cached in a JSON file reused
   across models and stages. An op the cache lacks is estimated from the roofline scaled by the measured/roofline
   ratio of its op type (so a graph's cost never depends on when its ops happened to be timed);
@@ -55,9 +55,11 @@ def launches_of(node: Node) -> int:
 
 
 class CostModel:
-    """Base class: subclasses give :meth:`_runtime`; this class caches and sums."""
+    """Base class: subclasses give :meth:`_runtime`; this class caches and sums. ``name`` is the cost target
+    (``cost.target``); ``label`` what every printed figure of the target is called (``simulated H100``)."""
 
     name = "base"
+    label = "base"
 
     def __init__(self, device: str, peak: Mapping[str, float] | None = None):
         self.device = device
@@ -72,6 +74,10 @@ class CostModel:
     def _runtime(self, node: Node, in_types: list[TensorType], flops: float, nbytes: float) -> float:
         raise NotImplementedError
 
+    def _launches(self, node: Node) -> int:
+        """Kernels the node launches (0: it costs nothing)."""
+        return launches_of(node)
+
     def node_cost(self, node: Node, types: Mapping[str, TensorType]) -> NodeCost:
         """(runtime_ms, flops, bytes, launches) of one node (cached per node object)."""
         hit = self._by_node.get(id(node))
@@ -79,7 +85,8 @@ class CostModel:
             return hit[1]
         ins = [types[v] for v in node.inputs if v]
         outs = [types[v] for v in node.outputs]
-        flops, nbytes, launches = float(node_flops(node, ins, outs)), float(node_bytes(node, ins, outs)), launches_of(node)
+        flops, nbytes, launches = (float(node_flops(node, ins, outs)), float(node_bytes(node, ins, outs)),
+                                   self._launches(node))
         runtime = self._runtime(node, ins, flops, nbytes) if launches else 0.0
         cost = (runtime, flops, nbytes, float(launches))
         if len(self._by_node) > 500_000:  # bound the cache on very long runs (it holds the nodes alive)
@@ -116,26 +123,33 @@ class CostModel:
         return self.roofline_ms(metrics.flops, metrics.bytes)
 
     def describe(self) -> dict[str, Any]:
-        return {"model": self.name, "device": self.device, "peak": self.peak}
+        return {"model": self.name, "target": self.name, "label": self.label, "device": self.device,
+                "peak": self.peak}
 
 
 class AnalyticCost(CostModel):
-    """Roofline per op plus a fixed launch overhead per kernel."""
+    """Roofline per op plus a fixed launch overhead per kernel (peaks: the device's calibration when the cost
+    cache has one, else the config's ``cost.peak``)."""
 
     name = "analytic"
+    label = "analytic roofline"
 
     def _runtime(self, node, in_types, flops, nbytes):
         return self.roofline_ms(flops, nbytes) + self.peak["launch_us"] * 1e-3
 
 
 class MeasuredCost(CostModel):
-    """Measured per-signature runtimes (a cache file), roofline x op-type calibration for the rest."""
+    """Measured per-signature runtimes (a cache file), roofline x op-type calibration for the rest: the
+    ``torch-eager`` target (each op a torch eager call; on a GPU timed with CUDA events, the ``cuda`` target)."""
 
-    name = "measured"
+    name = "torch-eager"
+    label = "torch eager (measured per op)"
 
     def __init__(self, device: str, peak: Mapping[str, float] | None = None, table: Mapping[str, dict] | None = None,
                  warmup: int = 8, repeats: int = 32, hardware: str | None = None):
         super().__init__(device, peak)
+        if device == "cuda":
+            self.name, self.label = "cuda", "CUDA (measured per op with CUDA events)"
         self.table: dict[str, dict] = dict(table or {})
         self.warmup, self.repeats = warmup, repeats
         self.hardware = hardware or describe_hardware(device)
@@ -204,9 +218,8 @@ class MeasuredCost(CostModel):
                 "ops": dict(sorted(self.table.items()))}
 
     def save(self, path: str | Path) -> None:
-        from rlflow.atomic import write_text
-
-        write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
+        """Write the table into the cache file (its other sections -- calibration, ort-cpu kernels -- kept)."""
+        write_cache(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | Path, device: str, peak: Mapping[str, float] | None = None,
@@ -214,31 +227,72 @@ class MeasuredCost(CostModel):
         """Read a cache file; a missing file gives an empty table. A cache measured on another device kind
         (cpu/cuda) is a one-line error, rather than mixing devices; one measured on other hardware of the same
         kind (another CPU or GPU model) is used, with a one-line warning on stderr."""
-        p = Path(path)
-        if not p.exists():
+        data = read_cache(path, device)
+        if data is None:
             return cls(device, peak, warmup=warmup, repeats=repeats)
-        if p.is_dir():
-            raise RLFlowError(f"{p}: is a folder, expected a cost cache (.json)")
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, ValueError) as e:
-            raise RLFlowError(f"{p}: not a cost cache ({e.__class__.__name__})") from None
-        if not isinstance(data, dict) or data.get("format") != COSTS_FORMAT or not isinstance(data.get("ops"), dict):
-            raise RLFlowError(f"{p}: not a cost cache (expected format '{COSTS_FORMAT}')")
-        for sig, e in data["ops"].items():
-            if not (isinstance(e, dict) and isinstance(e.get("op"), str)
-                    and all(isinstance(e.get(k), (int, float)) and not isinstance(e.get(k), bool) and e[k] >= 0
-                            for k in ("runtime_ms", "flops", "bytes"))):
-                raise RLFlowError(f"{p}: malformed entry for op signature '{sig}' (needs 'op', and 'runtime_ms', "
-                                  f"'flops', 'bytes' >= 0)")
-        if data.get("device") != device:
-            raise RLFlowError(f"{p}: measured on '{data.get('device')}', but the device is '{device}' "
-                              f"(re-run `rlflow measure-costs` on this device)")
-        here = describe_hardware(device)
-        if data.get("hardware") not in (None, here):
-            print(f"rlflow: warning: {p} was measured on '{data.get('hardware')}', this machine is '{here}'",
-                  file=sys.stderr)
         return cls(device, peak, data["ops"], warmup, repeats, hardware=data.get("hardware"))
+
+
+def _check_entries(p: Path, section: str, entries, key: str) -> None:
+    if not isinstance(entries, dict):
+        raise RLFlowError(f"{p}: '{section}' must map signatures to measurements")
+    for sig, e in entries.items():
+        if not (isinstance(e, dict) and isinstance(e.get(key), str)
+                and all(isinstance(e.get(k), (int, float)) and not isinstance(e.get(k), bool) and e[k] >= 0
+                        for k in ("runtime_ms", "flops", "bytes"))):
+            raise RLFlowError(f"{p}: malformed entry for {section} signature '{sig}' (needs '{key}', and "
+                              f"'runtime_ms', 'flops', 'bytes' >= 0)")
+
+
+def read_cache(path: str | Path, device: str) -> dict | None:
+    """A cost cache's content, checked (None when the file does not exist): ``ops`` (torch-eager / cuda op
+    table), ``kernels`` and ``fusion`` (ort-cpu), ``calibration`` (per backend), each optional."""
+    p = Path(path)
+    if not p.exists():
+        return None
+    if p.is_dir():
+        raise RLFlowError(f"{p}: is a folder, expected a cost cache (.json)")
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise RLFlowError(f"{p}: not a cost cache ({e.__class__.__name__})") from None
+    if not isinstance(data, dict) or data.get("format") != COSTS_FORMAT:
+        raise RLFlowError(f"{p}: not a cost cache (expected format '{COSTS_FORMAT}')")
+    data.setdefault("ops", {})
+    _check_entries(p, "ops", data["ops"], "op")
+    _check_entries(p, "kernels", data.setdefault("kernels", {}), "pattern")
+    fusion = data.setdefault("fusion", {})
+    if not isinstance(fusion, dict) or not all(
+            isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and x >= 0 for x in v)
+            for v in fusion.values()):
+        raise RLFlowError(f"{p}: 'fusion' must map 'Producer>Consumer' to [fused, seen] counts")
+    if data.get("device") != device:
+        raise RLFlowError(f"{p}: measured on '{data.get('device')}', but the device is '{device}' "
+                          f"(re-run `rlflow measure-costs` on this device)")
+    here = describe_hardware(device)
+    if data.get("hardware") not in (None, here):
+        print(f"rlflow: warning: {p} was measured on '{data.get('hardware')}', this machine is '{here}'",
+              file=sys.stderr)
+    return data
+
+
+def write_cache(path: str | Path, sections: Mapping[str, Any]) -> None:
+    """Write ``sections`` into the cost cache at ``path``, keeping the sections of an existing cache of the same
+    device that ``sections`` does not replace."""
+    from rlflow.atomic import write_text
+
+    p = Path(path)
+    data: dict = {}
+    if p.is_file():
+        try:
+            old = json.loads(p.read_text())
+        except (OSError, ValueError):
+            old = None
+        if isinstance(old, dict) and old.get("format") == COSTS_FORMAT and old.get("device") == sections.get("device"):
+            data = old
+    data.update(sections)
+    data["format"] = COSTS_FORMAT
+    write_text(p, json.dumps(data, indent=1) + "\n")
 
 
 def describe_hardware(device: str) -> str:
@@ -253,19 +307,3 @@ def describe_hardware(device: str) -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def make_cost_model(config: Mapping, device: str, costs_path: str | Path | None = None,
-                    kind: str | None = None) -> CostModel:
-    """The cost model the config asks for (``cost.model``, or ``kind``) on ``device`` (cpu|cuda)."""
-    cost = dict(config.get("cost", {}))
-    kind = kind or cost.get("model", "measured")
-    peak = (cost.get("peak") or {}).get(device)
-    if kind == "analytic":
-        return AnalyticCost(device, peak)
-    if kind == "measured":
-        warmup, repeats = cost.get("warmup", 8), cost.get("repeats", 32)
-        if costs_path is None:
-            return MeasuredCost(device, peak, warmup=warmup, repeats=repeats)
-        return MeasuredCost.load(costs_path, device, peak, warmup, repeats)
-    raise RLFlowError(f"unknown cost model '{kind}' (choose from analytic, measured)")

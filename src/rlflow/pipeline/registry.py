@@ -329,7 +329,8 @@ def _check(stage: Stage) -> Stage:
 #: its inputs, the config keys that score graphs, and the matching command-line flags
 PROBLEM_INPUTS = {"onnx": "results/{model}/model.onnx", "rules": "results/rules/rules.json",
                   "costs": "results/costs/{device}/{model}.json"}
-SCORING_PARAMS = {"seed": "seed", "device": "device", "cost_model": "cost.model", "peak": "cost.peak"}
+SCORING_PARAMS = {"seed": "seed", "device": "device", "target": "cost.target", "gpus": "cost.gpus",
+                  "peak": "cost.peak"}
 PROBLEM_ARGS = (("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--rules", "{input.rules}"),
                 ("--costs", "{input.costs}"))
 
@@ -409,12 +410,15 @@ STAGES: dict[str, Stage] = {
         ),
         Stage(
             name="measure_costs",
-            doc="Time every op signature of the model and of graphs a few rewrites away (the measured cost model).",
+            doc="Calibrate the device; for a measured cost target, time every op or kernel signature of the model "
+                "and of graphs a few rewrites away.",
             inputs={"onnx": "results/{model}/model.onnx", "rules": "results/rules/rules.json"},
             outputs={"costs": "results/costs/{device}/{model}.json"},
             params={
                 "seed": "seed",
                 "device": "device",
+                "target": "cost.target",
+                "learn_graphs": "cost.learn_graphs",
                 "warmup": "cost.warmup",
                 "repeats": "cost.repeats",
                 "explore_steps": "cost.explore_steps",

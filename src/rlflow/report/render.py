@@ -12,6 +12,7 @@ import yaml
 from rlflow.report import figures, paper
 from rlflow.report import html as h
 from rlflow.report import tables as t
+from rlflow.report import targets as cost_target
 from rlflow.report.data import AA, BACKEND_LABEL, METHOD_LABEL, METHOD_ORDER, ReportData, reported_config
 
 
@@ -483,7 +484,8 @@ def config_versions(d: ReportData) -> tuple[str, str, str]:
     return "config", "Config, versions and machine", "".join(parts)
 
 
-SECTIONS = (how_to_read, table2, fig6, fig7, fig8, fig9, fig10, fig5, table3, cost_vs_e2e, sample_efficiency,
+SECTIONS = (how_to_read, table2, fig6, fig7, fig8, fig9, fig10, fig5, table3, cost_vs_e2e, cost_target.section,
+            sample_efficiency,
             encoder, rollouts, rules, evaluation, config_versions)
 
 
@@ -492,7 +494,7 @@ def render_report(d: ReportData) -> str:
     cfg = d.config
     reward = (cfg.get("env") or {}).get("reward") or {}
     header = _kv([("model", d.model), *d.machine.items(),
-                  ("cost model", (cfg.get("cost") or {}).get("model")),
+                  ("cost target", (cfg.get("cost") or {}).get("target") or (cfg.get("cost") or {}).get("model")),
                   ("reward", reward.get("name")),
                   ("controller temperature", (cfg.get("controller") or {}).get("temperature")),
                   ("seed", cfg.get("seed")), ("results", str(d.results))])

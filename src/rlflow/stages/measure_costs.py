@@ -1,5 +1,11 @@
-"""Time every op signature of a model and of graphs a few rewrites away (pipeline stage ``measure_costs``): the
-cache of the measured cost model (rlflow.cost.MeasuredCost), which every stage that scores graphs reads.
+"""Calibrate the device and, for a measured cost target, time every op or kernel signature of a model and of
+graphs a few rewrites away (pipeline stage ``measure_costs``): the cost cache every stage that scores graphs reads.
+
+Always: the device calibration of each CPU backend (rlflow.cost.calibration: sustained GEMM rate, bandwidth,
+per-kernel overhead; a few seconds), kept in the cache's ``calibration`` section. Then, by ``cost.target``:
+sim-v100/a100/h100 and analytic need nothing more (cheap); torch-eager and cuda time op signatures as below;
+ort-cpu first learns onnxruntime's fusions from its optimised models of the model and of one-rewrite neighbours
+(one per rule, ``cost.learn_graphs`` graphs in all), then times each kernel signature of the graphs below.
 
 The graphs measured: the model itself, every graph one rewrite away (each match of each rule applied once), and
 the graphs on seeded random rewrite walks from the model totalling cost.explore_steps rewrites (each step picks a
@@ -8,8 +14,8 @@ no rule matches or after 50 steps). Each distinct op signature (op, attributes, 
 timed once on the device: cost.warmup untimed runs, then the median of cost.repeats runs (CUDA events on a GPU).
 Ops that read weights only (folded before running) and views (Reshape, Flatten, Identity) are not timed.
 
-Reads these config keys: seed (the walks), device, cost.warmup, cost.repeats, cost.explore_steps and cost.peak
-(the analytic figure in the summary, and the calibration of unmeasured ops).
+Reads these config keys: seed (the walks), device, cost.target, cost.learn_graphs, cost.warmup, cost.repeats,
+cost.explore_steps and cost.peak (fallback figures).
 Writes the cost cache (``--out``, JSON: format, device, hardware, warmup, repeats, peak and one entry per
 signature), atomically. A progress bar goes to stderr; a summary to stdout.
 
@@ -69,29 +75,70 @@ def explore(graph, rules: Sequence, steps: int, seed: int, stats: dict | None = 
         yield cur.graph
 
 
+def learning_graphs(graph, rules: Sequence, count: int) -> list:
+    """The model and one-rewrite neighbours, one per rule with a match (in rule order): ``count`` graphs at most."""
+    from rlflow.rewrite.matcher import MatchIndex, apply
+
+    out = [graph]
+    for matches in MatchIndex(graph, rules).matches:
+        if len(out) >= count:
+            break
+        if matches:
+            out.append(apply(graph, matches[0]))
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
-    from rlflow.cost import AnalyticCost, make_cost_model
+    from rlflow.cost import AnalyticCost, calibration, make_cost_model, resolve_target
+    from rlflow.cost.model import write_cache
+    from rlflow.cost.targets import MEASURED
     from rlflow.stages.common import load_problem
 
     if args.out.exists() and args.out.is_dir():
         raise RLFlowError(f"{args.out}: --out is a folder, expected a .json file path")
     args.costs = None
     p = load_problem(args)
+    target = resolve_target(p.config)
     steps, seed = get(p.config, "cost.explore_steps"), get(p.config, "seed")
-    cost = make_cost_model(p.config, p.device, kind="measured")  # always measured, whatever cost.model says
-    print(f"measure_costs: {args.model} ({len(p.graph.nodes)} nodes), {len(p.rules)} rules, device {p.device} "
-          f"({cost.hardware}), warmup {cost.warmup}, repeats {cost.repeats}, explore_steps {steps}, seed {seed}",
-          flush=True)
     t0 = time.perf_counter()
+    cals = {b: calibration.measure(b, "cpu") for b in calibration.BACKENDS}
+    for b, c in cals.items():
+        print(f"measure_costs: calibration {b}: GEMM {c.gemm_flops_per_s / 1e9:.1f} GFLOP/s, bandwidth "
+              f"{c.bandwidth_bytes_per_s / 1e9:.2f} GB/s, per-kernel overhead {c.kernel_overhead_s * 1e6:.2f} us "
+              f"({c.hardware})", flush=True)
+    from rlflow.cost.model import describe_hardware
+
+    header = {"device": "cuda" if target == "cuda" else "cpu", "hardware": describe_hardware("cpu"),
+              "target": target, "calibration": calibration.to_json(cals)}
+    if target not in MEASURED:
+        write_cache(args.out, {**header, "ops": {}, "kernels": {}, "fusion": {}})
+        cost = make_cost_model(p.config, p.device, args.out, target)
+        ms = cost.graph_metrics(p.graph)
+        print(f"measure_costs: target {target} ({cost.label}) times nothing; calibration in "
+              f"{time.perf_counter() - t0:.1f} s -> {args.out}", flush=True)
+        print(f"measure_costs: model cost {ms.runtime_ms:.3f} ms [{cost.label}] ({ms.flops / 1e9:.3f} GFLOP, "
+              f"{ms.bytes / 1e6:.1f} MB, {int(ms.launches)} kernel launches)", flush=True)
+        return 0
+    cost = make_cost_model(p.config, p.device, kind=target)
+    if target == "ort-cpu":
+        cost.set_calibration(cals["ort"])
+        learned = cost.learn(learning_graphs(p.graph, p.rules, get(p.config, "cost.learn_graphs")))
+        print(f"measure_costs: onnxruntime's fusions learned from {learned} graphs: "
+              f"{', '.join(sorted('>'.join(k) for k in cost.fusable)) or 'none'}", flush=True)
+    print(f"measure_costs: {args.model} ({len(p.graph.nodes)} nodes), {len(p.rules)} rules, target {target} "
+          f"({cost.label}; {cost.hardware}), warmup {cost.warmup}, repeats {cost.repeats}, explore_steps {steps}, "
+          f"seed {seed}", flush=True)
     stats: dict = {}
     measured = cost.measure(explore(p.graph, p.rules, steps, seed, stats), progress=not args.no_progress)
     seconds = time.perf_counter() - t0
+    write_cache(args.out, header)
     cost.save(args.out)
     ms = cost.graph_metrics(p.graph)
-    analytic = AnalyticCost(p.device, cost.peak).graph_metrics(p.graph)
-    print(f"measure_costs: {measured} op signatures measured in {seconds:.1f} s over {1 + stats['neighbours']} "
-          f"graphs (the model and its {stats['neighbours']} one-rewrite neighbours) + {stats['walk_steps']} random "
-          f"rewrites in {stats['walks']} walks -> {args.out}", flush=True)
-    print(f"measure_costs: model cost {ms.runtime_ms:.3f} ms measured, {analytic.runtime_ms:.3f} ms analytic "
+    analytic = AnalyticCost("cpu", cals["ort"].as_peak()).graph_metrics(p.graph)
+    print(f"measure_costs: {measured} {'kernel' if target == 'ort-cpu' else 'op'} signatures measured in "
+          f"{seconds:.1f} s over {1 + stats['neighbours']} graphs (the model and its {stats['neighbours']} "
+          f"one-rewrite neighbours) + {stats['walk_steps']} random rewrites in {stats['walks']} walks -> {args.out}",
+          flush=True)
+    print(f"measure_costs: model cost {ms.runtime_ms:.3f} ms {target}, {analytic.runtime_ms:.3f} ms analytic "
           f"({ms.flops / 1e9:.3f} GFLOP, {ms.bytes / 1e6:.1f} MB, {int(ms.launches)} kernel launches)", flush=True)
     return 0

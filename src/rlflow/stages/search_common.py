@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from rlflow.config import get
+from rlflow.cost.targets import resolve_target
 from rlflow.errors import RLFlowError
 from rlflow.search.output import run_method, summary, verify_and_write
 from rlflow.stages.common import load_problem
@@ -61,7 +62,7 @@ def e2e_meter(config: dict, device: str):
 def config_used(config: dict, method: str, alpha: float, budget: int, limit: float) -> dict:
     """The config values a search ran with, by dotted key."""
     used = {"seed": config.get("seed"), "device": config.get("device"),
-            "cost.model": config.get("cost", {}).get("model"), "search.time_limit_s": limit}
+            "cost.target": resolve_target(config), "search.time_limit_s": limit}
     if method == "taso":
         used.update({"search.alpha": alpha, "search.budget": budget})
     return used

@@ -1,0 +1,82 @@
+"""Report section "Estimate on the cost target vs end to end" (issue 13, item 4): per method, what the searches
+and agents optimised (the estimate on the run's cost target, ``cost_ms`` of ``evaluation.csv``) beside what the
+graph measured end to end on each local backend, both as a ratio to the original; and X-RLflow's estimate-vs-E2E
+line for the model. A simulated target (``sim-*``) is labelled "simulated <GPU>": no GPU ran it, and its
+estimate is not comparable in milliseconds with the CPU latencies, only in direction."""
+
+from __future__ import annotations
+
+from rlflow.report import html as h
+from rlflow.report import paper
+from rlflow.report.data import BACKEND_LABEL, METHOD_LABEL, ReportData
+from rlflow.report.tables import backends, methods, ok_cell
+
+
+def target_label(d: ReportData) -> tuple[str, str]:
+    """(target, label) the run's cost estimates were made on: from a method's trace, else the config."""
+    for inp in d.traces.values():
+        cost = (inp.data or {}).get("cost") if inp.ok else None
+        if isinstance(cost, dict) and cost.get("label"):
+            return str(cost.get("target") or cost.get("model") or "?"), str(cost["label"])
+    cost = d.config.get("cost") or {}
+    target = str(cost.get("model") or cost.get("target") or "?")
+    return target, (f"simulated {target[4:].upper()}" if target.startswith("sim-") else target)
+
+
+def rows(d: ReportData) -> list[dict]:
+    """Per method with a cost estimate: the estimate, and per backend the median end-to-end latency; each with
+    its ratio to the original's (None where the original lacks the figure)."""
+    bs = backends(d.evaluation)
+    orig_cost = next((r["cost_ms"] for r in d.evaluation if r["method"] == "original" and r["cost_ms"]), None)
+    orig_e2e = {b: (ok_cell(d.evaluation, "original", b) or {}).get("latency_ms_median") for b in bs}
+    out = []
+    for m in methods(d.evaluation):
+        cost = next((r["cost_ms"] for r in d.evaluation if r["method"] == m and r["cost_ms"] is not None), None)
+        e2e = {b: (ok_cell(d.evaluation, m, b) or {}).get("latency_ms_median") for b in bs}
+        out.append({"method": m, "cost_ms": cost, "cost_ratio": cost / orig_cost if cost and orig_cost else None,
+                    "e2e_ms": e2e, "e2e_ratio": {b: e2e[b] / orig_e2e[b] if e2e[b] and orig_e2e[b] else None
+                                                 for b in bs}})
+    return out
+
+
+def _ratio(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def section(d: ReportData) -> tuple[str, str, str]:
+    target, label = target_label(d)
+    simulated = target.startswith("sim-")
+    parts = [h.p(f"What each method optimised -- its estimate on the cost target ({label}) -- beside its measured "
+                 "end-to-end latency on each local backend; ratios are to the original graph (< 1: lower). "
+                 + ("The target is a simulated GPU: no GPU ran it, so compare directions, not milliseconds."
+                    if simulated else ""))]
+    rs = rows(d)
+    bs = backends(d.evaluation)
+    if not any(r["cost_ms"] is not None for r in rs):
+        parts.append(h.missing("No row of evaluation.csv has a cost estimate."))
+    else:
+        head = ["method", f"estimate, {label} (ms)", "estimate ratio"]
+        for b in bs:
+            head += [f"{BACKEND_LABEL.get(b, b)} E2E (ms)", f"{BACKEND_LABEL.get(b, b)} ratio"]
+        body = []
+        for r in rs:
+            cells = [METHOD_LABEL.get(r["method"], r["method"]), h.num(r["cost_ms"], 4), _ratio(r["cost_ratio"])]
+            for b in bs:
+                cells += [h.num(r["e2e_ms"][b]), _ratio(r["e2e_ratio"][b])]
+            body.append(cells)
+        parts.append(h.table(head, body, f"This run (cost target {target})", cls="left1"))
+    xm = paper.X_RLFLOW_MODEL.get(d.model)
+    if xm:
+        a, b, pct = paper.X_RLFLOW_COST_DISCREPANCY[xm]
+        line = (f"{paper.X_RLFLOW_COST_SOURCE}, {xm}: cost model {a:.4f} ms, end to end {b:.4f} ms, difference "
+                f"{pct:.1f}%.")
+        orig = next((r for r in rs if r["method"] == "original"), None)
+        if orig and orig["cost_ms"] and not simulated:
+            ours = [f"{BACKEND_LABEL.get(k, k)} {abs(v - orig['cost_ms']) / orig['cost_ms'] * 100:.1f}%"
+                    for k, v in orig["e2e_ms"].items() if v]
+            if ours:
+                line += f" This run, the original graph on {label}: " + ", ".join(ours) + "."
+        parts.append(h.paper(line))
+    else:
+        parts.append(h.paper(f"{paper.X_RLFLOW} did not report this model's cost-model discrepancy."))
+    return "target", "Estimate on the cost target vs end to end", "".join(parts)

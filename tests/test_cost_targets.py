@@ -1,0 +1,124 @@
+"""Cost targets (rlflow.cost.targets): simulated GPUs, ort-cpu, cuda without a GPU, calibration."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rlflow.config import load_config
+from rlflow.cost import make_cost_model, resolve_target
+from rlflow.cost.simgpu import gemm_efficiency
+from rlflow.errors import RLFlowError
+from rlflow.graph import GraphBuilder, load_onnx, zoo
+
+
+@pytest.fixture(autouse=True)
+def _calibration_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLFLOW_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config(None)
+
+
+@pytest.fixture(scope="module")
+def qkv_sequence(tmp_path_factory):
+    """One BERT-base layer (hidden 768, seq 128) and the graphs after merging Q with K, then QK with V, by the
+    project's own rule (b-matmul-merge) and engine (MatchIndex)."""
+    from rlflow.rewrite.builtin import builtin_rules
+    from rlflow.rewrite.matcher import MatchIndex
+
+    path = tmp_path_factory.mktemp("qkv") / "bert1.onnx"
+    zoo.export_model("bert", path, dict(zoo.DEFAULT_SIZES["bert"], layers=1, vocab=512))
+    g = load_onnx(path)
+    rules = [r for r, _ in builtin_rules() if r.id == "b-matmul-merge"]
+    seq, idx = [g], MatchIndex(g, rules)
+    for _ in range(2):
+        assert idx.matches[0], "the Q/K/V MatMuls must be mergeable"
+        idx = idx.apply(0, 0)
+        seq.append(idx.graph)
+    assert [h.op_counts().get("Split", 0) for h in seq] == [0, 1, 2]
+    assert [h.op_counts()["MatMul"] for h in seq] == [8, 7, 6]  # Q, K, V, scores, context, output, 2 FFN
+    return seq
+
+
+def test_qkv_merge_lowers_sim_h100_not_ort_cpu(qkv_sequence, config):
+    from rlflow.cost.calibration import measure
+
+    sim = make_cost_model(config, "cpu", kind="sim-h100")
+    s = [sim.graph_metrics(g).runtime_ms for g in qkv_sequence]
+    assert s[2] < s[1] < s[0]  # fewer launches and better SM occupancy on the simulated H100
+    assert sim.graph_metrics(qkv_sequence[2]).launches == sim.graph_metrics(qkv_sequence[0]).launches - 2
+
+    ort = make_cost_model(config, "cpu", kind="ort-cpu")
+    ort.warmup, ort.repeats = 2, 10
+    ort.set_calibration(measure("ort", repeats=5))
+    ort.learn(qkv_sequence)  # onnxruntime fuses MatMul + bias Add (Gemm) but nothing across the merged Split
+    assert ("MatMul", "Add") in ort.fusable and ("MatMul", "Split") not in ort.fusable
+    ort.measure(qkv_sequence)
+    o = [ort.graph_metrics(g).runtime_ms for g in qkv_sequence]
+    assert o[2] >= o[0] and o[1] >= o[0]
+    k = [ort.graph_metrics(g).launches for g in qkv_sequence]
+    assert k[2] > k[0]  # Split + three unfused bias Adds replace three fused Gemms
+
+
+def test_sim_gpu_quantisation_and_free_data_movement(config):
+    # one wave of full 128x128 tiles on all SMs is the peak; a small GEMM is best cut into 16 tiles of 32x32
+    # (each sustaining 45% of an SM), which fill 16 of the 132 SMs
+    assert gemm_efficiency(128 * 12, 128 * 11, 4096, 1, 132) == pytest.approx(1.0)
+    assert gemm_efficiency(128, 128, 128, 1, 132) == pytest.approx(16 * 0.45 / 132)
+    assert gemm_efficiency(128 * 12, 128 * 11 + 1, 4096, 1, 132) < 1.0  # a partial extra tile column
+    b = GraphBuilder("movement")
+    x = b.input("x", (64, 256))
+    w = b.const("w", np.ones((256, 256), np.float32))
+    y = b.op("MatMul", [x, w], name="mm")
+    t = b.op("Transpose", [y], name="t", perm=(1, 0))
+    r = b.op("Reshape", [t], name="r", shape=(256 * 64,))
+    g = b.build([r])
+    for gpu in ("v100", "a100", "h100"):
+        sim = make_cost_model(config, "cpu", kind=f"sim-{gpu}")
+        costs = dict(zip([n.name for n in g.nodes], sim.node_costs(g)))
+        assert costs["t"][0] == 0 and costs["t"][3] == 0 and costs["r"] == (0.0, 0.0, 0.0, 0.0)
+        spec = config["cost"]["gpus"][gpu]
+        flops, nbytes = 2 * 64 * 256 * 256, (64 * 256 + 256 * 256 + 64 * 256) * 4
+        eff = gemm_efficiency(64, 256, 256, 1, spec["sms"])
+        want = max(flops / (spec["tflops_fp32"] * 1e12 * eff), nbytes / (spec["gbps"] * 1e9)) * 1e3 + \
+            spec["launch_us"] * 1e-3
+        assert costs["mm"][0] == pytest.approx(want)
+        assert sim.label == f"simulated {gpu.upper()}" and sim.describe()["simulated"]
+
+
+def test_targets_resolve_and_fail_in_one_line(config):
+    import torch
+
+    gpu = torch.cuda.is_available()
+    assert resolve_target({"cost": {"target": "auto"}}) == ("cuda" if gpu else "sim-h100")
+    assert resolve_target({"cost": {"target": "machine"}}) == ("cuda" if gpu else "ort-cpu")
+    assert resolve_target({"cost": {"target": "sim-h100", "model": "measured"}}) == "torch-eager"  # old key wins
+    assert resolve_target({"cost": {"model": "analytic"}}) == "analytic"
+    with pytest.raises(RLFlowError, match="unknown cost target 'gpu'"):
+        resolve_target({"cost": {"target": "gpu"}})
+    if not gpu:
+        with pytest.raises(RLFlowError, match="needs a CUDA GPU") as e:
+            make_cost_model(config, "cpu", kind="cuda")
+        assert "\n" not in str(e.value)
+    with pytest.raises(RLFlowError, match="cost.gpus.h100.sms"):
+        make_cost_model({"cost": {"gpus": {"h100": {"tflops_fp32": 1, "gbps": 1, "sms": 0, "launch_us": 1}}}},
+                        "cpu", kind="sim-h100")
+
+
+def test_calibration_is_measured_once_and_cached(tmp_path):
+    from rlflow.cost import calibration
+
+    path = tmp_path / "cal.json"
+    c = calibration.load_or_measure("ort", "cpu", path)
+    assert c.gemm_flops_per_s > 1e8 and c.bandwidth_bytes_per_s > 1e8 and c.kernel_overhead_s >= 0
+    assert json.loads(path.read_text())["calibration"]["ort"]["gemm_flops_per_s"] == c.gemm_flops_per_s
+    assert calibration.load_or_measure("ort", "cpu", path) == c  # read back, not measured again
+    assert calibration.read(path)["ort"].as_peak()["gflops"] == pytest.approx(c.gemm_flops_per_s / 1e9)
+    path.write_text('{"calibration": {"ort": {"gemm_flops_per_s": "fast"}}}')
+    with pytest.raises(RLFlowError, match="cal.json"):
+        calibration.read(path)
