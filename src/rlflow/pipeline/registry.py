@@ -385,6 +385,22 @@ STAGES: dict[str, Stage] = {
             args=(*PROBLEM_ARGS, ("--out", "{output.onnx}"), ("--trace", "{output.trace}")),
         ),
         Stage(
+            name="search_eqsat",
+            doc="Equality saturation over the rules (Tensat) and ILP extraction; verified graph and trace.",
+            inputs=PROBLEM_INPUTS,
+            outputs={"onnx": "results/{model}/eqsat/model.onnx", "trace": "results/{model}/eqsat/trace.json"},
+            params={
+                **SCORING_PARAMS,
+                "node_limit": "eqsat.node_limit",
+                "iter_limit": "eqsat.iter_limit",
+                "time_limit_s": "eqsat.time_limit_s",
+                "multi_iterations": "eqsat.multi_iterations",
+                "extraction": "eqsat.extraction",
+                "ilp_time_limit_s": "eqsat.ilp_time_limit_s",
+            },
+            args=(*PROBLEM_ARGS, ("--out", "{output.onnx}"), ("--trace", "{output.trace}")),
+        ),
+        Stage(
             name="collect_rollouts",
             doc="One shard of random-agent episodes in the rewrite environment (actions, metrics, location counts).",
             inputs=PROBLEM_INPUTS,

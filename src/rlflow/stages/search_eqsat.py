@@ -1,0 +1,37 @@
+"""Equality saturation over the rules, Tensat's method (pipeline stage search_eqsat).
+
+Every rule is applied everywhere at once in an e-graph (no choice between rewrites is ever made) until the
+e-graph saturates or reaches eqsat.node_limit e-nodes, eqsat.iter_limit iterations or eqsat.time_limit_s
+seconds; then the cheapest graph it holds under the cost target is extracted by an ILP with acyclicity
+constraints (HiGHS; greedy extraction if the ILP finds nothing within eqsat.ilp_time_limit_s). The result,
+weight-only nodes folded, is checked equal to the original under onnxruntime before anything is written.
+
+Reads these config keys: seed, device, cost.*, eqsat.*.
+Writes OUT (the optimised ONNX) and TRACE (JSON "rlflow.search-trace/1": cost before/after, e-graph size and
+saturation and extraction statistics, config values used, max output difference), atomically.
+
+Examples:
+  rlflow search-eqsat --config config.yaml --model bert --onnx results/bert/model.onnx \\
+      --rules results/rules/rules.json --costs results/costs/auto/bert.json \\
+      --out results/bert/eqsat/model.onnx --trace results/bert/eqsat/trace.json
+
+Pipeline: Snakemake rule search_eqsat (workflow/rules/search.smk) and dvc.yaml stage search_eqsat run this;
+both come from rlflow.pipeline.registry.STAGES["search_eqsat"].
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rlflow.stages.search_common import add_stage_arguments, run_stage
+
+NAME = "search-eqsat"
+HELP = "equality saturation (Tensat) over the rules; verified optimised ONNX and trace (pipeline stage search_eqsat)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_stage_arguments(parser, "eqsat.node_limit=20000")
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_stage(args, "eqsat", "search_eqsat")
