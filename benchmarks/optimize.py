@@ -6,8 +6,14 @@ under onnxruntime, and time both graphs end to end under onnxruntime (run.warmup
 defaults; --rounds rounds alternating original and optimised, the median of the rounds' medians). The table
 comes last.
 
+With --eqsat, equality saturation (rlflow.search.eqsat, the config's eqsat section) runs on the same graph
+with the same cost model; its final cost and optimisation time are printed beside TASO's (a second table).
+--target picks the cost target (sim-h100, ...; default: the measured per-op torch cost on this CPU).
+
   python benchmarks/optimize.py --sizes tiny                       # quick check, all 8 models
   python benchmarks/optimize.py --models bert resnet18 squeezenet  # paper sizes, budget 1000
+  python benchmarks/optimize.py --short                            # eqsat vs TASO: tiny bert and resnet18, sim-h100
+  python benchmarks/optimize.py --eqsat --target sim-h100          # eqsat vs TASO, every model at paper size
 """
 
 from __future__ import annotations
@@ -26,19 +32,27 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from rlflow.config import load_config  # noqa: E402
-from rlflow.cost import MeasuredCost  # noqa: E402
+from rlflow.cost import MeasuredCost, make_cost_model  # noqa: E402
 from rlflow.graph import load_onnx, zoo  # noqa: E402
 from rlflow.graph.exec import get_runner, make_inputs, time_runner  # noqa: E402
 from rlflow.graph.exec.check import check_equal  # noqa: E402
 from rlflow.rewrite import load_rules  # noqa: E402
 from rlflow.search import taso_search  # noqa: E402
+from rlflow.search.eqsat import eqsat_search  # noqa: E402
+from rlflow.stages.search_common import eqsat_settings  # noqa: E402
 
 
 def bench_model(name: str, path: Path, rules, args, cfg) -> dict:
     g = load_onnx(path)
-    cost = MeasuredCost("cpu", cfg["cost"]["peak"]["cpu"], warmup=cfg["cost"]["warmup"], repeats=cfg["cost"]["repeats"])
+    if args.target is None:
+        cost = MeasuredCost("cpu", cfg["cost"]["peak"]["cpu"], warmup=cfg["cost"]["warmup"],
+                            repeats=cfg["cost"]["repeats"])
+    else:
+        cost = make_cost_model(cfg, "cpu", kind=args.target)
     t0 = time.perf_counter()
-    if args.explore is None:
+    if not isinstance(cost, MeasuredCost):
+        measured = 0
+    elif args.explore is None:
         measured = cost.measure([g])
     else:  # as the measure_costs stage does: also the graphs one rewrite away and on random rewrite walks
         from rlflow.stages.measure_costs import explore
@@ -56,7 +70,16 @@ def bench_model(name: str, path: Path, rules, args, cfg) -> dict:
         for k, run in enumerate(runners):
             rounds[k].append(time_runner(run, feeds, warm, reps)["median_ms"])
     before, after = (statistics.median(x) for x in rounds)
-    return {"model": name, "nodes_before": r.nodes_before, "nodes_after": r.nodes_after,
+    eq = {}
+    if args.eqsat:
+        e = eqsat_search(g, rules, cost, **eqsat_settings(cfg))
+        st = e.stats
+        eq = {"eqsat_cost_ms": e.final.runtime_ms, "eqsat_s": e.seconds, "eqsat_stop": e.stop_reason,
+              "eqsat_enodes": st["egraph_nodes"], "eqsat_iterations": st["iterations"],
+              "eqsat_extraction": st["extraction"], "eqsat_ilp_optimal": st.get("ilp_optimal"),
+              "eqsat_saturation_s": st["saturation_seconds"], "eqsat_extraction_s": st["extraction_seconds"],
+              "eqsat_max_rel_diff": check_equal(g, e.graph)}
+    return {**eq,"model": name, "nodes_before": r.nodes_before, "nodes_after": r.nodes_after,
             "cost_before_ms": r.initial.runtime_ms, "cost_after_ms": r.final.runtime_ms,
             "ort_before_ms": before, "ort_after_ms": after, "rules_applied": len(r.trace),
             "rules": [s.rule_name for s in r.trace], "expansions": r.expansions, "generated": r.generated,
@@ -79,8 +102,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3,
                     help="latency rounds, original and optimised alternating (median of the rounds' medians)")
     ap.add_argument("--progress", action="store_true", help="search progress bar on stderr")
+    ap.add_argument("--target", help="cost target (sim-h100, analytic, ...; default: measured per op on the CPU)")
+    ap.add_argument("--eqsat", action="store_true", help="also run equality saturation (config section eqsat)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override, e.g. eqsat.node_limit=20000")
+    ap.add_argument("--short", action="store_true",
+                    help="quick eqsat check: tiny bert and resnet18, sim-h100, budget 100, 1 latency round")
     args = ap.parse_args()
-    cfg = load_config(None)
+    if args.short:
+        args.models, args.sizes, args.budget, args.rounds, args.eqsat = ["bert", "resnet18"], "tiny", 100, 1, True
+        args.target = args.target or "sim-h100"
+    cfg = load_config(None, args.overrides)
     args.alpha = cfg["search"]["alpha"] if args.alpha is None else args.alpha
     rules = load_rules(args.rules)
     rows = []
@@ -99,7 +131,7 @@ def main() -> None:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()}-core CPU ({platform.processor() or 'cpu'}), "
           f"python {platform.python_version()}; {len(rules)} rules; sizes: {args.sizes}; taso alpha {args.alpha}, "
-          f"budget {args.budget}; cost: measured per op on the CPU "
+          f"budget {args.budget}; cost: {args.target or 'measured per op on the CPU'} "
           f"({'model ops only' if args.explore is None else f'model + neighbours + {args.explore} walk steps'}); "
           f"ort latency: median of {args.rounds} "
           f"alternating rounds, each the median of {cfg['run']['repeats']} runs")
@@ -111,6 +143,18 @@ def main() -> None:
               f"{r['cost_before_ms']:>9.3f} -> {r['cost_after_ms']:<8.3f}"
               f"{r['ort_before_ms']:>8.3f} -> {r['ort_after_ms']:<7.3f}{r['rules_applied']:>5}{r['expansions']:>6}"
               f"{r['search_s']:>9.1f}{r['ms_per_expansion']:>8.1f}{r['max_rel_diff']:>10.1e}")
+    if args.eqsat:
+        e = cfg["eqsat"]
+        print(f"\neqsat vs taso (cost target: {args.target or 'measured per op, cpu'}; eqsat node limit "
+              f"{e['node_limit']}, {e['iter_limit']} iterations, {e['time_limit_s']} s, extraction {e['extraction']}, "
+              f"ILP limit {e['ilp_time_limit_s']} s)")
+        print(f"{'model':<12}{'cost before':>12}{'taso':>10}{'eqsat':>10}{'eqsat/taso':>11}{'taso s':>8}{'eqsat s':>8}"
+              f"{'time ratio':>11}{'e-nodes':>8}{'iters':>6}  stop / extraction")
+        for r in rows:
+            print(f"{r['model']:<12}{r['cost_before_ms']:>12.4f}{r['cost_after_ms']:>10.4f}{r['eqsat_cost_ms']:>10.4f}"
+                  f"{r['eqsat_cost_ms'] / r['cost_after_ms']:>11.4f}{r['search_s']:>8.1f}{r['eqsat_s']:>8.1f}"
+                  f"{r['eqsat_s'] / max(r['search_s'], 1e-9):>11.3f}{r['eqsat_enodes']:>8}{r['eqsat_iterations']:>6}  "
+                  f"{r['eqsat_stop']} / {r['eqsat_extraction']}{' (optimal)' if r['eqsat_ilp_optimal'] else ''}")
 
 
 if __name__ == "__main__":

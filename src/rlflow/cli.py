@@ -33,6 +33,7 @@ COMMAND_MODULES = [
     "rlflow.stages.measure_costs",
     "rlflow.stages.search_taso",
     "rlflow.stages.search_greedy",
+    "rlflow.stages.search_eqsat",
     "rlflow.stages.train_encoder",
     "rlflow.stages.train_world_model",
     "rlflow.stages.train_controller",

@@ -1,6 +1,7 @@
-# Stages search_taso and search_greedy: the search baselines (no learning) -> results/<model>/<method>/model.onnx
+# Stages search_taso, search_greedy and search_eqsat: the search baselines (no learning) -> results/<model>/<method>/model.onnx
 # (verified equal to the original under onnxruntime) and trace.json (rules applied, costs, seconds).
-# Code: src/rlflow/stages/search_taso.py, src/rlflow/stages/search_greedy.py; the searches: src/rlflow/search/.
+# Code: src/rlflow/stages/search_taso.py, src/rlflow/stages/search_greedy.py,
+# src/rlflow/stages/search_eqsat.py; the searches: src/rlflow/search/.
 # Paths, command line and config keys: STAGES[...] in src/rlflow/pipeline/registry.py.
 
 
@@ -36,3 +37,20 @@ rule search_greedy:
         stage_conda("search_greedy")
     shell:
         stage_shell("search_greedy")
+
+
+rule search_eqsat:
+    input:
+        unpack(stage_input("search_eqsat")),
+    output:
+        **stage_output("search_eqsat"),
+    params:
+        **stage_params("search_eqsat"),
+    log:
+        stage_log("search_eqsat"),
+    benchmark:
+        stage_benchmark("search_eqsat")
+    conda:
+        stage_conda("search_eqsat")
+    shell:
+        stage_shell("search_eqsat")

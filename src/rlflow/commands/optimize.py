@@ -3,6 +3,9 @@
 Methods:
   taso    TASO's cost-based backtracking search (--alpha, --budget)
   greedy  apply the best cost-lowering rewrite until none lowers the cost
+  eqsat   equality saturation over the rules (Tensat), then the cheapest graph the e-graph holds, extracted by
+          an ILP (HiGHS) with acyclicity constraints (config section eqsat: node_limit, iter_limit, time_limit_s,
+          multi_iterations, extraction, ilp_time_limit_s; set them with --set eqsat.node_limit=...)
   rlflow  a trained agent (--agent CKPT) chooses the rewrites in the rewrite environment, from your graph, for
           at most the horizon it was trained with, keeping the cheapest graph seen: the model-free agent one
           greedy episode; the controller as many as it was trained to (controller.eval_episodes: the first
@@ -52,7 +55,7 @@ from rlflow.commands.common import add_model_arguments
 NAME = "optimize"
 HELP = "optimise an ONNX model with TASO search, greedy search or a trained RLFlow agent over the verified rules"
 #: methods of --method: the two searches and the learned agent
-METHODS = ("taso", "greedy", "rlflow")
+METHODS = ("taso", "greedy", "eqsat", "rlflow")
 DEFAULT_RULES = Path("results/rules/rules.json")
 
 
@@ -62,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--out", required=True, type=Path, metavar="OUT.onnx", help="where to write the optimised model")
     p.add_argument("--method", choices=METHODS, default="taso",
-                   help="taso | greedy (searches) | rlflow (a trained agent, needs --agent) (default: taso)")
+                   help="taso | greedy | eqsat (searches) | rlflow (a trained agent, needs --agent) (default: taso)")
     p.add_argument("--agent", type=Path, metavar="CKPT",
                    help="rlflow: the agent checkpoint (controller.pt of train_controller or model_free.pt of "
                         "train_model_free)")
@@ -78,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, help="taso: keep candidates cheaper than alpha x best (default: search.alpha)")
     p.add_argument("--budget", type=int, help="taso: graphs to expand (default: search.budget)")
     p.add_argument("--time-limit", type=float, metavar="SECONDS",
-                   help="stop the search after this many seconds (default: search.time_limit_s; 0 = none)")
+                   help="stop the search after this many seconds (default: search.time_limit_s; eqsat: eqsat.time_limit_s, saturation only; 0 = none)")
     p.add_argument("--tolerance", type=float, default=1e-4,
                    help="largest allowed output difference, relative to output magnitude (default: 1e-4)")
     p.add_argument("--trace", type=Path, metavar="JSON", help="also write the search trace (rules applied, costs)")
@@ -183,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.graph.exec import check_memory
     from rlflow.rewrite.rule import load_rules
     from rlflow.search.output import run_method, summary, verify_and_write
-    from rlflow.stages.search_common import config_used
+    from rlflow.stages.search_common import config_used, eqsat_settings
 
     t0 = time.perf_counter()
     if args.method == "rlflow":
@@ -209,9 +212,17 @@ def run(args: argparse.Namespace) -> int:
     rules = load_rules(rules_path)
     progress = not args.no_progress and not args.json
     cost, measured = _cost_model(args, config, device, graph, kind, progress)
+    if args.method == "eqsat" and (args.alpha is not None or args.budget is not None):
+        raise _err("--alpha, --budget: TASO's settings; --method eqsat reads the config's eqsat section "
+                   "(--set eqsat.node_limit=...)")
+    settings = eqsat_settings(config)
+    if args.method == "eqsat" and args.time_limit is not None:
+        settings["time_limit_s"] = args.time_limit
     result = run_method(args.method, graph, rules, cost, alpha=alpha, budget=budget, time_limit_s=limit,
-                        progress=progress)
+                        progress=progress, eqsat=settings)
     used = config_used(config, args.method, alpha, budget, limit)
+    if args.method == "eqsat":
+        used["eqsat.time_limit_s"] = settings["time_limit_s"]
     used["cost.target"] = kind
     extra = {"model": str(args.model), "rules": str(rules_path), "num_rules": len(rules), "device": device,
              "cost_model": cost.name, "target": cost.name, "cost": cost.describe(), "config": used}

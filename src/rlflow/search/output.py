@@ -17,8 +17,10 @@ TOLERANCE = 1e-4
 
 
 def run_method(method: str, graph: Graph, rules: Sequence, cost, alpha: float = 1.05, budget: int = 1000,
-               time_limit_s: float = 0, progress: bool = False) -> SearchResult:
-    """``taso`` or ``greedy`` on ``graph`` (greedy ignores alpha and budget)."""
+               time_limit_s: float = 0, progress: bool = False, eqsat: dict[str, Any] | None = None
+               ) -> SearchResult:
+    """``taso``, ``greedy`` or ``eqsat`` on ``graph`` (greedy ignores alpha and budget; eqsat takes its settings,
+    the config's ``eqsat`` section, from ``eqsat`` and ignores the others)."""
     if method == "taso":
         from rlflow.search.taso import taso_search
 
@@ -28,7 +30,11 @@ def run_method(method: str, graph: Graph, rules: Sequence, cost, alpha: float = 
         from rlflow.search.greedy import greedy_search
 
         return greedy_search(graph, rules, cost, time_limit_s=time_limit_s, progress=progress)
-    raise RLFlowError(f"unknown search method '{method}' (choose from taso, greedy)")
+    if method == "eqsat":
+        from rlflow.search.eqsat import eqsat_search
+
+        return eqsat_search(graph, rules, cost, **(eqsat or {}))
+    raise RLFlowError(f"unknown search method '{method}' (choose from taso, greedy, eqsat)")
 
 
 def verify_and_write(original: Graph, result: SearchResult, out: Path, trace: Path | None, extra: dict[str, Any],
@@ -72,6 +78,18 @@ def verify_and_write(original: Graph, result: SearchResult, out: Path, trace: Pa
 def summary(result: SearchResult, diff: float, label: str) -> str:
     """A few lines for the terminal."""
     r = result
+    if r.method == "eqsat":
+        s = r.stats
+        return "\n".join([
+            f"{label}: cost {r.initial.runtime_ms:.4f} -> {r.final.runtime_ms:.4f} ms ({r.speedup:.3f}x), "
+            f"nodes {r.nodes_before} -> {r.nodes_after}" + (" (extraction cost more: input kept)" if s["kept_input"] else ""),
+            f"{label}: e-graph {s['egraph_nodes_initial']} -> {s['egraph_nodes']} e-nodes, {s['egraph_classes']} "
+            f"e-classes after {s['iterations']} iterations (stopped: {r.stop_reason}), {s['applied']} matches applied "
+            f"({s['rules_translated']} of {s['rules']} rules translated, {s['multi_pattern_rules']} multi-pattern), "
+            f"{s['saturation_seconds']:.1f} s",
+            f"{label}: extraction {s['extraction']}" + (f" ({'optimal' if s['ilp_optimal'] else s['ilp_message']}, "
+                                                         f"{s['ilp_variables']} variables)" if "ilp_variables" in s else "")
+            + f" {s['extraction_seconds']:.1f} s; {r.seconds:.1f} s in all; max output difference {diff:.2e}"])
     lines = [
         f"{label}: cost {r.initial.runtime_ms:.4f} -> {r.final.runtime_ms:.4f} ms ({r.speedup:.3f}x), "
         f"nodes {r.nodes_before} -> {r.nodes_after}, {len(r.trace)} rewrites applied",

@@ -1,4 +1,4 @@
-"""What the pipeline stages search_taso and search_greedy share (their modules are one-liners over this):
+"""What the pipeline stages search_taso, search_greedy and search_eqsat share (their modules are one-liners over this):
 load the declared inputs, run the search, verify, check it never slower (the measurement protocol on
 timing.check_backend: a graph not significantly faster than the original is replaced by the original; the trace
 records the check), write the optimised ONNX and the trace."""
@@ -28,7 +28,7 @@ def run_stage(args, method: str, label: str) -> int:
           f"{cost.name} on {problem.device}" + (f", alpha {alpha}, budget {budget}" if method == "taso" else "")
           + (f", time limit {limit} s" if limit else ""), flush=True)
     result = run_method(method, problem.graph, problem.rules, cost, alpha=alpha, budget=budget, time_limit_s=limit,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, eqsat=eqsat_settings(config))
     extra = {
         "model": args.model, "onnx": str(args.onnx), "rules": str(args.rules), "num_rules": len(problem.rules),
         "device": problem.device, "cost_model": cost.name, "cost": _describe(cost, getattr(args, "costs", None)),
@@ -65,7 +65,16 @@ def config_used(config: dict, method: str, alpha: float, budget: int, limit: flo
             "cost.target": resolve_target(config), "search.time_limit_s": limit}
     if method == "taso":
         used.update({"search.alpha": alpha, "search.budget": budget})
+    if method == "eqsat":
+        del used["search.time_limit_s"]
+        used.update({f"eqsat.{k}": v for k, v in eqsat_settings(config).items()})
     return used
+
+
+def eqsat_settings(config: dict) -> dict:
+    """The config's ``eqsat`` section as keyword arguments of :func:`rlflow.search.eqsat.eqsat_search`."""
+    return {k: get(config, f"eqsat.{k}") for k in ("node_limit", "iter_limit", "time_limit_s", "multi_iterations",
+                                                    "extraction", "ilp_time_limit_s")}
 
 
 def _describe(cost, costs_path) -> dict:

@@ -1,0 +1,688 @@
+"""Equality saturation over the rule set (Tensat: Yang et al., MLSys 2021), with ILP extraction.
+
+    result = eqsat_search(graph, rules, cost_model, node_limit=50_000, iter_limit=15, time_limit_s=60)
+
+**E-graph.** Every value of the graph is an e-class; an e-node is one output of one op application
+``(op, attributes, number of outputs, output index, child e-classes)``, so a multi-output op (Split) is one
+*instance* with one e-node per output. Graph inputs, weights (merged by content) and the constants a rule makes
+are leaf e-nodes. Each e-class carries its :class:`TensorType` (the shape analysis: an e-node's type comes from
+the op registry's shape inference, and only classes of equal type are ever merged) and whether it is *static*
+(computable from weights only, which the rules' ``const`` constraints ask for). Unions are repaired with the
+usual rebuild (congruence closure: e-nodes that become equal after a union merge their classes).
+
+**Rules are data.** One generic e-matcher serves every rule: a rule's source pattern is matched top-down from its
+*roots* (the pattern nodes no other pattern node reads); a pattern with several roots (TASO's two-output rules,
+e.g. merging two MatMuls that share an input; Tensat's multi-patterns) joins its roots through their shared
+variables. A match is checked exactly as the graph matcher checks one (literal attributes, parameters, shape
+expressions, ``const`` variables, a generated rule's verified ranks, and the target's shape inference giving each
+mapped value the source value's type); its target is then added and each mapped source class merged with its
+target class. Matches of an iteration are found first, then applied (as egg does), then the e-graph rebuilt.
+Multi-pattern rules run only in the first ``multi_iterations`` iterations (as Tensat limits them: their matches
+grow with the square of the graph). Saturation stops at a fixpoint or at the node, iteration or time limit.
+
+**Extraction.** The cheapest graph the e-graph represents under the cost model every search uses: each op
+instance costs its ``cost_model.node_cost`` (weight-only instances are free, as the searches count them), paid
+once however many of its outputs are used. An integer linear program (HiGHS through ``scipy.optimize.milp``)
+chooses e-nodes: each output class picks one, a chosen e-node's children pick one each, and Tensat's acyclicity
+constraint (a real-valued topological order per e-class, big-M) excludes cyclic choices. If the ILP is not solved
+to optimality within ``ilp_time_limit_s`` its best feasible answer is used, and if it has none, a greedy
+extraction (Knuth's generalisation of Dijkstra: acyclic by construction) is. The result is folded; if it costs
+more than the input under the cost model (extraction sums per-op costs; a target's graph-level fusions can
+differ) the input is returned instead, so eqsat never returns a costlier graph.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from rlflow.cost.model import CostModel
+from rlflow.errors import RLFlowError
+from rlflow.graph.ir import Constant, Graph, Node, TensorType
+from rlflow.graph.ops import infer_types
+from rlflow.rewrite.matcher import _target_types
+from rlflow.rewrite.rule import Rule, attr_equal, constant_array, eval_attr, is_param
+from rlflow.search.common import finish
+from rlflow.search.result import SearchResult
+
+_REF = re.compile(r"%(\d+)(?:\.(\d+))?$")
+_INPUT, _CONST = "$input", "$const"
+#: matches of one rule in one iteration are capped (a rule over a huge e-graph is cut, and the cut is counted)
+MATCH_CAP = 20_000
+
+# an e-node key: (op, attribute key, number of outputs, output index, child classes); a leaf's children are ()
+Key = tuple
+
+
+class EGraph:
+    """Typed e-graph of one IR graph (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.parent: list[int] = []
+        self.memo: dict[Key, int] = {}
+        self.type: list[TensorType] = []
+        self.static: list[bool] = []
+        self.attrs: dict[tuple[str, str], dict] = {}
+        self.leaves: dict[Key, tuple[str, Any]] = {}   # leaf key -> ("input", name) | ("const", Constant)
+        self.pending: list[tuple[int, int]] = []
+
+    # ------------------------------------------------------------------ union-find
+    def find(self, c: int) -> int:
+        p = self.parent
+        root = c
+        while p[root] != root:
+            root = p[root]
+        while p[c] != root:
+            p[c], c = root, p[c]
+        return root
+
+    def _new_class(self, t: TensorType, static: bool) -> int:
+        self.parent.append(len(self.parent))
+        self.type.append(t)
+        self.static.append(static)
+        return len(self.parent) - 1
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.memo)
+
+    # ------------------------------------------------------------------ adding
+    def add_input(self, name: str, t: TensorType) -> int:
+        key = (_INPUT, name, 1, 0, ())
+        if key not in self.memo:
+            self.memo[key] = self._new_class(t, False)
+            self.leaves[key] = ("input", name)
+        return self.find(self.memo[key])
+
+    def add_const(self, c: Constant) -> int:
+        key = (_CONST, c.digest.hex(), 1, 0, ())
+        if key not in self.memo:
+            self.memo[key] = self._new_class(c.type, True)
+            self.leaves[key] = ("const", c)
+        return self.find(self.memo[key])
+
+    def add_op(self, op: str, attrs: dict, children: Sequence[int], types: Sequence[TensorType] | None = None
+               ) -> list[int]:
+        """The classes of the outputs of ``op(children)``; ``types`` (else inferred) are the output types.
+        Raises RLFlowError (a ShapeError) if shape inference fails."""
+        kids = tuple(self.find(c) if c >= 0 else -1 for c in children)
+        akey = Node("n", op, (), (), attrs).attr_key()
+        self.attrs.setdefault((op, akey), dict(attrs))
+        if types is None:
+            types = infer_types(Node("n", op, tuple(f"c{c}" for c in kids), ("o",), attrs),
+                                [self.type[c] for c in kids if c >= 0])
+        n = len(types)
+        static = op != "Opaque" and bool(kids) and all(c < 0 or self.static[c] for c in kids)
+        out = []
+        for j, t in enumerate(types):
+            key = (op, akey, n, j, kids)
+            c = self.memo.get(key)
+            if c is None:
+                c = self.memo[key] = self._new_class(t, static)
+            out.append(self.find(c))
+        return out
+
+    def union(self, a: int, b: int) -> bool:
+        a, b = self.find(a), self.find(b)
+        if a == b:
+            return False
+        if self.type[a] != self.type[b]:
+            raise RLFlowError(f"eqsat: merging e-classes of types {self.type[a]} and {self.type[b]}")
+        if b < a:
+            a, b = b, a
+        self.parent[b] = a
+        self.static[a] = self.static[a] or self.static[b]
+        return True
+
+    def rebuild(self) -> None:
+        """Congruence closure: re-canonicalise every e-node; e-nodes that became equal merge their classes.
+        Then propagate the static flags to a fixpoint."""
+        while True:
+            memo: dict[Key, int] = {}
+            merged = False
+            for key, c in self.memo.items():
+                kids = key[4]
+                if kids:
+                    key = key[:4] + (tuple(self.find(k) if k >= 0 else -1 for k in kids),)
+                c = self.find(c)
+                have = memo.get(key)
+                if have is None:
+                    memo[key] = c
+                elif have != c:
+                    merged |= self.union(have, c)
+                    memo[key] = self.find(c)
+            self.memo = memo
+            if not merged:
+                break
+        changed = True
+        while changed:
+            changed = False
+            for key, c in self.memo.items():
+                c = self.find(c)
+                if not self.static[c] and key[4] and key[0] != "Opaque" and \
+                        all(k < 0 or self.static[self.find(k)] for k in key[4]):
+                    self.static[c] = changed = True
+
+    def classes(self) -> dict[int, list[Key]]:
+        out: dict[int, list[Key]] = {}
+        for key, c in self.memo.items():
+            out.setdefault(self.find(c), []).append(key)
+        return out
+
+
+def graph_to_egraph(graph: Graph) -> tuple[EGraph, list[int]]:
+    """The e-graph of ``graph`` and the classes of its outputs."""
+    eg = EGraph()
+    cls: dict[str, int] = {"": -1}
+    for v in graph.inputs:
+        cls[v] = eg.add_input(v, graph.types[v])
+    for v, c in graph.constants.items():
+        cls[v] = eg.add_const(c)
+    for n in graph.nodes:
+        outs = eg.add_op(n.op, dict(n.attrs), [cls[v] for v in n.inputs], [graph.types[v] for v in n.outputs])
+        for v, c in zip(n.outputs, outs):
+            cls[v] = c
+    eg.rebuild()  # (identical subexpressions of the input merge here)
+    return eg, [eg.find(cls[v]) for v in graph.outputs]
+
+
+# ============================================================================================ rules as patterns
+class _Pattern:
+    """A rule's source pattern prepared for e-matching."""
+
+    def __init__(self, rule: Rule):
+        self.rule = rule
+        self.src = rule.src
+        self.ins = [[("node", int(m.group(1)), int(m.group(2) or 0)) if (m := _REF.match(r)) else ("var", r)
+                     for r in pn.inputs] for pn in rule.src]
+        used = {ref[1] for row in self.ins for ref in row if ref[0] == "node"}
+        self.roots = [k for k in range(len(rule.src)) if k not in used]
+        self.multi = len(self.roots) > 1
+        self.literal = [{a: v for a, v in pn.attrs.items() if not is_param(v) and not _has_expr(v)}
+                        for pn in rule.src]
+        self.param = [{a: v[1:] for a, v in pn.attrs.items() if is_param(v)} for pn in rule.src]
+        self.expr = [{a: v for a, v in pn.attrs.items() if _has_expr(v)} for pn in rule.src]
+        ranks = rule.verified.get("ranks") if rule.origin == "generated" else None
+        self.var_ranks = {v: set(r) if isinstance(r, list) else {r} for v, r in (ranks or {}).items()}
+        self.const_vars = rule.const_vars
+
+
+def _has_expr(v: Any) -> bool:
+    return isinstance(v, dict) or (isinstance(v, (tuple, list)) and any(_has_expr(x) for x in v))
+
+
+@dataclass
+class _State:
+    nodes: dict[int, tuple]          # pattern node -> instance (op, akey, n, kids)
+    vars: dict[str, int]             # variable -> class
+    params: dict[str, Any]
+
+
+class _Index:
+    """Per iteration: op instances by op, e-nodes by class, and instances by (op, input position, class)."""
+
+    def __init__(self, eg: EGraph):
+        self.by_op: dict[str, list[tuple]] = {}
+        self.in_class: dict[int, list[Key]] = {}
+        self.uses: dict[tuple[str, int, int], list[tuple]] = {}
+        self.cls: dict[Key, int] = {}
+        for key, c in eg.memo.items():
+            self.in_class.setdefault(c, []).append(key)
+            self.cls[key] = c
+            if key[3] == 0 and key[0] not in (_INPUT, _CONST):
+                inst = (key[0], key[1], key[2], key[4])
+                self.by_op.setdefault(key[0], []).append(inst)
+                for pos, k in enumerate(key[4]):
+                    self.uses.setdefault((key[0], pos, k), []).append(inst)
+
+    def out_class(self, inst: tuple, j: int) -> int:
+        return self.cls[(inst[0], inst[1], inst[2], j, inst[3])]
+
+
+def _matches(eg: EGraph, ix: _Index, p: _Pattern) -> Iterator[_State]:
+    """Every binding of ``p``'s source pattern to op instances of the e-graph (before the whole-match checks)."""
+    src = p.src
+
+    def fit(k: int, inst: tuple, st: _State) -> _State | None:
+        pn = src[k]
+        if inst[0] != pn.op or inst[2] != pn.n_outputs or len(inst[3]) != len(pn.inputs) or inst in st.nodes.values():
+            return None
+        attrs = eg.attrs[(inst[0], inst[1])]
+        for a, v in p.literal[k].items():
+            if not attr_equal(attrs[a], v):
+                return None
+        params = st.params
+        for a, name in p.param[k].items():
+            if name in params:
+                if not attr_equal(params[name], attrs[a]):
+                    return None
+            else:
+                params = dict(params) if params is st.params else params
+                params[name] = attrs[a]
+        vars_ = st.vars
+        for ref, c in zip(p.ins[k], inst[3]):
+            if ref[0] != "var":
+                continue
+            have = vars_.get(ref[1])
+            if have is None:
+                if c < 0 or (ref[1] in p.const_vars and not eg.static[c]) or \
+                        (p.var_ranks and eg.type[c].rank not in p.var_ranks.get(ref[1], ())):
+                    return None
+                vars_ = dict(vars_) if vars_ is st.vars else vars_
+                vars_[ref[1]] = c
+            elif have != c:
+                return None
+        return _State({**st.nodes, k: inst}, vars_, params)
+
+    def below(k: int, st: _State) -> Iterator[_State]:
+        """Match the pattern nodes that node k (bound) reads."""
+        todo = [(ref, c) for ref, c in zip(p.ins[k], st.nodes[k][3]) if ref[0] == "node"]
+        yield from chain(todo, 0, st)
+
+    def chain(todo: list, i: int, st: _State) -> Iterator[_State]:
+        if i == len(todo):
+            yield st
+            return
+        (_, m, j), c = todo[i]
+        if m in st.nodes:
+            if ix.out_class(st.nodes[m], j) == c:
+                yield from chain(todo, i + 1, st)
+            return
+        for key in ix.in_class.get(c, ()):
+            if key[0] != src[m].op or key[3] != j:
+                continue
+            s2 = fit(m, (key[0], key[1], key[2], key[4]), st)
+            if s2 is not None:
+                for s3 in below(m, s2):
+                    yield from chain(todo, i + 1, s3)
+
+    def roots(i: int, st: _State) -> Iterator[_State]:
+        if i == len(p.roots):
+            yield st
+            return
+        k = p.roots[i]
+        cands = None
+        for pos, ref in enumerate(p.ins[k]):  # a variable already bound: only the instances that read it there
+            if ref[0] == "var" and ref[1] in st.vars:
+                cands = ix.uses.get((src[k].op, pos, st.vars[ref[1]]), ())
+                break
+        for inst in (ix.by_op.get(src[k].op, ()) if cands is None else cands):
+            s2 = fit(k, inst, st)
+            if s2 is not None:
+                for s3 in below(k, s2):
+                    yield from roots(i + 1, s3)
+
+    yield from roots(0, _State({}, {}, {}))
+
+
+def _check(eg: EGraph, ix: _Index, p: _Pattern, st: _State) -> tuple[dict, dict] | None:
+    """The whole-match checks; returns (refs: pattern ref -> class name, target types) or None."""
+    refs: dict[str, str] = {v: f"c{c}" for v, c in st.vars.items()}
+    for k, inst in st.nodes.items():
+        for j in range(inst[2]):
+            refs[f"%{k}.{j}"] = f"c{ix.out_class(inst, j)}"
+            if j == 0:
+                refs[f"%{k}"] = refs[f"%{k}.0"]
+    types = {f"c{c}": eg.type[c] for c in [*st.vars.values(), *(int(v[1:]) for v in refs.values())]}
+    type_of = lambda r: types[refs[r]]  # noqa: E731
+    try:
+        for k, exprs in enumerate(p.expr):
+            attrs = eg.attrs[(st.nodes[k][0], st.nodes[k][1])]
+            for a, e in exprs.items():
+                if not attr_equal(attrs[a], eval_attr(e, type_of, st.params)):
+                    return None
+    except (IndexError, KeyError, TypeError, ValueError):
+        return None
+    dt = _target_types(p.rule, refs, types, st.params)
+    return None if dt is None else (refs, dt)
+
+
+def _apply(eg: EGraph, p: _Pattern, st: _State, refs: dict, dt: dict) -> int:
+    """Add the rule's target for this match and merge each mapped source class with its target class; returns
+    the number of merges that changed the e-graph."""
+    rule = p.rule
+    cls: dict[str, int] = {v: c for v, c in st.vars.items()}
+    type_of = lambda r: dt[r] if r.startswith("%") else eg.type[cls[r]]  # noqa: E731
+    for k, pn in enumerate(rule.dst):
+        attrs = {a: eval_attr(e, type_of, st.params) for a, e in pn.attrs.items()}
+        if pn.op == "Constant":
+            cls[f"%{k}"] = cls[f"%{k}.0"] = eg.add_const(Constant(constant_array(attrs)))
+            continue
+        outs = eg.add_op(pn.op, attrs, [cls[_norm(r)] for r in pn.inputs],
+                         [dt[f"%{k}.{j}"] for j in range(pn.n_outputs)])
+        for j, c in enumerate(outs):
+            cls[f"%{k}.{j}"] = c
+            if j == 0:
+                cls[f"%{k}"] = c
+    merged = 0
+    for s, d in rule.outputs:
+        merged += eg.union(int(refs[_norm(s)][1:]), cls[_norm(d)])
+    return merged
+
+
+def _norm(ref: str) -> str:
+    m = _REF.match(ref)
+    return f"%{m.group(1)}.{m.group(2) or 0}" if m else ref
+
+
+def saturate(eg: EGraph, rules: Sequence[Rule], node_limit: int, iter_limit: int, deadline: float,
+             multi_iterations: int) -> dict[str, Any]:
+    """Run the rules on ``eg`` until a fixpoint or a limit; returns the saturation statistics."""
+    patterns = [_Pattern(r) for r in rules]
+    seen: set = set()
+    stats: dict[str, Any] = {"iterations": 0, "stop": "saturated", "matches": 0, "applied": 0, "merges": 0,
+                             "match_cap_hits": 0, "rules_fired": {}}
+    for it in range(iter_limit):
+        ix = _Index(eg)
+        todo = []
+        for p in patterns:
+            if p.multi and it >= multi_iterations:
+                continue
+            n = 0
+            for st in _matches(eg, ix, p):
+                key = (p.rule.id, tuple(sorted(st.nodes.items())), tuple(sorted(st.vars.items())))
+                if key in seen:
+                    continue
+                seen.add(key)
+                n += 1
+                if n > MATCH_CAP:
+                    stats["match_cap_hits"] += 1
+                    break
+                checked = _check(eg, ix, p, st)
+                if checked is not None:
+                    todo.append((p, st, checked))
+            if time.perf_counter() > deadline:
+                break
+        stats["matches"] += len(todo)
+        merges = 0
+        stop = None
+        for p, st, (refs, dt) in todo:
+            if eg.n_nodes >= node_limit:
+                stop = "node_limit"
+                break
+            m = _apply(eg, p, st, refs, dt)
+            merges += m
+            stats["applied"] += 1
+            if m:
+                stats["rules_fired"][p.rule.name] = stats["rules_fired"].get(p.rule.name, 0) + 1
+        eg.rebuild()
+        stats["iterations"] = it + 1
+        stats["merges"] += merges
+        if stop is None and time.perf_counter() > deadline:
+            stop = "time_limit"
+        if stop is None and eg.n_nodes >= node_limit:
+            stop = "node_limit"
+        if stop is not None:
+            stats["stop"] = stop
+            break
+        if not todo:
+            break
+    else:
+        stats["stop"] = "iteration_limit"
+    return stats
+
+
+# ============================================================================================ extraction
+class _Costs:
+    """Per op instance: its cost (ms) under the cost model; weight-only instances are free."""
+
+    def __init__(self, eg: EGraph, cost: CostModel):
+        self.eg, self.cost = eg, cost
+        self._memo: dict[tuple, float] = {}
+
+    def of(self, inst: tuple) -> float:
+        hit = self._memo.get(inst)
+        if hit is not None:
+            return hit
+        op, akey, n, kids = inst
+        eg = self.eg
+        if op != "Opaque" and kids and all(k < 0 or eg.static[k] for k in kids):
+            c = 0.0
+        else:
+            outs = tuple(f"o{j}" for j in range(n))
+            node = Node("n", op, tuple(f"c{k}" if k >= 0 else "" for k in kids), outs, eg.attrs[(op, akey)])
+            types = {f"c{k}": eg.type[k] for k in kids if k >= 0}
+            for j in range(n):
+                types[f"o{j}"] = eg.type[eg.memo[(op, akey, n, j, kids)]]
+            c = float(self.cost.node_cost(node, types)[0])
+        self._memo[inst] = c
+        return c
+
+
+def _inst(key: Key) -> tuple:
+    return (key[0], key[1], key[2], key[4])
+
+
+def greedy_extract(eg: EGraph, costs: _Costs) -> dict[int, Key]:
+    """Cheapest tree cost per class (Knuth's generalisation of Dijkstra): a class is settled only from e-nodes
+    whose children are all settled, so the choice is acyclic. Returns class -> chosen e-node."""
+    classes = eg.classes()
+    waiting: dict[Key, int] = {}
+    parents: dict[int, list[Key]] = {}
+    heap: list = []
+    for c, keys in classes.items():
+        for key in keys:
+            kids = {k for k in key[4] if k >= 0}
+            waiting[key] = len(kids)
+            for k in kids:
+                parents.setdefault(k, []).append(key)
+            if not kids:
+                heapq.heappush(heap, (0.0 if key in eg.leaves else costs.of(_inst(key)), len(heap), key, c))
+    best: dict[int, float] = {}
+    choice: dict[int, Key] = {}
+    while heap:
+        total, _, key, c = heapq.heappop(heap)
+        if c in choice:
+            continue
+        choice[c], best[c] = key, total
+        for pkey in parents.get(c, ()):
+            waiting[pkey] -= 1
+            if waiting[pkey] == 0:
+                pc = eg.find(eg.memo[pkey])
+                if pc not in choice:
+                    t = costs.of(_inst(pkey)) + sum(best[k] for k in set(pkey[4]) if k >= 0)
+                    heapq.heappush(heap, (t, len(heap) + len(choice), pkey, pc))
+    return choice
+
+
+def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: float
+                ) -> tuple[dict[int, Key] | None, dict[str, Any]]:
+    """Tensat's ILP: binary x per e-node, binary y per op instance (its cost), real order t per class.
+    Returns (class -> chosen e-node, or None if no feasible answer; statistics)."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_array
+
+    classes = eg.classes()
+    cids = sorted(classes)
+    cpos = {c: i for i, c in enumerate(cids)}
+    keys = [k for c in cids for k in classes[c]]
+    kpos = {k: i for i, k in enumerate(keys)}
+    insts = sorted({_inst(k) for k in keys if k not in eg.leaves}, key=repr)
+    ipos = {s: i for i, s in enumerate(insts)}
+    nx, ny, nt = len(keys), len(insts), len(cids)
+    big = float(nt + 1)
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    lo: list[float] = []
+    hi: list[float] = []
+
+    def row(entries: list[tuple[int, float]], lb: float, ub: float) -> None:
+        r = len(lo)
+        for col, v in entries:
+            rows.append(r)
+            cols.append(col)
+            vals.append(v)
+        lo.append(lb)
+        hi.append(ub)
+
+    for c in set(roots):  # every output class picks one e-node
+        row([(kpos[k], 1.0) for k in classes[c]], 1.0, 1.0)
+    for c in cids:        # at most one e-node per class
+        if len(classes[c]) > 1:
+            row([(kpos[k], 1.0) for k in classes[c]], 0.0, 1.0)
+    upper = np.ones(nx + ny + nt)
+    upper[nx + ny:] = nt
+    for k in keys:
+        if k in eg.leaves:
+            continue
+        x = kpos[k]
+        c = eg.find(eg.memo[k])
+        row([(x, 1.0), (nx + ipos[_inst(k)], -1.0)], -np.inf, 0.0)       # x <= y (the instance is paid)
+        for d in set(k[4]):
+            if d < 0:
+                continue
+            if d == c:
+                upper[x] = 0.0                                          # reads its own class: never
+                continue
+            row([(kpos[m], 1.0) for m in classes[d]] + [(x, -1.0)], 0.0, np.inf)   # a child picks one
+            row([(nx + ny + cpos[c], 1.0), (nx + ny + cpos[d], -1.0), (x, -big)], 1.0 - big, np.inf)  # order
+    cvec = np.zeros(nx + ny + nt)
+    for s, i in ipos.items():
+        cvec[nx + i] = costs.of(s)
+    integrality = np.zeros(nx + ny + nt)
+    integrality[:nx + ny] = 1
+    a = coo_array((vals, (rows, cols)), shape=(len(lo), nx + ny + nt)).tocsr()
+    t0 = time.perf_counter()
+    res = milp(cvec, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
+               bounds=Bounds(np.zeros(nx + ny + nt), upper),
+               options={"time_limit": max(time_limit_s, 0.1), "disp": False})
+    stats = {"ilp_variables": nx + ny + nt, "ilp_constraints": len(lo), "ilp_seconds": time.perf_counter() - t0,
+             "ilp_status": int(res.status), "ilp_message": str(res.message),
+             "ilp_optimal": res.status == 0}
+    if res.x is None:
+        return None, stats
+    choice: dict[int, Key] = {}
+    for c in cids:
+        picked = [k for k in classes[c] if res.x[kpos[k]] > 0.5]
+        if picked:
+            choice[c] = picked[0]
+    return choice, stats
+
+
+def to_graph(eg: EGraph, roots: Sequence[int], choice: dict[int, Key], original: Graph) -> Graph:
+    """The IR graph of the chosen e-nodes (each op instance once), outputs named as the original's."""
+    nodes: list[Node] = []
+    types: dict[str, TensorType] = {}
+    constants: dict[str, Constant] = {}
+    value: dict[int, str] = {}
+    made: dict[tuple, tuple[str, ...]] = {}
+    out_names = set(original.outputs)
+    counter = [0]
+
+    def fresh(prefix: str) -> str:
+        while True:
+            counter[0] += 1
+            name = f"{prefix}{counter[0]}"
+            if name not in types and name not in out_names and name not in original.types:
+                return name
+
+    const_names = {c.digest: v for v, c in original.constants.items()}
+    on_path: set[int] = set()
+
+    def visit(c: int) -> str:
+        c = eg.find(c)
+        if c in value:
+            return value[c]
+        key = choice.get(c)
+        if key is None:
+            raise RLFlowError(f"eqsat: extraction chose no e-node for class {c}")
+        if c in on_path:
+            raise RLFlowError("eqsat: the extraction has a cycle")
+        on_path.add(c)
+        if key in eg.leaves:
+            kind, what = eg.leaves[key]
+            if kind == "input":
+                name = what
+            else:
+                name = const_names.get(what.digest) or fresh("_eqc")
+                constants[name] = what
+            types[name] = eg.type[c]
+        else:
+            inst = _inst(key)
+            if inst not in made:
+                ins = tuple(visit(k) if k >= 0 else "" for k in key[4])
+                outs = tuple(fresh("_eqv") for _ in range(key[2]))
+                for j, o in enumerate(outs):
+                    types[o] = eg.type[eg.find(eg.memo[(key[0], key[1], key[2], j, key[4])])]
+                nodes.append(Node(fresh("_eqn"), key[0], ins, outs, eg.attrs[(key[0], key[1])]))
+                made[inst] = outs
+            name = made[inst][key[3]]
+        on_path.discard(c)
+        value[c] = name
+        return name
+
+    outputs: list[str] = []
+    rename: dict[str, str] = {}
+    for want, c in zip(original.outputs, roots):
+        v = visit(c)
+        if v in original.inputs or v in constants or v in rename or v in outputs:
+            ident = Node(fresh("_eqn"), "Identity", (v,), (want,), {})
+            nodes.append(ident)
+            types[want] = types[v]
+        else:
+            rename[v] = want
+            types[want] = types.pop(v)
+        outputs.append(want)
+    if rename:
+        nodes = [Node(n.name, n.op, tuple(rename.get(v, v) for v in n.inputs),
+                      tuple(rename.get(v, v) for v in n.outputs), n.attrs) for n in nodes]
+    g = Graph(inputs=original.inputs, outputs=outputs, nodes=nodes, types=types, constants=constants,
+              name=original.name, opset=original.opset, extra_opsets=original.extra_opsets)
+    g.validate()
+    return g
+
+
+# ============================================================================================ the search
+def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, node_limit: int = 50_000,
+                 iter_limit: int = 15, time_limit_s: float = 60.0, ilp_time_limit_s: float = 60.0,
+                 multi_iterations: int = 1, extraction: str = "ilp") -> SearchResult:
+    """Equality saturation then extraction; see the module docstring. Deterministic for given inputs (unless a
+    time limit cuts saturation or the ILP)."""
+    if node_limit < 1 or iter_limit < 0 or time_limit_s < 0 or ilp_time_limit_s < 0 or multi_iterations < 0 \
+            or extraction not in ("ilp", "greedy"):
+        raise ValueError("eqsat_search: need node_limit >= 1, iter_limit, time limits, multi_iterations >= 0 and "
+                         "extraction ilp | greedy")
+    t0 = time.perf_counter()
+    initial = cost_model.graph_metrics(graph)
+    eg, roots = graph_to_egraph(graph)
+    nodes0, classes0 = eg.n_nodes, len(eg.classes())
+    deadline = t0 + time_limit_s if time_limit_s else float("inf")
+    sat = saturate(eg, rules, node_limit, iter_limit, deadline, multi_iterations)
+    t_sat = time.perf_counter() - t0
+    roots = [eg.find(c) for c in roots]
+    costs = _Costs(eg, cost_model)
+    ext: dict[str, Any] = {"extraction": extraction}
+    choice = None
+    if extraction == "ilp":
+        choice, ilp = ilp_extract(eg, roots, costs, ilp_time_limit_s)
+        ext.update(ilp)
+        if choice is None:
+            ext["extraction"] = "greedy (the ILP found no solution in its time limit)"
+    if choice is None:
+        choice = greedy_extract(eg, costs)
+    extracted = to_graph(eg, roots, choice, graph)
+    t_ext = time.perf_counter() - t0 - t_sat
+    final_graph, final = finish(extracted, cost_model)
+    kept_input = False
+    if final.runtime_ms > initial.runtime_ms:
+        (final_graph, final), kept_input = finish(graph, cost_model), True
+    multi = sum(len(_Pattern(r).roots) > 1 for r in rules)
+    stats = {"egraph_nodes_initial": nodes0, "egraph_classes_initial": classes0, "egraph_nodes": eg.n_nodes,
+             "egraph_classes": len(eg.classes()), "saturation_seconds": t_sat, "extraction_seconds": t_ext,
+             "rules": len(rules), "rules_translated": len(rules), "multi_pattern_rules": multi,
+             "rules_skipped": 0, **{k: v for k, v in sat.items() if k != "stop"}, **ext,
+             "extracted_cost_ms": cost_model.graph_metrics(extracted).runtime_ms, "kept_input": kept_input}
+    return SearchResult(
+        method="eqsat", graph=final_graph, initial=initial, final=final, trace=[], expansions=sat["iterations"],
+        seconds=time.perf_counter() - t0, generated=sat["matches"], kept=sat["applied"], stop_reason=sat["stop"],
+        nodes_before=len(graph.nodes), nodes_after=len(final_graph.nodes),
+        settings={"node_limit": node_limit, "iter_limit": iter_limit, "time_limit_s": time_limit_s,
+                  "ilp_time_limit_s": ilp_time_limit_s, "multi_iterations": multi_iterations,
+                  "extraction": extraction},
+        stats=stats)

@@ -1,0 +1,137 @@
+"""Equality saturation (rlflow.search.eqsat): the e-graph, rules translated from their data, ILP extraction,
+and `rlflow optimize --method eqsat` / stage search-eqsat."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlflow.cli import main
+from rlflow.cost import AnalyticCost
+from rlflow.graph.builder import GraphBuilder
+from rlflow.graph.exec.check import check_equal
+from rlflow.graph.onnx_io import save_onnx
+from rlflow.rewrite import load_rules
+from rlflow.rewrite.builtin import builtin_rules
+from rlflow.search import greedy_search
+from rlflow.search.eqsat import eqsat_search, graph_to_egraph
+
+BUILTIN = [r for r, _ in builtin_rules()]
+CONV = dict(strides=(1, 1), pads=(1, 1, 1, 1), group=1, activation="none")
+
+
+def shared_input_graph():
+    """Two MatMuls reading x (matmul-merge, a two-root rule) then Relu; two Convs on a (conv-merge) with Relu
+    after one (conv-relu-fuse): the e-graph holds both the merged and the fused forms."""
+    rng = np.random.default_rng(1)
+    b = GraphBuilder("shared")
+    x = b.input("x", (2, 8))
+    y1 = b.op("MatMul", [x, b.const("w1", rng.standard_normal((8, 8)).astype(np.float32))])
+    y2 = b.op("MatMul", [x, b.const("w2", rng.standard_normal((8, 8)).astype(np.float32))])
+    a = b.input("a", (1, 4, 6, 6))
+    c1 = b.op("Relu", [b.op("Conv", [a, b.const("k1", rng.standard_normal((4, 4, 3, 3)).astype(np.float32))], **CONV)])
+    c2 = b.op("Conv", [a, b.const("k2", rng.standard_normal((4, 4, 3, 3)).astype(np.float32))], **CONV)
+    return b.build([b.op("Relu", [y1]), y2, c1, c2])
+
+
+def test_multi_pattern_rules_fire_and_result_is_cheaper_and_equal():
+    g = shared_input_graph()
+    cost = AnalyticCost("cpu")
+    r = eqsat_search(g, BUILTIN, cost)
+    s = r.stats
+    assert s["rules_translated"] == len(BUILTIN) and s["rules_skipped"] == 0 and s["multi_pattern_rules"] == 5
+    assert s["rules_fired"].get("matmul-merge", 0) >= 1 and s["rules_fired"].get("conv-relu-fuse", 0) >= 1
+    assert s["egraph_nodes"] > s["egraph_nodes_initial"]
+    assert s["extraction"] == "ilp" and s["ilp_optimal"]
+    assert r.final.runtime_ms < r.initial.runtime_ms
+    assert check_equal(g, r.graph) <= 1e-5
+    assert r.stop_reason == "saturated"
+
+
+def test_limits_stop_saturation():
+    g = shared_input_graph()
+    cost = AnalyticCost("cpu")
+    assert eqsat_search(g, BUILTIN, cost, iter_limit=1).stop_reason == "iteration_limit"
+    eg, _ = graph_to_egraph(g)
+    r = eqsat_search(g, BUILTIN, cost, node_limit=eg.n_nodes + 1)
+    assert r.stop_reason == "node_limit" and check_equal(g, r.graph) <= 1e-5
+
+
+def test_greedy_extraction_is_acyclic_and_valid():
+    g = shared_input_graph()
+    r = eqsat_search(g, BUILTIN, AnalyticCost("cpu"), extraction="greedy")
+    assert r.stats["extraction"] == "greedy"
+    assert r.final.runtime_ms <= r.initial.runtime_ms and check_equal(g, r.graph) <= 1e-5
+
+
+@st.composite
+def small_graphs(draw):
+    """A random small graph of MatMul/Add/Mul/Relu over 2-D values, or of Conv/Relu/Add/Mul over 4-D ones,
+    values often read twice (shared inputs)."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    conv = draw(st.booleans())
+    b = GraphBuilder("random")
+    vals = [b.input("x", (1, 4, 5, 5) if conv else (2, 4))]
+    for i in range(draw(st.integers(1, 6))):
+        x = vals[draw(st.integers(0, len(vals) - 1))]
+        kind = draw(st.sampled_from(["lin", "lin", "relu", "add", "mul"]))
+        if kind == "lin":
+            w = b.const(f"w{i}", rng.standard_normal((4, 4, 3, 3) if conv else (4, 4)).astype(np.float32))
+            vals.append(b.op("Conv", [x, w], **CONV) if conv else b.op("MatMul", [x, w]))
+        elif kind == "relu":
+            vals.append(b.op("Relu", [x]))
+        elif kind == "add":
+            vals.append(b.op("Add", [x, vals[draw(st.integers(0, len(vals) - 1))]]))
+        else:
+            vals.append(b.op("Mul", [x, b.const(f"s{i}", np.float32(rng.uniform(0.5, 2.0)))]))
+    outs = sorted({vals[-1], *draw(st.lists(st.sampled_from(vals[1:]), max_size=2))}) if len(vals) > 1 else vals
+    return b.build(list(outs))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(g=small_graphs())
+def test_eqsat_keeps_outputs_and_never_costs_more(g):
+    cost = AnalyticCost("cpu")
+    r = eqsat_search(g, BUILTIN, cost, node_limit=3000, time_limit_s=20)
+    assert r.final.runtime_ms <= r.initial.runtime_ms + 1e-12
+    assert check_equal(g, r.graph) <= 1e-4
+
+
+@pytest.fixture(scope="module")
+def rules(rules_file):
+    return load_rules(rules_file)
+
+
+def test_eqsat_finds_at_least_what_greedy_finds_on_tiny_model(tiny_zoo, rules):
+    from rlflow.graph import load_onnx
+
+    g = load_onnx(tiny_zoo["resnet18"])
+    cost = AnalyticCost("cpu")
+    e = eqsat_search(g, rules, cost, time_limit_s=60)
+    gr = greedy_search(g, rules, cost)
+    assert e.stats["rules_translated"] == len(rules) and e.stats["multi_pattern_rules"] > 0
+    assert e.final.runtime_ms <= gr.final.runtime_ms * (1 + 1e-9)
+    assert e.final.runtime_ms < e.initial.runtime_ms
+    assert check_equal(g, e.graph) <= 1e-4
+
+
+def test_optimize_and_stage_eqsat(tmp_path, rules_file):
+    g = shared_input_graph()
+    src = tmp_path / "m.onnx"
+    save_onnx(g, src)
+    out, trace = tmp_path / "o.onnx", tmp_path / "t.json"
+    assert main(["optimize", str(src), "--out", str(out), "--method", "eqsat", "--rules", str(rules_file),
+                 "--target", "analytic", "--trace", str(trace), "--set", "eqsat.iter_limit=4", "--no-progress"]) == 0
+    doc = json.loads(trace.read_text())
+    assert doc["method"] == "eqsat" and doc["config"]["eqsat.iter_limit"] == 4
+    assert doc["final"]["runtime_ms"] < doc["initial"]["runtime_ms"] and doc["max_rel_diff"] <= 1e-4
+    assert doc["stats"]["egraph_nodes"] > doc["stats"]["egraph_nodes_initial"]
+    out2, trace2 = tmp_path / "s.onnx", tmp_path / "s.json"
+    assert main(["search-eqsat", "--model", "m", "--onnx", str(src), "--rules", str(rules_file),
+                 "--set", "cost.target=analytic", "--set", "eqsat.iter_limit=4",
+                 "--out", str(out2), "--trace", str(trace2), "--no-progress"]) == 0
+    assert json.loads(trace2.read_text())["final"]["runtime_ms"] == pytest.approx(doc["final"]["runtime_ms"])
