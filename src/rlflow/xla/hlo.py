@@ -56,16 +56,8 @@ class HloStats:
     cost: dict[str, float] = field(default_factory=dict)
     fingerprint: str = ""
 
-    @property
-    def op_count(self) -> int:
-        return sum(self.histogram.values())
-
     def to_dict(self) -> dict:
         return {"histogram": self.histogram, "cost": self.cost, "fingerprint": self.fingerprint}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "HloStats":
-        return cls(dict(d["histogram"]), dict(d.get("cost", {})), d.get("fingerprint", ""))
 
 
 def histogram(module) -> dict[str, int]:
@@ -79,8 +71,8 @@ def histogram(module) -> dict[str, int]:
 
 
 def fingerprint(module) -> str:
-    """The module's instructions as text without names' numbering, metadata or layouts: equal for modules that
-    differ only in how they were printed (a pass that changes nothing keeps it)."""
+    """A hash of the module's instructions as text (metadata dropped, order-independent): a pass that changes
+    nothing keeps it."""
     import hashlib
 
     lines = []

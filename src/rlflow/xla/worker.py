@@ -203,10 +203,6 @@ class PassWorker:
         self._proc: subprocess.Popen | None = None
         self._stderr = None
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
-
     def _start(self) -> None:
         self._stderr = tempfile.TemporaryFile()
         self._proc = subprocess.Popen([sys.executable, "-m", "rlflow.xla.worker"], stdin=subprocess.PIPE,
@@ -275,10 +271,8 @@ class PassWorker:
             self._proc.wait()
 
     def close(self) -> None:
+        self.kill()
         if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.kill()
-            self._proc.wait()
             for s in (self._proc.stdin, self._proc.stdout):
                 if s is not None:
                     s.close()
