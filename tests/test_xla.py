@@ -126,8 +126,7 @@ def test_crash_during_a_request_is_reported_and_recovered():
 def test_crash_is_an_invalid_action(env, monkeypatch):
     env.reset(seed=0)
     n0 = env.op_count(env.stats)
-    monkeypatch.setattr(env.worker, "run_pass", lambda text, disabled: env.worker.run_pass_crash())
-    monkeypatch.setattr(env.worker, "run_pass_crash", lambda: _crashed(env.worker), raising=False)
+    monkeypatch.setattr(env.worker, "run_pass", lambda text, disabled: _crashed(env.worker))
     _, r, term, trunc, info = env.step(env.passes.index("algsimp"))
     assert info["status"] == "crash" and r == env.invalid_penalty and info["op_count"] == n0 and not term
 
