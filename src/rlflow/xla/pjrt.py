@@ -72,7 +72,8 @@ class CpuCompiler:
         major = C.c_int.from_address(self._api + 16 + 16).value
         minor = C.c_int.from_address(self._api + 16 + 20).value
         if (major, minor) < (_ABI_MAJOR, _ABI_MINOR) or major != _ABI_MAJOR:
-            raise RLFlowError(f"xla-cpu-pjrt: PJRT C API {major}.{minor}, this binding needs {_ABI_MAJOR}.{_ABI_MINOR}+")
+            raise RLFlowError(f"xla-cpu-pjrt: PJRT C API {major}.{minor}, this binding needs "
+                              f"{_ABI_MAJOR}.{_ABI_MINOR}+")
         self._check(self._fn(_PLUGIN_INITIALIZE)(C.byref(_PluginInit())), "initialise the plugin")
         create = _ClientCreate()
         self._check(self._fn(_CLIENT_CREATE)(C.byref(create)), "create a CPU client")

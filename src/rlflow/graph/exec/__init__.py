@@ -2,7 +2,8 @@
 
 Backends: ``ort`` (onnxruntime on the exported ONNX; CUDA provider when device is cuda), ``torch`` (the IR
 interpreted with the ops' torch reference semantics), ``tf`` (a ``tf.function`` built op by op, Grappler on)
-and ``tf-xla`` (the same with ``jit_compile=True``), ``jax`` (the IR lowered op by op into ``jax.jit``, XLA CPU). Every runner is a callable ``feeds -> list of outputs``
+and ``tf-xla`` (the same with ``jit_compile=True``), ``jax`` (the IR lowered op by op into ``jax.jit``, XLA CPU).
+Every runner is a callable ``feeds -> list of outputs``
 (numpy arrays, in the graph's output order).
 """
 

@@ -298,7 +298,8 @@ def _avgpool_jax(J, xs, a, c):
 DEFS = [
     OpDef(name="Conv", attrs=("strides", "pads", "group", "activation"), infer=_conv_infer, compute=_conv,
           flops=_conv_flops, from_onnx=_import_conv, to_onnx=_export_conv, tf=_conv_tf, tf_layout="nhwc",
-          tf_forms=("nhwc", "hwio", "ir"), input_ranks=ranks(4, 4, 1), jax=_conv_jax),
+          tf_forms=("nhwc", "hwio", "ir"), input_ranks=ranks(4, 4, 1),
+          jax=_conv_jax),
     # TASO's helper: zero-pad a conv kernel to a larger (odd) size, centred, so it can be merged with a wider conv.
     OpDef(name="Enlarge", attrs=("kernel",), infer=_enlarge_infer, compute=_enlarge, onnx_type="Pad", from_onnx=None,
           to_onnx=_export_enlarge, tf=_enlarge_tf, input_ranks=ranks(4), jax=_enlarge_jax),
@@ -311,5 +312,6 @@ DEFS = [
     OpDef(name="GlobalAveragePool", attrs=(), infer=_gap_infer,
           compute=lambda xs, a: [xs[0].mean(dim=tuple(range(2, xs[0].dim())), keepdim=True)],
           flops=lambda ins, outs, a: ins[0].numel, from_onnx=_import_gap, to_onnx=export_plain, tf=_gap_tf,
-          tf_layout="any", input_ranks=ranks(4), jax=lambda J, xs, a, c: [J.jnp.mean(xs[0], axis=(2, 3), keepdims=True)]),
+          tf_layout="any", input_ranks=ranks(4),
+          jax=lambda J, xs, a, c: [J.jnp.mean(xs[0], axis=(2, 3), keepdims=True)]),
 ]

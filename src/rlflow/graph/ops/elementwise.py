@@ -89,7 +89,8 @@ def _export_scalar_mul(e, n) -> None:
 
 # ---------------------------------------------------------------------------------------------------- JAX
 # A JAX lowering is ``(J, inputs, attrs, ctx) -> outputs``: ``J`` holds ``jnp``, ``lax`` and ``nn`` (jax.nn),
-# passed in so the registry never imports JAX; ``ctx`` has ``in_shapes``/``out_shapes`` (:mod:`rlflow.graph.exec.jax_exec`).
+# passed in so the registry never imports JAX; ``ctx`` has ``in_shapes``/``out_shapes``
+# (:mod:`rlflow.graph.exec.jax_exec`).
 def _jax_gelu(J, xs, a, c):
     return [J.nn.gelu(xs[0], approximate=a.get("approximate", "none") == "tanh")]
 
