@@ -4,7 +4,7 @@
 - :mod:`rlflow.xla.passes`: XLA's CPU pass pipeline read from XLA's own log, the target-independent passes;
 - :mod:`rlflow.xla.worker`: one pass at a time through XLA's CPU compiler (PJRT plugin, :mod:`rlflow.xla.pjrt`)
   in a child process that is restarted after a crash;
-- :mod:`rlflow.xla.export`: HLO modules of IR graphs (the JAX lowering of the op registry).
+HLO modules of IR graphs come from the JAX lowering of the op registry (:func:`rlflow.graph.exec.jax_exec.hlo_text`).
 
 Needs ``jax``/``jaxlib`` and ``xla-cpu-pjrt`` (envs/requirements.txt); nothing here is imported by the other
 floors unless an XLA stage or env is used.
