@@ -24,7 +24,7 @@ test: $(STAMP)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml envs/requirements.txt envs/requirements-test.txt
+$(STAMP): pyproject.toml setup.py envs/requirements.txt envs/requirements-test.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install torch==2.13.0
 	$(BIN)/python -m pip install -r envs/requirements.txt -r envs/requirements-test.txt

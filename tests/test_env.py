@@ -95,10 +95,6 @@ def test_env_checker_passes(bert, rules):
 
 
 # ------------------------------------------------------------------------------------------------ registration
-GYM_MAJOR = int(gym.__version__.split(".")[0])
-#: the id `gym.make` resolves with no prior import: Gymnasium 1.x dropped the entry-point plugin loader, so there
-#: the module-prefixed id is the way (Gymnasium imports rlflow.env itself); 0.26-0.29 load our entry point
-NO_IMPORT_ID = f"rlflow.env:{ENV_ID}" if GYM_MAJOR >= 1 else ENV_ID
 
 
 def _python(code: str, cwd) -> subprocess.CompletedProcess:
@@ -107,14 +103,36 @@ def _python(code: str, cwd) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_gym_make_with_no_arguments_and_no_import_passes_the_env_checker(tmp_path):
+@pytest.mark.parametrize("env_id", [ENV_ID, f"rlflow.env:{ENV_ID}"])
+def test_gym_make_with_no_arguments_and_no_import_passes_the_env_checker(tmp_path, env_id):
     """The installed package, a fresh interpreter outside the repository, nothing but gymnasium imported: the
-    env id gives a working default env that Gymnasium's checker accepts."""
-    code = ("import sys, gymnasium as gym; from gymnasium.utils.env_checker import check_env; "
-            "assert 'rlflow' not in sys.modules; "
-            f"check_env(gym.make({NO_IMPORT_ID!r}).unwrapped); print('checked')")
+    plain id (registered by the installed rlflow-gymnasium.pth hook) and the module-prefixed one both give a
+    working default env that Gymnasium's checker accepts."""
+    code = ("import sys; assert 'rlflow.env' not in sys.modules; "
+            "import gymnasium as gym; from gymnasium.utils.env_checker import check_env; "
+            f"check_env(gym.make({env_id!r}).unwrapped); print('checked')")
     r = _python(code, tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "checked", r.stderr[-2000:]
+
+
+def test_start_up_hook_imports_nothing_but_itself_until_gymnasium_is_imported(tmp_path):
+    """What the .pth costs a Python process that never uses gymnasium: the hook module, no gymnasium, no env."""
+    code = ("import sys; print(sorted(m for m in sys.modules if m.startswith(('rlflow', 'gymnasium'))))")
+    r = _python(code, tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "['rlflow', 'rlflow._gym_hook']", (r.stdout, r.stderr[-2000:])
+
+
+def test_hook_registers_at_once_when_gymnasium_is_already_imported():
+    from gymnasium.envs.registration import registry
+
+    from rlflow import _gym_hook
+
+    spec = registry.pop(ENV_ID)
+    try:
+        _gym_hook.install()
+        assert registry[ENV_ID].entry_point == spec.entry_point
+    finally:
+        registry[ENV_ID] = spec
 
 
 def test_the_declared_entry_point_registers_the_env(tmp_path):

@@ -7,14 +7,12 @@ import base64
 import csv
 import json
 import re
-import shlex
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from rlflow import cli
-from rlflow.pipeline import registry
 
 EVAL_COLUMNS = ("model,method,backend,device,latency_ms_median,latency_ms_iqr,peak_memory_mb,activation_memory_mb,"
                 "nodes,cost_ms,flops,bytes,launches,optimisation_s,training_s,real_interactions,rules_applied,"
@@ -315,22 +313,6 @@ def test_report_evaluation_of_another_model_is_refused(tmp_path, rlflow):
     write_evaluation(tmp_path / "results" / "vit", model="bert")
     code, err = rlflow(*report_args(tmp_path, tmp_path / "r.html", model="vit"))
     assert code == 2 and "for model 'bert', not 'vit'" in err
-
-
-def test_the_registry_command_lines_parse():
-    """The flags the pipeline passes (registry -> Snakemake/DVC) are the flags the stages take."""
-    import argparse
-
-    from rlflow.stages import report, summary
-
-    for name, mod in (("report", report), ("summary", summary)):
-        st = registry.STAGES[name]
-        assert mod.NAME == st.command.split()[1]
-        parser = argparse.ArgumentParser()
-        mod.add_arguments(parser)
-        argv = shlex.split(st.dvc_cmd().replace("${item}", "bert"))[2:]
-        args = parser.parse_args(argv + ["--set", "seed=0"])
-        assert args.config == ["config.yaml"] and args.overrides == ["seed=0"]
 
 
 # -- the summary --------------------------------------------------------------------------------------------------

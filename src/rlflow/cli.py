@@ -1,18 +1,29 @@
 """``rlflow`` command line: every pipeline stage and every user tool is a subcommand.
 
-Each subcommand lives in its own module (``rlflow.stages.<stage>`` for pipeline stages,
-``rlflow.commands.<tool>`` for user tools) exposing ``NAME``, ``HELP``, ``add_arguments(parser)`` and
-``run(args) -> int``. User errors (:class:`rlflow.errors.RLFlowError`) print one line and exit 2.
+Each subcommand lives in its own module and has a ``run(args) -> int``:
+
+* a user tool (``rlflow.commands.<tool>``) also exposes ``NAME``, ``HELP`` and ``add_arguments(parser)``;
+* a pipeline stage (``rlflow.stages.<stage>``) exposes ``HELP`` and ``SET_EXAMPLE`` (a ``--set`` example for its
+  help), and ``add_arguments(parser)`` only for options of its own. Its command name, its file and wildcard
+  flags (``--model``, ``--onnx``, ``--out``, ...) and ``--no-progress`` come from its entry in
+  :mod:`rlflow.pipeline.registry`, the same declaration its Snakemake rule and dvc.yaml stage are made from, so
+  the command line and both pipelines cannot disagree.
+
+User errors (:class:`rlflow.errors.RLFlowError`) print one line and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from rlflow import __version__
 from rlflow.errors import RLFlowError
+from rlflow.pipeline.registry import stage
+
+STAGE_PREFIX = "rlflow.stages."
 
 COMMAND_MODULES = [
     "rlflow.stages.export_model",
@@ -38,6 +49,18 @@ COMMAND_MODULES = [
 ]
 
 
+def _wrapped(command: str, width: int = 110) -> str:
+    """A long command line broken before flags, as a shell would take it (``\\`` line ends)."""
+    lines, line = [], ""
+    for part in re.split(r" (?=--)", command):
+        if line and len(line) + len(part) + 1 > width:
+            lines.append(line + " \\")
+            line = "    " + part
+        else:
+            line = f"{line} {part}" if line else part
+    return "\n  ".join([*lines, line])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlflow",
@@ -48,9 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for modname in COMMAND_MODULES:
         mod = importlib.import_module(modname)
-        p = sub.add_parser(mod.NAME, help=mod.HELP, aliases=getattr(mod, "ALIASES", []), description=(mod.__doc__ or mod.HELP).strip(),
+        st = stage(modname.removeprefix(STAGE_PREFIX)) if modname.startswith(STAGE_PREFIX) else None
+        description = (mod.__doc__ or mod.HELP).strip()
+        if st:
+            description += (f"\n\nThe pipeline runs it as (Snakemake rule and dvc.yaml stage {st.name}, from "
+                            f"rlflow.pipeline.registry), e.g.:\n  " + _wrapped(st.example_cmd()))
+        p = sub.add_parser(st.command.split()[1] if st else mod.NAME, help=mod.HELP,
+                           aliases=getattr(mod, "ALIASES", []), description=description,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        mod.add_arguments(p)
+        if st:
+            st.add_cli_arguments(p, mod.SET_EXAMPLE)
+        if hasattr(mod, "add_arguments"):
+            mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser
 

@@ -6,6 +6,7 @@ is a link to the same file, so Snakemake and the CLI validate against one schema
 
 from __future__ import annotations
 
+import argparse
 import copy
 from pathlib import Path
 from typing import Any, Sequence
@@ -155,3 +156,11 @@ def resolve_device(config: dict) -> str:
     if want == "cuda" and not has_cuda:
         raise RLFlowError("config key 'device' is 'cuda' but torch sees no CUDA device")
     return "cuda" if has_cuda else "cpu"
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, example: str = "zoo.bert.layers=2") -> None:
+    """``--config`` (repeatable, deep-merged) and ``--set KEY=VALUE`` (repeatable, applied last)."""
+    parser.add_argument("--config", metavar="YAML", action="append", default=None,
+                        help="config file; repeat to merge several, later ones win (default: schema defaults)")
+    parser.add_argument("--set", metavar="KEY=VALUE", dest="overrides", action="append", default=[],
+                        help=f"override one config key after the files, e.g. --set {example} (repeatable)")

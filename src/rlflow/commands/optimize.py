@@ -48,7 +48,7 @@ DEFAULT_RULES = Path("results/rules/rules.json")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from rlflow.stages.common import add_config_arguments
+    from rlflow.config import add_config_arguments
 
     add_model_arguments(p)
     p.add_argument("--out", required=True, type=Path, metavar="OUT.onnx", help="where to write the optimised model")

@@ -18,9 +18,10 @@ HELP = "generate, check or list rule files (verified substitutions)"
 def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
     gen = sub.add_parser("generate", help="generate and verify rules (the pipeline's generate_rules stage)")
+    from rlflow.pipeline.registry import stage
     from rlflow.stages import generate_rules
 
-    generate_rules.add_arguments(gen)
+    stage("generate_rules").add_cli_arguments(gen, generate_rules.SET_EXAMPLE)
     chk = sub.add_parser("check", help="validate a rules file; with --reverify, check every rule numerically again")
     chk.add_argument("file", metavar="RULES.json")
     chk.add_argument("--reverify", action="store_true", help="re-run the numeric verification of every rule")

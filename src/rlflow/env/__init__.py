@@ -2,14 +2,15 @@
 pass-ordering environment ``rlflow/XlaPassOrder-v0`` (:mod:`rlflow.env.xla_pass_order`).
 
     import gymnasium as gym
-    env = gym.make("rlflow.env:rlflow/GraphRewrite-v0")     # no other import needed (any Gymnasium)
+    env = gym.make("rlflow/GraphRewrite-v0")                # no other import needed
     env = gym.make("rlflow/GraphRewrite-v0", graph="results/bert/model.onnx", rules="results/rules/rules.json")
     envs = gym.make_vec("rlflow/GraphRewrite-v0", num_envs=4, vectorization_mode="sync", graph=..., rules=...)
 
-Registration. Importing this package registers the id (:func:`register_envs`), and the distribution declares
-:func:`register_envs` in the ``gymnasium.envs`` entry-point group, which Gymnasium 0.26 to 0.29 load when
-``gymnasium`` is imported. Gymnasium 1.0 dropped that plugin loader, so there the id needs this package imported
-first, or the module-prefixed id above (Gymnasium imports ``rlflow.env`` itself), as for every third-party env.
+Registration. Importing this package registers the id (:func:`register_envs`). Without that import: the
+distribution declares :func:`register_envs` in the ``gymnasium.envs`` entry-point group, which Gymnasium 0.26 to
+0.29 load when ``gymnasium`` is imported; Gymnasium 1.0 dropped that loader, so the installed package also ships a
+start-up hook (``rlflow-gymnasium.pth``, :mod:`rlflow._gym_hook`) that calls :func:`register_envs` as soon as
+``gymnasium`` has been imported. The module-prefixed id ``"rlflow.env:rlflow/GraphRewrite-v0"`` works as well.
 
 With no arguments the env is a small working default: the tiny BERT of the model zoo (``data/tiny-bert.onnx``),
 the builtin rules and the analytic CPU cost model (no measured files), so ``gym.make(ENV_ID)`` and Gymnasium's

@@ -24,6 +24,7 @@ This module must stay cheap to import (no torch): the Snakefile imports it while
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import string
@@ -35,7 +36,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from rlflow.config import get, load_schema
+from rlflow.config import add_config_arguments, get, load_schema
 from rlflow.pipeline.imports import as_folders, closure_files
 
 #: repository root (src/rlflow/pipeline/registry.py -> ../../..); stage paths are relative to it
@@ -120,6 +121,47 @@ class Stage:
     """Outputs (by name) that DVC lists as ``plots`` (``dvc plots show``) rather than plain ``outs``."""
     runs: str = ""
     """The stage module it runs when it is not its own (a sweep job runs ``train_controller``); default: ``name``."""
+    progress: bool = False
+    """The stage draws progress bars (on stderr); its command then takes ``--no-progress``."""
+    cli_optional: tuple[str, ...] = ()
+    """Flags of ``args`` a user of the command line may leave out (the pipeline always passes them), besides
+    :data:`OPTIONAL_FLAGS`."""
+
+    # -- the command line ---------------------------------------------------------------------------------
+    def add_cli_arguments(self, parser: argparse.ArgumentParser, set_example: str) -> None:
+        """The stage command's common flags: ``--config``/``--set``, the file and wildcard flags of
+        :meth:`cli_arguments`, and ``--no-progress`` when it draws progress bars."""
+        add_config_arguments(parser, set_example)
+        for flag, kwargs in self.cli_arguments():
+            parser.add_argument(flag, **kwargs)
+        if self.progress:
+            parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+    def cli_arguments(self) -> list[tuple[str, dict[str, Any]]]:
+        """The stage command's file and wildcard flags, made from ``args`` (so the command line and both
+        pipelines cannot disagree): ``(flag, argparse keyword arguments)`` each. The stage module adds only its
+        own options (config, progress, ...)."""
+        return [(flag, self._cli_argument(flag, pattern)) for flag, pattern in self.args]
+
+    def _cli_argument(self, flag: str, pattern: str) -> dict[str, Any]:
+        required = flag not in OPTIONAL_FLAGS and flag not in self.cli_optional
+        note = f"; {OPTIONAL_FLAGS[flag]}" if flag in OPTIONAL_FLAGS else ""
+        if pattern in ("{model}", "{shard}"):
+            what = {"{model}": ("NAME", str, "the model's name (labels the outputs)"),
+                    "{shard}": ("K", int, "shard id (seeds its episodes)")}[pattern]
+            return {"required": required, "metavar": what[0], "type": what[1], "help": what[2]}
+        ref = re.fullmatch(r"\{(input|output)\.(\w+)\}", pattern)
+        if ref:
+            kind, name = ref.groups()
+            path = (self.inputs if kind == "input" else self.outputs)[name]
+            verb = "reads" if kind == "input" else "writes"
+            folder = name in self.folders
+        else:  # a fixed path (a folder the stage reads, e.g. results/{model}/rollouts)
+            name, path, verb, folder = flag.lstrip("-").replace("-", "_"), pattern, "reads", True
+        role = FILE_HELP.get(name, name.replace("_", " "))
+        suffix = Path(path).suffix.lstrip(".").upper()
+        return {"required": required, "type": Path, "metavar": "DIR" if folder or not suffix else suffix,
+                "help": f"{role} ({verb}; the pipeline's: {path}{note})"}
 
     # -- names ---------------------------------------------------------------------------------------------
     @property
@@ -203,7 +245,12 @@ class Stage:
 
     def dvc_cmd(self) -> str:
         """The command DVC runs: ``rlflow export-model --config config.yaml --model ${item} --out ...``."""
-        values = self.dvc_values()
+        return self.example_cmd(**self.dvc_values())
+
+    def example_cmd(self, **values: str) -> str:
+        """The command the pipeline runs for example wildcard values (model bert, shard 0, ...): the stage
+        command's help shows it, so no docstring repeats the flags by hand."""
+        values = {"model": "bert", "shard": "0", "tau": "1.0", "reward": "delta", "device": "cpu", **values}
         output = SimpleNamespace(**self.output_paths(**values))
         input = SimpleNamespace(**self.input_paths(**values))
         return " ".join([self.command, "--config", CONFIG_FILE, *self._render_args(values, output, input),
@@ -245,6 +292,22 @@ def cli_value(value: Any) -> str:
         except yaml.YAMLError:
             pass
     raise ValueError(f"config value {value!r} cannot be passed on the command line")
+
+
+#: what a stage's file is, by its input/output name (the help of its command-line flag)
+FILE_HELP = {
+    "onnx": "the model", "rules": "the rules", "costs": "measured cost cache", "stats": "rule statistics",
+    "rules_stats": "rule generation statistics", "episodes": "episodes of one shard", "rollouts": "merged rollouts",
+    "shards_dir": "folder of the shard-<K>.json files", "checkpoint": "checkpoint", "encoder": "encoder checkpoint",
+    "latents": "z of every rollout step", "world_model": "world-model checkpoint", "metrics": "metrics JSON",
+    "curve": "per-epoch loss curve", "logs": "dvclive folder of the training curves", "trace": "trace JSON",
+    "optimised": "the best graph of the real run, verified (ONNX)", "table": "evaluation table",
+    "headline": "the model's summary row", "html": "the HTML page", "csv": "the table", "results": "the model's "
+    "results folder", "headlines": "folder of the evaluate stage's <model>.json headlines",
+    **{f"{m}_onnx": f"{m}'s optimised model" for m in METHODS}, **{f"{m}_trace": f"{m}'s trace" for m in METHODS},
+}
+#: flags a command-line user may always leave out, and what leaving them out means
+OPTIONAL_FLAGS = {"--costs": "needed only with cost.model=measured", "--logs": "without it: no curves"}
 
 
 def _check(stage: Stage) -> Stage:
@@ -304,6 +367,7 @@ CONTROLLER = Stage(
           ("--metrics", "{output.metrics}"), ("--optimised", "{output.optimised}"), ("--trace", "{output.trace}"),
           ("--logs", "{output.logs}")),
     folders=("logs",),
+    progress=True,
 )
 
 
@@ -321,6 +385,7 @@ STAGES: dict[str, Stage] = {
                 "sizes": "zoo.{model}",
             },
             args=(("--model", "{model}"), ("--out", "{output.onnx}")),
+            cli_optional=("--model",),  # or the model as the first positional argument
         ),
         Stage(
             name="generate_rules",
@@ -339,6 +404,7 @@ STAGES: dict[str, Stage] = {
             },
             args=(("--out", "{output.rules}"),),
             wildcards=(),
+            progress=True,
         ),
         Stage(
             name="measure_costs",
@@ -355,6 +421,7 @@ STAGES: dict[str, Stage] = {
             args=(("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--rules", "{input.rules}"),
                   ("--out", "{output.costs}")),
             all_cores=True,
+            progress=True,
         ),
         Stage(
             name="search_taso",
@@ -368,6 +435,7 @@ STAGES: dict[str, Stage] = {
                 "time_limit_s": "search.time_limit_s",
             },
             args=(*PROBLEM_ARGS, ("--out", "{output.onnx}"), ("--trace", "{output.trace}")),
+            progress=True,
         ),
         Stage(
             name="search_greedy",
@@ -379,6 +447,7 @@ STAGES: dict[str, Stage] = {
                 "time_limit_s": "search.time_limit_s",
             },
             args=(*PROBLEM_ARGS, ("--out", "{output.onnx}"), ("--trace", "{output.trace}")),
+            progress=True,
         ),
         Stage(
             name="collect_rollouts",
@@ -395,6 +464,7 @@ STAGES: dict[str, Stage] = {
             args=(("--model", "{model}"), ("--shard", "{shard}"), ("--onnx", "{input.onnx}"),
                   ("--rules", "{input.rules}"), ("--costs", "{input.costs}"), ("--out", "{output.episodes}")),
             wildcards=("model", "shard"),
+            progress=True,
         ),
         Stage(
             name="merge_rollouts",
@@ -423,6 +493,7 @@ STAGES: dict[str, Stage] = {
                   ("--out", "{output.checkpoint}"), ("--latents", "{output.latents}"),
                   ("--metrics", "{output.metrics}"), ("--logs", "{output.logs}")),
             folders=("logs",),
+            progress=True,
         ),
         Stage(
             name="train_world_model",
@@ -437,6 +508,7 @@ STAGES: dict[str, Stage] = {
                   ("--metrics", "{output.metrics}"), ("--curve", "{output.curve}"), ("--logs", "{output.logs}")),
             plots=("curve",),
             folders=("logs",),
+            progress=True,
         ),
         CONTROLLER,
         Stage(
@@ -487,6 +559,7 @@ STAGES: dict[str, Stage] = {
                   ("--metrics", "{output.metrics}"), ("--optimised", "{output.optimised}"),
                   ("--trace", "{output.trace}"), ("--logs", "{output.logs}")),
             folders=("logs",),
+            progress=True,
         ),
         Stage(
             name="evaluate",
@@ -503,6 +576,8 @@ STAGES: dict[str, Stage] = {
                   ("--out", "{output.table}"), ("--metrics", "{output.metrics}"), ("--headline", "{output.headline}")),
             metrics=("metrics",),
             all_cores=True,
+            cli_optional=tuple(f"--{m.replace('_', '-')}{t}" for m in METHODS for t in ("", "-trace")),
+            progress=True,
         ),
         Stage(
             name="report",

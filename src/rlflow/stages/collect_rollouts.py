@@ -9,13 +9,9 @@ env.max_steps, env.max_locations and the cost model, so shards run in parallel a
 others alone. Reward settings (env.reward) are not read.
 
 Examples:
-  rlflow rollouts --config config.yaml --model bert --shard 0 --onnx results/bert/model.onnx \\
-      --rules results/rules/rules.json --costs results/costs/auto/bert.json --out results/bert/rollouts/shard-0.json
   rlflow collect-rollouts ... --set rollouts.episodes=20 --set cost.model=analytic      (no cost cache needed)
 
-Pipeline: Snakemake rule collect_rollouts (workflow/rules/rollouts.smk), one job per model and shard id in
-rollouts.shards, and the dvc.yaml stage of the same name (a matrix); both come from
-rlflow.pipeline.registry.STAGES["collect_rollouts"]. merge_rollouts joins the shards.
+One job per model and shard id in rollouts.shards (a DVC matrix); merge_rollouts joins the shards.
 """
 
 from __future__ import annotations
@@ -23,22 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 from rlflow.config import get
 from rlflow.errors import RLFlowError
-from rlflow.stages.common import add_config_arguments, add_problem_arguments, load_problem
+from rlflow.stages.common import load_problem
 
-NAME = "collect-rollouts"
 ALIASES = ["rollouts"]
 HELP = "collect one shard of random-agent episodes (pipeline stage collect_rollouts)"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "rollouts.episodes=20")
-    add_problem_arguments(parser)
-    parser.add_argument("--shard", required=True, type=int, metavar="K", help="shard id (seeds its episodes)")
-    parser.add_argument("--out", required=True, type=Path, metavar="JSON", help="episodes file to write")
+SET_EXAMPLE = "rollouts.episodes=20"
 
 
 def run(args: argparse.Namespace) -> int:

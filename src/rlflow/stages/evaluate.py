@@ -29,15 +29,8 @@ methods not given are left out. Writes, atomically and only once everything has 
 (their contents are documented in rlflow.evaluation.tables).
 
 Examples:
-  rlflow evaluate --config config.yaml --model bert --onnx results/bert/model.onnx \\
-      --taso results/bert/taso/model.onnx --taso-trace results/bert/taso/trace.json \\
-      --greedy results/bert/greedy/model.onnx --greedy-trace results/bert/greedy/trace.json \\
-      --out results/bert/evaluation.csv --metrics results/bert/metrics.json --headline results/summary/bert.json
   rlflow evaluate --model bert --onnx m.onnx --greedy g.onnx --greedy-trace g.json --set evaluate.backends=[ort] \\
       --set run.repeats=5 --out /tmp/e.csv --metrics /tmp/m.json --headline /tmp/h.json
-
-Pipeline: Snakemake rule evaluate and dvc.yaml stage evaluate run this; both come from
-rlflow.pipeline.registry.STAGES["evaluate"].
 """
 
 from __future__ import annotations
@@ -50,28 +43,13 @@ from pathlib import Path
 from rlflow.config import get, load_config, resolve_device
 from rlflow.errors import RLFlowError
 from rlflow.pipeline.registry import METHODS
-from rlflow.stages.common import add_config_arguments
 
-NAME = "evaluate"
 HELP = "run the original and every method's graph on every backend: latency, memory, output check (stage evaluate)"
+SET_EXAMPLE = "run.repeats=5"
 
 
 def _flag(method: str) -> str:
     return "--" + method.replace("_", "-")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "run.repeats=5")
-    parser.add_argument("--model", required=True, metavar="NAME", help="the model's name (labels the outputs)")
-    parser.add_argument("--onnx", required=True, type=Path, metavar="ONNX", help="the original model")
-    for m in METHODS:
-        parser.add_argument(_flag(m), dest=m, type=Path, metavar="ONNX", help=f"{m}'s optimised model")
-        parser.add_argument(_flag(m) + "-trace", dest=f"{m}_trace", type=Path, metavar="JSON", help=f"{m}'s trace")
-    parser.add_argument("--out", required=True, type=Path, metavar="CSV", help="evaluation table to write")
-    parser.add_argument("--metrics", required=True, type=Path, metavar="JSON", help="DVC metrics to write")
-    parser.add_argument("--headline", required=True, type=Path, metavar="JSON",
-                        help="the model's summary row to write (results/summary/<model>.json)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,37 +8,28 @@ key by key, lists and scalars replace), then every --set KEY=VALUE applies (VALU
 --config the schema defaults (the paper sizes) apply. The merged config is validated before anything runs.
 
 Examples:
-  rlflow export-model --config config.yaml --model bert --out results/bert/model.onnx
   rlflow export-model resnet18 --out resnet18.onnx             (schema defaults: the paper sizes)
   rlflow export-model --config config.yaml --config tests/configs/tiny.yaml --model vit --out /tmp/vit.onnx
   rlflow export-model --config config.yaml --set zoo.bert.layers=2 --set export.exporter=torchscript \\
       --model bert --out /tmp/bert.onnx
-
-Pipeline: Snakemake rule export_model (workflow/rules/export.smk) and dvc.yaml stage export_model run this;
-both come from rlflow.pipeline.registry.STAGES["export_model"].
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from rlflow.config import get, load_config
 from rlflow.errors import RLFlowError
-from rlflow.stages.common import add_config_arguments
 from rlflow.pipeline.registry import model_names
 
-NAME = "export-model"
 HELP = "export a zoo model to ONNX at its configured sizes (pipeline stage export_model)"
+SET_EXAMPLE = "zoo.bert.layers=2"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "zoo.bert.layers=2")
-    parser.add_argument("name", nargs="?", metavar="NAME", help="zoo model (same as --model)")
-    parser.add_argument("--model", metavar="NAME", help="zoo model: " + ", ".join(model_names()))
-    parser.add_argument("--out", required=True, metavar="ONNX", type=Path,
-                        help="ONNX file to write (parent folders are created)")
+    parser.add_argument("name", nargs="?", metavar="NAME",
+                        help="zoo model, or give --model NAME: " + ", ".join(model_names()))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,12 +10,8 @@ Config: --config may be given several times; later files are deep-merged over ea
 --set KEY=VALUE applies (VALUE is YAML or JSON). Without --config the schema defaults apply.
 
 Examples:
-  rlflow generate-rules --config config.yaml --out results/rules/rules.json
   rlflow generate-rules --config config.yaml --set rules.max_ops=2 --out /tmp/rules/rules.json
   rlflow generate-rules --config config.yaml --config tests/configs/tiny.yaml --out /tmp/rules.json
-
-Pipeline: Snakemake rule generate_rules (workflow/rules/rules.smk) and dvc.yaml stage generate_rules run this;
-both come from rlflow.pipeline.registry.STAGES["generate_rules"].
 """
 
 from __future__ import annotations
@@ -24,22 +20,13 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 from rlflow.config import get, load_config
 from rlflow.errors import RLFlowError
-from rlflow.stages.common import add_config_arguments
 
-NAME = "generate-rules"
 HELP = "generate, verify and prune substitution rules (pipeline stage generate_rules)"
+SET_EXAMPLE = "rules.max_ops=2"
 STATS_FORMAT = 1
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "rules.max_ops=2")
-    parser.add_argument("--out", required=True, metavar="JSON", type=Path,
-                        help="rules file to write; stats.json is written beside it (parent folders are created)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
 def _progress_factory(enabled: bool):

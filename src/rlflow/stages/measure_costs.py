@@ -17,13 +17,8 @@ Config: --config may be given several times; later files are deep-merged over ea
 --set KEY=VALUE applies (VALUE is YAML or JSON). Without --config the schema defaults apply.
 
 Examples:
-  rlflow measure-costs --config config.yaml --model bert --onnx results/bert/model.onnx \\
-      --rules results/rules/rules.json --out results/costs/auto/bert.json
   rlflow measure-costs --model bert --onnx bert.onnx --rules rules.json --out /tmp/bert-costs.json \\
       --set cost.explore_steps=0 --set cost.repeats=8
-
-Pipeline: Snakemake rule measure_costs (workflow/rules/costs.smk) and dvc.yaml stage measure_costs run this;
-both come from rlflow.pipeline.registry.STAGES["measure_costs"].
 """
 
 from __future__ import annotations
@@ -31,25 +26,16 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from pathlib import Path
 from typing import Iterator, Sequence
 
 from rlflow.config import get
 from rlflow.errors import RLFlowError
-from rlflow.stages.common import add_config_arguments, add_problem_arguments
 
-NAME = "measure-costs"
 HELP = "time every op signature of a model and its rewrites: the measured cost cache (pipeline stage measure_costs)"
+SET_EXAMPLE = "cost.explore_steps=50"
 
 #: a random walk restarts from the model after this many rewrites
 WALK_LENGTH = 50
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "cost.explore_steps=50")
-    add_problem_arguments(parser, costs=False)
-    parser.add_argument("--out", required=True, metavar="JSON", type=Path,
-                        help="cost cache to write (results/costs/<device>/<model>.json; parent folders are created)")
 
 
 def explore(graph, rules: Sequence, steps: int, seed: int, stats: dict | None = None) -> Iterator:

@@ -3,10 +3,6 @@
 Reads <shards-dir>/shard-<K>.json for every K in rollouts.shards (in that order), checks that they were
 collected with the same model, rules, environment and cost model, and writes one rollouts file with the
 episodes of all shards and summary statistics (format: rlflow/agents/rollouts.py).
-
-Example:
-  rlflow merge-rollouts --config config.yaml --model bert --shards-dir results/bert/rollouts \\
-      --out results/bert/rollouts.json
 """
 
 from __future__ import annotations
@@ -17,18 +13,10 @@ from pathlib import Path
 
 from rlflow.config import get, load_config
 from rlflow.errors import RLFlowError
-from rlflow.stages.common import add_config_arguments
 
-NAME = "merge-rollouts"
 HELP = "join a model's rollout shards into one file (pipeline stage merge_rollouts)"
+SET_EXAMPLE = "rollouts.shards=[0,1,2]"
 SAME = ("format", "model", "seed", "rules", "env", "cost", "metric_names", "stop_prob")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "rollouts.shards=[0,1,2]")
-    parser.add_argument("--model", required=True, metavar="NAME", help="the model's name")
-    parser.add_argument("--shards-dir", required=True, type=Path, metavar="DIR", help="folder of shard-<K>.json")
-    parser.add_argument("--out", required=True, type=Path, metavar="JSON", help="merged rollouts file to write")
 
 
 def _read(path: Path) -> dict:

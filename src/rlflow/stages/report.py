@@ -9,31 +9,15 @@ metrics.json, the temperature and reward sweeps configured in sweeps.*, rollouts
 
 The config (every section of it is passed by the pipeline) is shown in the report, with package versions and the
 machine. Figures are SVG made by matplotlib and embedded in the page; the page loads nothing from elsewhere.
-
-Example:
-  rlflow report --config config.yaml --model bert --results results/bert --rules-stats results/rules/stats.json \\
-      --out results/bert/report.html
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from rlflow.stages.common import add_config_arguments
 
-NAME = "report"
 HELP = "write a model's self-contained HTML report (pipeline stage report)"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "sweeps.temperatures=[0.5,1.5]")
-    parser.add_argument("--model", required=True, metavar="NAME", help="the model's name")
-    parser.add_argument("--results", required=True, type=Path, metavar="DIR",
-                        help="the model's results folder (results/<model>)")
-    parser.add_argument("--rules-stats", required=True, type=Path, metavar="JSON",
-                        help="rule generation statistics (results/rules/stats.json)")
-    parser.add_argument("--out", required=True, type=Path, metavar="HTML", help="the report to write")
+SET_EXAMPLE = "sweeps.temperatures=[0.5,1.5]"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,19 +4,11 @@ load the declared inputs, run the search, verify, write the optimised ONNX and t
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from rlflow.config import get
 from rlflow.errors import RLFlowError
 from rlflow.search.output import run_method, summary, verify_and_write
-from rlflow.stages.common import add_config_arguments, add_problem_arguments, load_problem
-
-
-def add_stage_arguments(parser, example: str) -> None:
-    add_config_arguments(parser, example)
-    add_problem_arguments(parser)
-    parser.add_argument("--out", required=True, type=Path, metavar="ONNX", help="the optimised model to write")
-    parser.add_argument("--trace", required=True, type=Path, metavar="JSON", help="the search trace to write")
+from rlflow.stages.common import load_problem
 
 
 def run_stage(args, method: str, label: str) -> int:

@@ -13,28 +13,18 @@ the cost after each, cost before/after, search statistics, config values used, m
 each atomically.
 
 Examples:
-  rlflow search-taso --config config.yaml --model bert --onnx results/bert/model.onnx \\
-      --rules results/rules/rules.json --costs results/costs/auto/bert.json \\
-      --out results/bert/taso/model.onnx --trace results/bert/taso/trace.json
   rlflow search-taso --model bert --onnx m.onnx --rules rules.json --set cost.model=analytic \\
       --set search.budget=100 --out /tmp/taso.onnx --trace /tmp/trace.json
-
-Pipeline: Snakemake rule search_taso (workflow/rules/search.smk) and dvc.yaml stage search_taso run this;
-both come from rlflow.pipeline.registry.STAGES["search_taso"].
 """
 
 from __future__ import annotations
 
 import argparse
 
-from rlflow.stages.search_common import add_stage_arguments, run_stage
+from rlflow.stages.search_common import run_stage
 
-NAME = "search-taso"
 HELP = "TASO's backtracking search over the rules; verified optimised ONNX and trace (pipeline stage search_taso)"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_stage_arguments(parser, "search.budget=100")
+SET_EXAMPLE = "search.budget=100"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,28 +5,15 @@ latency, speedup vs the original on onnxruntime, improvement vs TensorFlow, opti
 interactions per method) -- every model that was evaluated, the config's ``models`` first. One row per model x
 method. The HTML page is self-contained and links each model's report.html by relative path. No headline files:
 one line, exit 2, nothing written.
-
-Example:
-  rlflow summary --config config.yaml --headlines results/summary --csv results/summary.csv --out results/summary.html
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from rlflow.stages.common import add_config_arguments
 
-NAME = "summary"
 HELP = "write the table across every evaluated model (pipeline stage summary)"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "models=[bert,vit]")
-    parser.add_argument("--headlines", required=True, type=Path, metavar="DIR",
-                        help="folder of the evaluate stage's <model>.json headlines (results/summary)")
-    parser.add_argument("--csv", required=True, type=Path, metavar="CSV", help="the table to write (results/summary.csv)")
-    parser.add_argument("--out", required=True, type=Path, metavar="HTML", help="the page to write (results/summary.html)")
+SET_EXAMPLE = "models=[bert,vit]"
 
 
 def run(args: argparse.Namespace) -> int:

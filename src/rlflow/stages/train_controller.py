@@ -26,30 +26,16 @@ config, resumes there.
 
 Changing only the temperature or a reward parameter reruns this stage (and train_model_free for the reward),
 nothing upstream: the temperature sweep of RLFlow's Table 3 is a matter of config.
-
-Example:
-  rlflow train-controller --config config.yaml --model bert --onnx results/bert/model.onnx \\
-      --rules results/rules/rules.json --costs results/costs/auto/bert.json \\
-      --encoder results/bert/encoder/encoder.pt --latents results/bert/encoder/latents.npz \\
-      --world-model results/bert/world_model/world_model.pt --out results/bert/controller/controller.pt \\
-      --metrics results/bert/controller/metrics.json --optimised results/bert/controller/model.onnx \\
-      --trace results/bert/controller/trace.json --logs results/bert/controller/live
 """
 
 from __future__ import annotations
 
 import argparse
 
-from rlflow.stages.agent_common import add_agent_arguments, run_agent
-from rlflow.stages.common import add_config_arguments
+from rlflow.stages.agent_common import run_agent
 
-NAME = "train-controller"
 HELP = "train the controller in the dream, let it optimise the model in the real env (pipeline stage train_controller)"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "controller.temperature=1.0")
-    add_agent_arguments(parser, dream=True, curves="dream reward, episode return/length, PPO losses per update")
+SET_EXAMPLE = "controller.temperature=1.0"
 
 
 def run(args: argparse.Namespace) -> int:

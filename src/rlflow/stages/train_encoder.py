@@ -13,14 +13,7 @@ and --metrics (held-out errors: relative runtime error, match-count accuracy; lo
 rebuilt from epoch 1, with the checkpoint's saved epochs, when a run resumes).
 
 Examples:
-  rlflow train-encoder --config config.yaml --model bert --onnx results/bert/model.onnx \\
-      --rules results/rules/rules.json --costs results/costs/auto/bert.json --rollouts results/bert/rollouts.json \\
-      --out results/bert/encoder/encoder.pt --latents results/bert/encoder/latents.npz \\
-      --metrics results/bert/encoder/metrics.json --logs results/bert/encoder/live
   rlflow train-encoder ... --set encoder.epochs=2 --set encoder.max_graphs=200      (a quick run)
-
-Pipeline: Snakemake rule train_encoder and the dvc.yaml stage of the same name, both from
-rlflow.pipeline.registry.STAGES["train_encoder"].
 """
 
 from __future__ import annotations
@@ -35,20 +28,10 @@ from pathlib import Path
 from rlflow.config import get
 from rlflow.errors import RLFlowError
 from rlflow.problem import single_cpu_thread
-from rlflow.stages.common import add_config_arguments, add_logs_argument, add_problem_arguments, load_problem
+from rlflow.stages.common import load_problem
 
-NAME = "train-encoder"
 HELP = "train the graph encoder on rollout graphs; write it and the z of every step (pipeline stage train_encoder)"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "encoder.epochs=2")
-    add_problem_arguments(parser)
-    parser.add_argument("--rollouts", required=True, type=Path, metavar="JSON", help="merged rollouts file")
-    parser.add_argument("--out", required=True, type=Path, metavar="PT", help="encoder checkpoint to write")
-    parser.add_argument("--latents", required=True, type=Path, metavar="NPZ", help="z of every rollout step")
-    parser.add_argument("--metrics", required=True, type=Path, metavar="JSON", help="held-out errors, losses")
-    add_logs_argument(parser, "train and held-out losses per epoch")
+SET_EXAMPLE = "encoder.epochs=2"
 
 
 def _load_rollouts(path: Path) -> dict:

@@ -18,30 +18,16 @@ Writes, atomically:
   --logs       dvclive folder: per PPO update the real reward, episode return and length, interactions so far,
                the PPO losses (rebuilt from the start, with the saved curve, when a run resumes)
 The policy is checkpointed after every update to OUT.partial; a killed run resumes there.
-
-Example:
-  rlflow train-model-free --config config.yaml --model bert --onnx results/bert/model.onnx \\
-      --rules results/rules/rules.json --costs results/costs/auto/bert.json \\
-      --encoder results/bert/encoder/encoder.pt --out results/bert/model_free/model_free.pt \\
-      --metrics results/bert/model_free/metrics.json --optimised results/bert/model_free/model.onnx \\
-      --trace results/bert/model_free/trace.json --logs results/bert/model_free/live
 """
 
 from __future__ import annotations
 
 import argparse
 
-from rlflow.stages.agent_common import add_agent_arguments, run_agent
-from rlflow.stages.common import add_config_arguments
+from rlflow.stages.agent_common import run_agent
 
-NAME = "train-model-free"
 HELP = "train the model-free PPO baseline on the real env, let it optimise the model (pipeline stage train_model_free)"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "model_free.updates=5")
-    add_agent_arguments(parser, dream=False,
-                        curves="real reward, episode return/length, interactions, PPO losses per update")
+SET_EXAMPLE = "model_free.updates=5"
 
 
 def run(args: argparse.Namespace) -> int:

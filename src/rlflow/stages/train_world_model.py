@@ -12,11 +12,6 @@ batch_size). Held-out episodes are never trained on. Writes:
   --curve    per-epoch train and held-out losses (CSV)
   --logs     the same curves as a dvclive folder (rlflow.agents.logging), and the final held-out figures;
              rebuilt from epoch 1, with the checkpoint's saved epochs, when a run resumes
-
-Example:
-  rlflow train-world-model --config config.yaml --model bert --latents results/bert/encoder/latents.npz \\
-      --out results/bert/world_model/world_model.pt --metrics results/bert/world_model/metrics.json \\
-      --curve results/bert/world_model/loss.csv --logs results/bert/world_model/live
 """
 
 from __future__ import annotations
@@ -24,26 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 from rlflow.config import get, load_config, resolve_device
 from rlflow.problem import single_cpu_thread
-from rlflow.stages.common import add_config_arguments, add_logs_argument
 
-NAME = "train-world-model"
 HELP = "train the MDN-RNN world model on the encoder's latents (pipeline stage train_world_model)"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "world_model.epochs=10")
-    parser.add_argument("--model", required=True, metavar="NAME", help="the model's name (labels the outputs)")
-    parser.add_argument("--latents", required=True, type=Path, metavar="NPZ",
-                        help="the encoder's latents (results/<model>/encoder/latents.npz)")
-    parser.add_argument("--out", required=True, type=Path, metavar="PT", help="checkpoint to write")
-    parser.add_argument("--metrics", required=True, type=Path, metavar="JSON", help="held-out quality figures")
-    parser.add_argument("--curve", required=True, type=Path, metavar="CSV", help="per-epoch loss curve")
-    add_logs_argument(parser, "loss terms (train and held-out) and learning rate per epoch")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+SET_EXAMPLE = "world_model.epochs=10"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     single_cpu_thread(device)
 
     t0 = time.perf_counter()
-    ckpt = Checkpointer(args.out, fingerprint({"stage": NAME, "seed": seed, "world_model": wm}, [args.latents]))
+    ckpt = Checkpointer(args.out, fingerprint({"stage": "train-world-model", "seed": seed, "world_model": wm}, [args.latents]))
     live = TrainingLog(args.logs, params={"seed": seed, "device": get(config, "device"), "world_model": wm})
     res = train(data, wm, seed, device, checkpointer=ckpt, progress=not args.no_progress,
                 log=lambda s: print(f"train_world_model: {s}"), live=live)
