@@ -9,7 +9,8 @@ own target-independent pipeline (its compile dumped just before layout assignmen
   python benchmarks/xla_step.py                          # bert at the paper size
   python benchmarks/xla_step.py --sizes tiny --steps 20  # a quick check
 
-Last line: ``model=<m> ops=<n> default_pipeline_ops=<k> median_step_ms=<x> p90_step_ms=<y> steps=<s>``.
+Also printed: the worker's CPU time per step, split into XLA's compile and the rest (ours). Last line:
+``model=<m> ops=<n> default_pipeline_ops=<k> median_step_ms=<x> p90_step_ms=<y> steps=<s>``.
 """
 
 from __future__ import annotations
@@ -54,17 +55,23 @@ def main() -> None:
             _, info = env.reset(seed=args.seed)
             ops = info["initial_op_count"]
             default_ops = sum(env.worker.reference(hlo_path.read_text()).stats["histogram"].values())
-            times, statuses = [], {}
+            times, statuses, compile_ms, other_ms = [], {}, [], []
             for _ in range(args.steps):
                 t0 = time.perf_counter()
                 _, _, term, trunc, info = env.step(int(rng.integers(env.stop_action)))
                 times.append((time.perf_counter() - t0) * 1e3)
                 statuses[info["status"]] = statuses.get(info["status"], 0) + 1
+                if "worker_cpu_ms" in info:
+                    compile_ms.append(info["worker_cpu_ms"]["compile_ms"])
+                    other_ms.append(info["worker_cpu_ms"]["other_ms"])
                 if term or trunc:
                     env.reset()
         finally:
             env.close()
     print(f"step statuses: {statuses}")
+    if compile_ms:  # CPU time, all threads of the worker: less dependent on other load than the wall clock
+        print(f"worker CPU per step: XLA compile median {np.median(compile_ms):.1f} ms, the rest (parse, "
+              f"histogram, cost analysis, fingerprint, dump I/O) median {np.median(other_ms):.1f} ms")
     print(f"model={args.model} ops={ops} default_pipeline_ops={default_ops} "
           f"median_step_ms={np.median(times):.1f} p90_step_ms={np.percentile(times, 90):.1f} steps={len(times)}")
 

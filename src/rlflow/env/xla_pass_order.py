@@ -12,7 +12,8 @@ Reward: ``reward_scale`` x (op count before - op count after) / the episode's in
 ``shaping`` weights are given, the potential-based term ``gamma x Phi(s') - Phi(s)`` with
 ``Phi(s) = -(w_flops x flops(s) / flops(s_0) + w_transcendentals x transcendentals(s) / transcendentals(s_0))``
 (Ng et al.: the optimal policies are unchanged). ``info`` has ``op_count``, ``op_reward`` (the reward without
-shaping), ``status`` (ok | unchanged | crash | error | stop), ``pass``, the cost features and ``step``.
+shaping), ``status`` (ok | unchanged | crash | error | stop), ``pass``, the cost features and ``step`` (and
+``worker_cpu_ms``: the pass worker's CPU time in XLA's compile and in the rest).
 
 Several modules: ``modules`` is a list; each reset picks one (uniformly with the env's seed, or
 ``options={"module": i}``). With none the env runs :data:`DEFAULT_MODULE`, a small attention block lowered by JAX.
@@ -53,7 +54,7 @@ class XlaPassOrderEnv(gym.Env):
                  reward_scale: float = 100.0, invalid_penalty: float = -1.0,
                  shaping: dict[str, float] | None = None, gamma: float = 0.99, step_timeout_s: float = 120.0,
                  render_mode: str | None = None):
-        from rlflow.xla.passes import action_passes
+        from rlflow.xla.passes import action_passes, disabled_for
         from rlflow.xla.hlo import opcodes
         from rlflow.xla.worker import PassWorker, discover_pipeline
 
@@ -68,6 +69,7 @@ class XlaPassOrderEnv(gym.Env):
         self.modules = [read_module(m) for m in modules]
         self.pipeline = discover_pipeline()
         self.passes = action_passes(self.pipeline)
+        self._disabled = [disabled_for(self.pipeline, name) for name in self.passes]  # per action, made once
         self.opcodes = opcodes()
         self.max_steps, self.reward_scale, self.invalid_penalty = max_steps, reward_scale, invalid_penalty
         self.shaping = {k: float(v) for k, v in (shaping or {}).items() if v}
@@ -135,10 +137,8 @@ class XlaPassOrderEnv(gym.Env):
         self.actions.append(action)
         if action == self.stop_action:
             return self.observation(self.stats), 0.0, True, False, self._info("stop", None, 0.0)
-        from rlflow.xla.passes import disabled_for
-
         name = self.passes[action]
-        result = self.worker.run_pass(self.text, disabled_for(self.pipeline, name))
+        result = self.worker.run_pass(self.text, self._disabled[action])
         if result.valid:
             before = self.op_count(self.stats)
             phi = self.potential(self.stats)
@@ -151,6 +151,8 @@ class XlaPassOrderEnv(gym.Env):
         info = self._info(result.status, name, op_reward)
         if not result.valid:
             info["message"] = result.message
+        if result.cpu:
+            info["worker_cpu_ms"] = result.cpu
         return self.observation(self.stats), float(reward), False, truncated, info
 
     def render(self):

@@ -29,8 +29,14 @@ def opcodes() -> tuple[str, ...]:
 
 
 def _opcode_name(op) -> str:
-    name = op.name[1:] if op.name.startswith("k") else op.name
-    return re.sub(r"(?<!^)(?=[A-Z])", "-", name).lower()
+    name = _OPCODE_NAMES.get(op)
+    if name is None:
+        name = op.name[1:] if op.name.startswith("k") else op.name
+        name = _OPCODE_NAMES[op] = re.sub(r"(?<!^)(?=[A-Z])", "-", name).lower()
+    return name
+
+
+_OPCODE_NAMES: dict = {}  # HloOpcode -> its name (one regex per opcode, not per instruction)
 
 
 def strip_schedule(text: str) -> str:
@@ -71,14 +77,14 @@ def histogram(module) -> dict[str, int]:
 
 
 def fingerprint(module) -> str:
-    """A hash of the module's instructions as text (metadata dropped, order-independent): a pass that changes
-    nothing keeps it."""
+    """A hash of the module's computations and instructions as text (metadata and the module header dropped,
+    order-independent): a pass that changes nothing keeps it. One print of the whole module by XLA."""
     import hashlib
 
-    lines = []
-    for comp in module.computations():
-        for inst in comp.instructions():
-            lines.append(re.sub(r", metadata=\{.*", "", inst.to_string()))
+    options = _hlo().HloPrintOptions()
+    options.print_metadata = False
+    lines = [ln.strip() for ln in module.to_string(options).splitlines()
+             if ln.strip() and not ln.startswith("HloModule")]
     return hashlib.sha1("\n".join(sorted(lines)).encode()).hexdigest()
 
 
@@ -91,7 +97,11 @@ def cost_analysis(module) -> dict[str, float]:
     return {k: float(raw.get(k, 0.0)) for k in COST_FEATURES}
 
 
+def module_stats(module) -> HloStats:
+    """Histogram, cost features and fingerprint of a parsed module."""
+    return HloStats(histogram(module), cost_analysis(module), fingerprint(module))
+
+
 def stats(text: str, what: str = "HLO module") -> HloStats:
     """Histogram, cost features and fingerprint of HLO text."""
-    module = parse(text, what)
-    return HloStats(histogram(module), cost_analysis(module), fingerprint(module))
+    return module_stats(parse(text, what))

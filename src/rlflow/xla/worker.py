@@ -4,7 +4,7 @@ An XLA CHECK failure aborts the whole process, so every compile runs in ``python
 reads requests from stdin and answers on stdout (length-prefixed pickles). :class:`PassWorker` (the parent side)
 starts it, restarts it after it dies, and turns a death or a timeout into a ``crash`` result.
 
-One pass step (:func:`_run_pass`, in the child): the module (``is_scheduled=true`` stripped) goes to XLA's CPU
+One pass step (:meth:`_Worker.run_pass`, in the child): the module (``is_scheduled=true`` stripped) goes to XLA's CPU
 compiler through the PJRT plugin with ``xla_disable_hlo_passes`` = every pass XLA knows except the chosen one
 and the nested pipelines it runs in (:func:`rlflow.xla.passes.disabled_for`), ``xla_dump_to`` a fresh folder
 and ``xla_cpu_parallel_codegen_split_count=0``, which makes code generation fail at once after the HLO passes.
@@ -69,25 +69,74 @@ def _after_optimizations(folder: Path) -> str | None:
     return found[-1].read_text() if found else None
 
 
-def _run_pass(compiler, text: str, disabled: list[str]) -> dict:
-    from rlflow.xla import hlo
+def _scratch_root() -> str | None:
+    """Where dump folders go: memory-backed /dev/shm when there is one (XLA writes 4-5 files a step)."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
-    module = hlo.parse(text)
-    before = hlo.fingerprint(module)
-    folder = Path(tempfile.mkdtemp(prefix="rlflow-xla-"))
-    try:
-        error = compiler.compile(module.as_serialized_hlo_module_proto(), _compile_options({
-            "xla_disable_hlo_passes": ",".join(disabled), "xla_dump_to": str(folder), "xla_dump_hlo_as_text": True,
-            "xla_cpu_parallel_codegen_split_count": 0}))
-        out = _after_optimizations(folder)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    if out is None:
-        return {"status": "error", "message": (error or "XLA dumped no module").splitlines()[0]}
-    out = hlo.strip_schedule(out)
-    stats = hlo.stats(out)
-    return {"status": "unchanged" if stats.fingerprint == before else "ok", "text": out, "stats": stats.to_dict()}
 
+@dataclass
+class _Module:
+    """A module the worker has seen: serialized proto (the compiler's input) and its stats."""
+
+    proto: bytes
+    stats: object  # rlflow.xla.hlo.HloStats
+
+
+class _Worker:
+    """The child's state: the compiler, one scratch dump folder (emptied after each compile), the compile
+    options of each pass (serialized once) and the last modules seen, by their text: a step's output is the
+    next step's input, so it is parsed, fingerprinted and serialized once, not again on the next step."""
+
+    CACHE = 64
+
+    def __init__(self, compiler, folder: Path) -> None:
+        self.compiler, self.folder = compiler, folder
+        self._options: dict[tuple[str, ...], bytes] = {}
+        self._modules: dict[str, _Module] = {}
+
+    def module(self, text: str) -> _Module:
+        from rlflow.xla import hlo
+
+        found = self._modules.pop(text, None)  # re-inserted: the dict's order is least recently used first
+        if found is None:
+            parsed = hlo.parse(text)
+            found = _Module(parsed.as_serialized_hlo_module_proto(), hlo.module_stats(parsed))
+        self._modules[text] = found
+        while len(self._modules) > self.CACHE:
+            self._modules.pop(next(iter(self._modules)))
+        return found
+
+    def _clear(self) -> None:
+        for entry in os.scandir(self.folder):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+
+    def run_pass(self, text: str, disabled: list[str]) -> dict:
+        from rlflow.xla import hlo
+
+        t0 = time.process_time()
+        before = self.module(text)
+        key = tuple(disabled)
+        if key not in self._options:
+            self._options[key] = _compile_options({
+                "xla_disable_hlo_passes": ",".join(disabled), "xla_dump_to": str(self.folder),
+                "xla_dump_hlo_as_text": True, "xla_cpu_parallel_codegen_split_count": 0})
+        t1 = time.process_time()
+        try:
+            error = self.compiler.compile(before.proto, self._options[key])
+            t2 = time.process_time()
+            out = _after_optimizations(self.folder)
+        finally:
+            self._clear()
+        if out is None:
+            return {"status": "error", "message": (error or "XLA dumped no module").splitlines()[0]}
+        out = hlo.strip_schedule(out)
+        after = self.module(out)
+        cpu = {"compile_ms": (t2 - t1) * 1e3, "other_ms": (t1 - t0 + time.process_time() - t2) * 1e3}
+        return {"status": "unchanged" if after.stats.fingerprint == before.stats.fingerprint else "ok",
+                "text": out, "stats": after.stats.to_dict(), "cpu": cpu}
 
 def _reference(compiler, text: str) -> dict:
     """XLA's own full compile of the module, dumping after every pass that changes it: the module just before
@@ -115,13 +164,14 @@ def _reference(compiler, text: str) -> dict:
     return {"status": "ok", "text": out, "stats": hlo.stats(out).to_dict()}
 
 
-def _serve() -> None:
-    from rlflow.xla import hlo
+def _serve(folder: Path) -> None:
+    """Answer requests until stdin closes; ``folder``: the scratch dump folder (the parent's, which removes it
+    even when XLA aborts this process)."""
     from rlflow.xla.pjrt import CpuCompiler
 
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write to the channel
-    compiler = CpuCompiler()
+    worker = _Worker(CpuCompiler(), folder)
     _send(stdout, {"status": "ready", "pid": os.getpid()})
     while True:
         try:
@@ -131,11 +181,11 @@ def _serve() -> None:
         kind = request["kind"]
         try:
             if kind == "pass":
-                reply = _run_pass(compiler, request["text"], request["disabled"])
+                reply = worker.run_pass(request["text"], request["disabled"])
             elif kind == "stats":
-                reply = {"status": "ok", "stats": hlo.stats(request["text"]).to_dict()}
+                reply = {"status": "ok", "stats": worker.module(request["text"]).stats.to_dict()}
             elif kind == "reference":
-                reply = _reference(compiler, request["text"])
+                reply = _reference(worker.compiler, request["text"])
             elif kind == "crash":  # tests: an abort like an XLA CHECK failure
                 os.abort()
             else:
@@ -180,6 +230,8 @@ class StepResult:
     stats: dict = field(default_factory=dict)
     message: str = ""
     seconds: float = 0.0
+    cpu: dict = field(default_factory=dict)
+    """the worker's CPU time (all its threads): ``compile_ms`` in XLA's compile, ``other_ms`` in the rest"""
 
     @property
     def valid(self) -> bool:
@@ -202,11 +254,14 @@ class PassWorker:
         self.crashes = 0
         self._proc: subprocess.Popen | None = None
         self._stderr = None
+        self._scratch: str | None = None
 
     def _start(self) -> None:
         self._stderr = tempfile.TemporaryFile()
-        self._proc = subprocess.Popen([sys.executable, "-m", "rlflow.xla.worker"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=self._stderr, env=_child_env())
+        self._scratch = tempfile.mkdtemp(prefix="rlflow-xla-", dir=_scratch_root())
+        self._proc = subprocess.Popen([sys.executable, "-m", "rlflow.xla.worker", self._scratch],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                      env=_child_env())
         hello = self._receive(self.timeout_s)
         if hello.get("status") != "ready":
             raise RLFlowError(f"XLA pass worker failed to start: {hello}")
@@ -251,7 +306,7 @@ class PassWorker:
         t0 = time.perf_counter()
         reply = self.request("pass", text=text, disabled=disabled)
         return StepResult(reply["status"], reply.get("text"), reply.get("stats", {}), reply.get("message", ""),
-                          time.perf_counter() - t0)
+                          time.perf_counter() - t0, reply.get("cpu", {}))
 
     def stats(self, text: str) -> dict:
         reply = self.request("stats", text=text)
@@ -278,7 +333,9 @@ class PassWorker:
                     s.close()
         if self._stderr is not None:
             self._stderr.close()
-        self._proc, self._stderr = None, None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+        self._proc, self._stderr, self._scratch = None, None, None
 
     def __del__(self):
         try:
@@ -311,4 +368,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--discover"]:
         _discover_log()
     else:
-        _serve()
+        _serve(Path(sys.argv[1]))
