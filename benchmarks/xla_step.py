@@ -61,9 +61,9 @@ def main() -> None:
                 _, _, term, trunc, info = env.step(int(rng.integers(env.stop_action)))
                 times.append((time.perf_counter() - t0) * 1e3)
                 statuses[info["status"]] = statuses.get(info["status"], 0) + 1
-                if "worker_cpu_ms" in info:
-                    compile_ms.append(info["worker_cpu_ms"]["compile_ms"])
-                    other_ms.append(info["worker_cpu_ms"]["other_ms"])
+                if env.last_cpu_ms:
+                    compile_ms.append(env.last_cpu_ms["compile_ms"])
+                    other_ms.append(env.last_cpu_ms["other_ms"])
                 if term or trunc:
                     env.reset()
         finally:

@@ -12,8 +12,9 @@ Reward: ``reward_scale`` x (op count before - op count after) / the episode's in
 ``shaping`` weights are given, the potential-based term ``gamma x Phi(s') - Phi(s)`` with
 ``Phi(s) = -(w_flops x flops(s) / flops(s_0) + w_transcendentals x transcendentals(s) / transcendentals(s_0))``
 (Ng et al.: the optimal policies are unchanged). ``info`` has ``op_count``, ``op_reward`` (the reward without
-shaping), ``status`` (ok | unchanged | crash | error | stop), ``pass``, the cost features and ``step`` (and
-``worker_cpu_ms``: the pass worker's CPU time in XLA's compile and in the rest).
+shaping), ``status`` (ok | unchanged | crash | error | stop), ``pass``, the cost features and ``step``.
+``last_cpu_ms`` holds the pass worker's CPU time of the last step (XLA's compile, the rest): not in ``info``,
+which is deterministic.
 
 Several modules: ``modules`` is a list; each reset picks one (uniformly with the env's seed, or
 ``options={"module": i}``). With none the env runs :data:`DEFAULT_MODULE`, a small attention block lowered by JAX.
@@ -82,6 +83,7 @@ class XlaPassOrderEnv(gym.Env):
         self.observation_space = spaces.Box(0.0, F32_MAX, (len(self.opcodes) + len(COST_FEATURES),), np.float32)
         self._initial: dict[str, dict] = {}  # module name -> its stats (computed once)
         self.total_steps = 0
+        self.last_cpu_ms: dict[str, float] = {}
         self.index, self.text, self.stats, self.start, self.steps = 0, "", {}, {}, 0
         self.actions: list[int] = []
 
@@ -151,8 +153,7 @@ class XlaPassOrderEnv(gym.Env):
         info = self._info(result.status, name, op_reward)
         if not result.valid:
             info["message"] = result.message
-        if result.cpu:
-            info["worker_cpu_ms"] = result.cpu
+        self.last_cpu_ms = result.cpu
         return self.observation(self.stats), float(reward), False, truncated, info
 
     def render(self):

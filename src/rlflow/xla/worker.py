@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -259,6 +260,7 @@ class PassWorker:
     def _start(self) -> None:
         self._stderr = tempfile.TemporaryFile()
         self._scratch = tempfile.mkdtemp(prefix="rlflow-xla-", dir=_scratch_root())
+        weakref.finalize(self, shutil.rmtree, self._scratch, True)  # also when never closed (at exit)
         self._proc = subprocess.Popen([sys.executable, "-m", "rlflow.xla.worker", self._scratch],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
                                       env=_child_env())
