@@ -70,7 +70,7 @@ class XlaPassOrderEnv(gym.Env):
         self.modules = [read_module(m) for m in modules]
         self.pipeline = discover_pipeline()
         self.passes = action_passes(self.pipeline)
-        self._disabled = [disabled_for(self.pipeline, name) for name in self.passes]  # per action, made once
+        self.disabled = [disabled_for(self.pipeline, name) for name in self.passes]  # per action, made once
         self.opcodes = opcodes()
         self.max_steps, self.reward_scale, self.invalid_penalty = max_steps, reward_scale, invalid_penalty
         self.shaping = {k: float(v) for k, v in (shaping or {}).items() if v}
@@ -140,7 +140,7 @@ class XlaPassOrderEnv(gym.Env):
         if action == self.stop_action:
             return self.observation(self.stats), 0.0, True, False, self._info("stop", None, 0.0)
         name = self.passes[action]
-        result = self.worker.run_pass(self.text, self._disabled[action])
+        result = self.worker.run_pass(self.text, self.disabled[action])
         if result.valid:
             before = self.op_count(self.stats)
             phi = self.potential(self.stats)
