@@ -7,7 +7,8 @@ with GELU (tanh approximation), vocabulary 50257, 1024 learned positions, LayerN
   sliced to the sequence length); no dropout (eval only).
 * Attention: one fused Q/K/V Linear (HF's ``c_attn``, a Conv1D there) split in three, scores / sqrt(head size),
   the causal mask as OpenAI's original GPT-2 applies it (``w * b - 1e10 * (1 - b)`` with ``b`` a registered
-  lower-triangular float buffer; HF's ``where`` form is an op outside this project's op registry), softmax, context, output projection (``c_proj``), residual.
+  lower-triangular float buffer; HF's ``where`` form is an op outside this project's op registry),
+  softmax, context, output projection (``c_proj``), residual.
 * MLP: Linear 4x + GELU(tanh) + Linear, residual.
 
 Input ``input_ids`` int64 [batch, seq]; output ``last_hidden_state`` float32 [batch, seq, hidden].
