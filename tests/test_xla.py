@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 
+import numpy as np
 import pytest
 
 if importlib.util.find_spec("jax") is None or importlib.util.find_spec("xla_plugins.xla_cpu_pjrt") is None:
@@ -156,3 +158,46 @@ def test_replaying_xla_order_reproduces_xla_compile():
         assert sum(reference.stats["histogram"].values()) < sum(hlo.stats(text).histogram.values())
     finally:
         worker.close()
+
+
+def _constant_values(text: str, shape: str) -> np.ndarray:
+    """The values of the one constant of type ``shape`` (e.g. ``f32[24,24]``) printed in HLO text."""
+    line = next(ln for ln in text.splitlines() if f"= {shape}" in ln and " constant(" in ln)
+    literal = line.split(" constant(", 1)[1]
+    assert "..." not in literal, f"constant elided: {line[:120]}"
+    return np.array([float(v) for v in re.findall(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?|-?inf|nan", literal)],
+                    np.float32)
+
+
+def test_hlo_of_a_graph_keeps_large_constants_through_passes():
+    """hlo_text prints every weight (XLA elides large constants as {...} by default, which parse back as other
+    values), and a pass step's output keeps them too."""
+    from rlflow.graph.builder import GraphBuilder
+    from rlflow.graph.exec.jax_exec import hlo_text
+
+    w = (np.random.default_rng(0).standard_normal((24, 24)) / 3).astype(np.float32)
+    b = GraphBuilder("bigconst")
+    x = b.input("x", (2, 24))
+    y = b.op("Tanh", [b.op("MatMul", [x, b.const("w", w)])])
+    text = hlo_text(b.build([y]))
+    np.testing.assert_array_equal(_constant_values(text, "f32[24,24]"), w.ravel())
+    reparsed = hlo.parse(text).to_string(_full_print_options())
+    np.testing.assert_array_equal(_constant_values(reparsed, "f32[24,24]"), w.ravel())
+    pipeline = discover_pipeline()
+    worker = PassWorker()
+    try:
+        result = worker.run_pass(text, disabled_for(pipeline, "algsimp"))
+        assert result.valid, result.message
+        np.testing.assert_array_equal(_constant_values(result.text, "f32[24,24]"), w.ravel())
+        ref = worker.reference(text)
+        np.testing.assert_array_equal(_constant_values(ref.text, "f32[24,24]"), w.ravel())
+    finally:
+        worker.close()
+
+
+def _full_print_options():
+    from jax._src.lib import hlo as xla_hlo
+
+    options = xla_hlo.HloPrintOptions()
+    options.print_large_constants, options.print_metadata = True, False
+    return options

@@ -123,7 +123,8 @@ class _Worker:
         if key not in self._options:
             self._options[key] = _compile_options({
                 "xla_disable_hlo_passes": ",".join(disabled), "xla_dump_to": str(self.folder),
-                "xla_dump_hlo_as_text": True, "xla_cpu_parallel_codegen_split_count": 0})
+                "xla_dump_hlo_as_text": True, "xla_dump_large_constants": True,
+                "xla_cpu_parallel_codegen_split_count": 0})
         t1 = time.process_time()
         try:
             error = self.compiler.compile(before.proto, self._options[key])
@@ -149,7 +150,8 @@ def _reference(compiler, text: str) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="rlflow-xla-"))
     try:
         compiler.compile(module.as_serialized_hlo_module_proto(), _compile_options({
-            "xla_dump_to": str(folder), "xla_dump_hlo_as_text": True, "xla_dump_hlo_pass_re": ".*"}))
+            "xla_dump_to": str(folder), "xla_dump_hlo_as_text": True, "xla_dump_large_constants": True,
+            "xla_dump_hlo_pass_re": ".*"}))
         dumps = sorted(p for p in folder.glob("module_*.txt") if p.name.count(".") >= 4 and ".after_" in p.name)
         dumps.sort(key=lambda p: int(p.name.split(".")[2]))
         before = None

@@ -6,7 +6,7 @@ constants of the traced function (so XLA sees them, as TF-XLA does). Opaque node
 have no lowering: such graphs are refused with a one-line error naming the node.
 
 :func:`hlo_text` gives the unoptimised HLO module of a graph (``jit(f).lower(...).compiler_ir('hlo')``), the
-input of the XLA pass-ordering env.
+input of the XLA pass-ordering env, with every constant (the weights) printed in full.
 """
 
 from __future__ import annotations
@@ -79,7 +79,9 @@ def hlo_text(graph: Graph) -> str:
     jax, J = _jax()
     fn = graph_function(graph, J)
     fn.__name__ = "".join(c if c.isalnum() else "_" for c in graph.name or "graph")
-    return jax.jit(fn).lower(*_specs(jax, graph)).compiler_ir("hlo").as_hlo_text()
+    # every constant printed in full: by default XLA elides large ones as ``{...}``, and the text would lose the
+    # weights (the parser reads ``{...}`` back as arbitrary values)
+    return jax.jit(fn).lower(*_specs(jax, graph)).compiler_ir("hlo").as_hlo_text(print_large_constants=True)
 
 
 class JaxRunner:
