@@ -16,9 +16,7 @@ Metric (the paper's): the geometric mean over graphs of (ops_0 - ops_method) / (
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -26,6 +24,7 @@ from torch import nn
 
 from rlflow.agents.ppo import PPOConfig, gae, ppo_loss
 from rlflow.errors import RLFlowError
+from rlflow.xla.metric import geomean_ratio, reduction_ratio  # noqa: F401  (the paper's metric, re-exported)
 
 VARIANTS = ("plain", "shaped", "shaped_costvf")
 KIND = "rlflow.xla-pass-agent/1"
@@ -207,21 +206,3 @@ def greedy(env, module: int, max_steps: int | None = None) -> Outcome:
         ops, text = best[0], best[2]
         chosen.append(best[1])
     return Outcome(ops, chosen, text)
-
-
-def reduction_ratio(initial: float, method: float, default: float) -> float | None:
-    """(initial - method) / (initial - default); None where XLA's default reduces nothing."""
-    if initial - default <= 0:
-        return None
-    return (initial - method) / (initial - default)
-
-
-def geomean_ratio(ratios: Sequence[float | None]) -> float | None:
-    """The paper's metric: the geometric mean of the per-graph ratios (graphs with no defined ratio left out; a
-    ratio <= 0 — no reduction, or more ops — makes the mean 0)."""
-    defined = [r for r in ratios if r is not None]
-    if not defined:
-        return None
-    if min(defined) <= 0:
-        return 0.0
-    return math.exp(sum(math.log(r) for r in defined) / len(defined))
