@@ -49,6 +49,7 @@ COMMAND_MODULES = [
     "rlflow.commands.rules",
     "rlflow.commands.optimize",
     "rlflow.commands.cost",
+    "rlflow.commands.passes",
 ]
 
 
