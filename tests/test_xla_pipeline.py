@@ -82,3 +82,10 @@ def test_rlflow_passes(results, tmp_path, capsys):
     assert "not a pass agent checkpoint" in capsys.readouterr().err
     assert main(["passes", str(tmp_path / "none.onnx"), "--agent", str(m), "--out", str(tmp_path / "x.hlo")]) == 2
     assert not (tmp_path / "x.hlo").exists()
+
+
+def test_registry_variants_are_the_agents():
+    from rlflow.agents.pass_agent import VARIANTS
+    from rlflow.pipeline.registry import pass_variants
+
+    assert pass_variants() == VARIANTS
