@@ -30,6 +30,7 @@ include: "workflow/rules/rollouts.smk"
 include: "workflow/rules/learning.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/xla.smk"
 
 
 rule all:

@@ -117,7 +117,7 @@ def case(request):
     return g, f, get_runner(g, "torch")(f)
 
 
-@pytest.mark.parametrize("backend", ["tf", "tf-xla"])
+@pytest.mark.parametrize("backend", ["tf", "tf-xla", "jax"])
 def test_matches_torch(case, backend):
     g, feeds, want = case
     run = get_runner(g, backend)
@@ -130,6 +130,7 @@ def test_matches_torch(case, backend):
 
 def test_every_op_is_lowered_and_tested():
     assert all(d.tf for d in OPS.values()), f"no TF lowering for {sorted(k for k, d in OPS.items() if not d.tf)}"
+    assert all(d.jax for d in OPS.values()), f"no JAX lowering for {sorted(k for k, d in OPS.items() if not d.jax)}"
     used = {n.op for g in (conv_graph(), dense_graph()) for n in g.nodes}
     assert set(OPS) <= used, f"not covered by the tests: {sorted(set(OPS) - used)}"
 

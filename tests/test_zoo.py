@@ -25,6 +25,7 @@ REFERENCE_PARAMS = {
     "squeezenet": 1_235_496,
     "inceptionv3": 23_834_568,
     "taso-bert": 8 * 4 * 1024 * 1024,
+    "gpt2": 124_439_808,
 }
 
 
@@ -70,7 +71,7 @@ def dynamo_exports(tmp_path_factory) -> dict:
 # ------------------------------------------------------------------------------------------ registry and sizes
 def test_registry_names_and_size_keys():
     assert zoo.MODEL_NAMES == (
-        "bert", "vit", "resnet18", "resnet50", "resnext50", "squeezenet", "inceptionv3", "taso-bert"
+        "bert", "vit", "resnet18", "resnet50", "resnext50", "squeezenet", "inceptionv3", "taso-bert", "gpt2"
     )
     for name in zoo.MODEL_NAMES:
         assert set(zoo.TINY_SIZES[name]) == set(zoo.DEFAULT_SIZES[name])

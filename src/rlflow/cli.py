@@ -41,12 +41,16 @@ COMMAND_MODULES = [
     "rlflow.stages.evaluate",
     "rlflow.stages.report",
     "rlflow.stages.summary",
+    "rlflow.stages.export_hlo",
+    "rlflow.stages.train_pass_agent",
+    "rlflow.stages.evaluate_passes",
     "rlflow.commands.inspect",
     "rlflow.commands.run",
     "rlflow.commands.convert",
     "rlflow.commands.rules",
     "rlflow.commands.optimize",
     "rlflow.commands.cost",
+    "rlflow.commands.passes",
 ]
 
 

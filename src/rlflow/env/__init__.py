@@ -1,4 +1,5 @@
-"""The rewrite environment (Gymnasium id ``rlflow/GraphRewrite-v0``) and its reward functions.
+"""The rewrite environment (Gymnasium id ``rlflow/GraphRewrite-v0``) and its reward functions, and the XLA
+pass-ordering environment ``rlflow/XlaPassOrder-v0`` (:mod:`rlflow.env.xla_pass_order`).
 
     import gymnasium as gym
     env = gym.make("rlflow/GraphRewrite-v0")                # no other import needed
@@ -26,23 +27,28 @@ from typing import TYPE_CHECKING, Any
 
 ENV_ID = "rlflow/GraphRewrite-v0"
 ENTRY_POINT = "rlflow.env.graph_rewrite:GraphRewriteEnv"
+XLA_ENV_ID = "rlflow/XlaPassOrder-v0"
+XLA_ENTRY_POINT = "rlflow.env.xla_pass_order:XlaPassOrderEnv"
 
 if TYPE_CHECKING:
     from rlflow.env.graph_rewrite import GraphRewriteEnv
     from rlflow.env.rewards import REWARDS, Reward, make_reward
 
-__all__ = ["ENV_ID", "GraphRewriteEnv", "REWARDS", "Reward", "make_reward", "make_env", "register_envs"]
+__all__ = ["ENV_ID", "XLA_ENV_ID", "GraphRewriteEnv", "REWARDS", "Reward", "make_reward", "make_env", "register_envs"]
 
 _LAZY = {"GraphRewriteEnv": "rlflow.env.graph_rewrite", "REWARDS": "rlflow.env.rewards",
          "Reward": "rlflow.env.rewards", "make_reward": "rlflow.env.rewards"}
 
 
 def register_envs() -> None:
-    """Register ``rlflow/GraphRewrite-v0`` with Gymnasium (once; the class is imported when an env is made)."""
+    """Register ``rlflow/GraphRewrite-v0`` and ``rlflow/XlaPassOrder-v0`` with Gymnasium (once; the classes are
+    imported when an env is made)."""
     from gymnasium.envs.registration import register, registry
 
     if ENV_ID not in registry:
         register(id=ENV_ID, entry_point=ENTRY_POINT)
+    if XLA_ENV_ID not in registry:
+        register(id=XLA_ENV_ID, entry_point=XLA_ENTRY_POINT)
 
 
 register_envs()

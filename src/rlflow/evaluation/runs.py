@@ -68,6 +68,10 @@ def unsupported_reason(graph: Graph, backend: str) -> str | None:
         from rlflow.graph.exec.tf_exec import unsupported_reason as tf_reason
 
         return tf_reason(graph, xla=backend == "tf-xla")
+    if backend == "jax":
+        from rlflow.graph.exec.jax_exec import unsupported_reason as jax_reason
+
+        return jax_reason(graph)
     return None  # onnxruntime runs every node (opaque ones as imported); torch runs opaque nodes through it
 
 

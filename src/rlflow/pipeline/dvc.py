@@ -37,6 +37,12 @@ def _deps(stage: Stage, values: dict) -> list[str]:
     for pattern in stage.input_paths(**values).values():
         parts = pattern.split("/")
         listed = [i for i, part in enumerate(parts) if any("{%s}" % f in part for f in stage.expand)]
+        if listed and "{model}" in parts[listed[0]] and listed[0] < len(parts) - 1:
+            # one file in each model's folder (train_pass_agent's results/<model>/xla/module.hlo): the folder
+            # above them is all of results/, so list the files of config.yaml's list (dvc.yaml is regenerated,
+            # and its test fails, when that list changes)
+            deps += [p for p in _listed_files(stage, pattern) if p not in deps]
+            continue
         if listed:  # a list of files DVC cannot expand: the folder above the first listed path segment
             pattern = "/".join(parts[:listed[0]])
         if pattern not in deps:
@@ -44,13 +50,24 @@ def _deps(stage: Stage, values: dict) -> list[str]:
     return deps
 
 
+def _listed_files(stage: Stage, pattern: str) -> list[str]:
+    from rlflow.config import get, load_config
+    from rlflow.pipeline.registry import REPO_ROOT, fill
+
+    config = load_config([REPO_ROOT / CONFIG_FILE])
+    (f,) = [f for f in stage.expand if "{%s}" % f in pattern]
+    return [fill(pattern, **{f: v}) for v in get(config, stage.expand[f])]
+
+
 def stage_entry(stage: Stage) -> dict:
     values = stage.dvc_values()
     body = {
         "cmd": stage.dvc_cmd(),
         "deps": _deps(stage, values),
-        "params": [{CONFIG_FILE: list(stage.config_keys(**values).values())}],
     }
+    keys = list(stage.config_keys(**values).values())
+    if keys:
+        body["params"] = [{CONFIG_FILE: keys}]
     outs = stage.output_paths(**values)
     body["outs"] = [p for k, p in outs.items() if k not in stage.metrics + stage.plots]
     if stage.metrics:

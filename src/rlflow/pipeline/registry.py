@@ -53,18 +53,25 @@ def model_names() -> tuple[str, ...]:
     return tuple(load_schema()["properties"]["models"]["items"]["enum"])
 
 
+def pass_variants() -> tuple[str, ...]:
+    """The XLA pass agents' variants, as the schema lists them (``xla.variants`` items); a test checks that they
+    are ``rlflow.agents.pass_agent.VARIANTS``."""
+    return tuple(load_schema()["properties"]["xla"]["properties"]["variants"]["items"]["enum"])
+
+
 def wildcard_patterns() -> dict[str, str]:
     """The regular expression each wildcard must match (Snakemake ``wildcard_constraints``): a zoo model's
-    name; a shard id (a non-negative integer); a temperature (a non-negative decimal); a reward class name."""
+    name; a shard id (a non-negative integer); a temperature (a non-negative decimal); a reward class name; an
+    XLA pass agent's variant."""
     return {"model": "|".join(re.escape(v) for v in model_names()), "shard": r"\d+",
-            "tau": r"\d+(\.\d+)?", "reward": "|".join(REWARD_NAMES)}
+            "tau": r"\d+(\.\d+)?", "reward": "|".join(REWARD_NAMES), "variant": "|".join(pass_variants())}
 
 
 #: path fields filled from a config value rather than a wildcard (DVC: ``${device}`` from config.yaml)
 CONFIG_FIELDS = {"device": "device"}
 #: the config list each wildcard ranges over (``rule all`` in Snakemake; ``foreach`` / ``matrix`` in DVC)
 WILDCARD_CONFIG = {"model": "models", "shard": "rollouts.shards", "tau": "sweeps.temperatures",
-                   "reward": "sweeps.rewards"}
+                   "reward": "sweeps.rewards", "variant": "xla.variants"}
 #: the reward classes a reward-sweep job may name (rlflow.env.rewards; the schema's env.reward.name enum)
 REWARD_NAMES = ("delta", "weighted", "normalised", "e2e")
 #: the config sections a model's report shows (all but ``models``, so adding a model reruns no other report)
@@ -146,9 +153,10 @@ class Stage:
     def _cli_argument(self, flag: str, pattern: str) -> dict[str, Any]:
         required = flag not in OPTIONAL_FLAGS and flag not in self.cli_optional
         note = f"; {OPTIONAL_FLAGS[flag]}" if flag in OPTIONAL_FLAGS else ""
-        if pattern in ("{model}", "{shard}"):
+        if pattern in ("{model}", "{shard}", "{variant}"):
             what = {"{model}": ("NAME", str, "the model's name (labels the outputs)"),
-                    "{shard}": ("K", int, "shard id (seeds its episodes)")}[pattern]
+                    "{shard}": ("K", int, "shard id (seeds its episodes)"),
+                    "{variant}": ("NAME", str, "the pass agent's variant: " + " | ".join(pass_variants()))}[pattern]
             return {"required": required, "metavar": what[0], "type": what[1], "help": what[2]}
         ref = re.fullmatch(r"\{(input|output)\.(\w+)\}", pattern)
         if ref:
@@ -250,7 +258,8 @@ class Stage:
     def example_cmd(self, **values: str) -> str:
         """The command the pipeline runs for example wildcard values (model bert, shard 0, ...): the stage
         command's help shows it, so no docstring repeats the flags by hand."""
-        values = {"model": "bert", "shard": "0", "tau": "1.0", "reward": "delta", "device": "cpu", **values}
+        values = {"model": "bert", "shard": "0", "tau": "1.0", "reward": "delta", "device": "cpu", "variant": "shaped",
+                  **values}
         output = SimpleNamespace(**self.output_paths(**values))
         input = SimpleNamespace(**self.input_paths(**values))
         return " ".join([self.command, "--config", CONFIG_FILE, *self._render_args(values, output, input),
@@ -304,6 +313,10 @@ FILE_HELP = {
     "optimised": "the best graph of the real run, verified (ONNX)", "table": "evaluation table",
     "headline": "the model's summary row", "html": "the HTML page", "csv": "the table", "results": "the model's "
     "results folder", "headlines": "folder of the evaluate stage's <model>.json headlines",
+    "hlo": "the model's HLO module (text)", "results_dir": "the results folder (reads <DIR>/<model>/xla/module.hlo "
+    "of each model in xla.train_models)", "agents_dir": "folder of the agent-<variant>.pt checkpoints (one per "
+    "xla.variants)", "passes": "per method: op counts and the paper's ratio (JSON)",
+    "passes_csv": "per method: op counts and the paper's ratio (CSV)",
     **{f"{m}_onnx": f"{m}'s optimised model" for m in METHODS}, **{f"{m}_trace": f"{m}'s trace" for m in METHODS},
 }
 #: flags a command-line user may always leave out, and what leaving them out means
@@ -345,6 +358,12 @@ def _controller_outputs(folder: str) -> dict[str, str]:
     """What a controller-training job writes (train_controller and each sweep job), in its folder."""
     return {"checkpoint": f"{folder}/controller.pt", "metrics": f"{folder}/metrics.json",
             "optimised": f"{folder}/model.onnx", "trace": f"{folder}/trace.json", "logs": f"{folder}/live"}
+
+
+#: the config keys of the XLA pass-ordering env (rlflow.env.xla_pass_order.make_xla_env) and the seed
+XLA_ENV_PARAMS = {"seed": "seed", "max_steps": "xla.max_steps", "reward_scale": "xla.reward_scale",
+                  "invalid_penalty": "xla.invalid_penalty", "step_timeout_s": "xla.step_timeout_s",
+                  "shaping": "xla.shaping", "gamma": "ppo.gamma"}
 
 
 #: RLFlow's controller (trained in the dream only); the sweep stages run the same code with one key fixed
@@ -623,6 +642,40 @@ STAGES: dict[str, Stage] = {
             args=(("--model", "{model}"), ("--results", "results/{model}"), ("--rules-stats", "{input.rules_stats}"),
                   ("--out", "{output.html}")),
             expand={"tau": "sweeps.temperatures", "reward": "sweeps.rewards"},
+        ),
+        Stage(
+            name="export_hlo",
+            doc="Lower the model's ONNX graph to its unoptimised XLA HLO module (the JAX lowering; weights in full).",
+            inputs={"onnx": "results/{model}/model.onnx"},
+            outputs={"hlo": "results/{model}/xla/module.hlo"},
+            args=(("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--out", "{output.hlo}")),
+        ),
+        Stage(
+            name="train_pass_agent",
+            doc="Train one PPO XLA pass-ordering agent (variant {variant}) on the HLO of every model in xla.train_models.",
+            inputs={"hlo": "results/{model}/xla/module.hlo"},
+            outputs={"checkpoint": "results/xla/agent-{variant}.pt", "metrics": "results/xla/agent-{variant}.json"},
+            params={**{k: v for k, v in XLA_ENV_PARAMS.items() if k != "gamma"}, "train_models": "xla.train_models",
+                    "updates": "xla.updates",
+                    "steps_per_update": "xla.steps_per_update", "hidden": "xla.hidden", "ppo": "ppo"},
+            args=(("--variant", "{variant}"), ("--results-dir", "results"), ("--out", "{output.checkpoint}"),
+                  ("--metrics", "{output.metrics}")),
+            wildcards=("variant",),
+            expand={"model": "xla.train_models"},
+        ),
+        Stage(
+            name="evaluate_passes",
+            doc="The pass agents vs XLA's default pipeline, random orders and greedy on the model's HLO: op counts, "
+                "the paper's ratio.",
+            inputs={"hlo": "results/{model}/xla/module.hlo", "agents": "results/xla/agent-{variant}.pt"},
+            outputs={"passes": "results/{model}/xla/passes.json", "passes_csv": "results/{model}/xla/passes.csv"},
+            params={**{k: v for k, v in XLA_ENV_PARAMS.items() if k not in ("shaping", "gamma")},
+                    "variants": "xla.variants", "train_models": "xla.train_models",
+                    "random_orders": "xla.random_orders", "greedy_steps": "xla.greedy_steps"},
+            args=(("--model", "{model}"), ("--hlo", "{input.hlo}"), ("--agents-dir", "results/xla"),
+                  ("--out", "{output.passes}"), ("--csv", "{output.passes_csv}")),
+            expand={"variant": "xla.variants"},
+            metrics=("passes",),
         ),
         Stage(
             name="summary",

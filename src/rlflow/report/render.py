@@ -11,6 +11,7 @@ import yaml
 
 from rlflow.report import figures, paper
 from rlflow.report import html as h
+from rlflow.report import passes as xla_passes
 from rlflow.report import tables as t
 from rlflow.report import targets as cost_target
 from rlflow.report.data import AA, BACKEND_LABEL, METHOD_LABEL, METHOD_ORDER, ReportData, reported_config
@@ -485,8 +486,7 @@ def config_versions(d: ReportData) -> tuple[str, str, str]:
 
 
 SECTIONS = (how_to_read, table2, fig6, fig7, fig8, fig9, fig10, fig5, table3, cost_vs_e2e, cost_target.section,
-            sample_efficiency,
-            encoder, rollouts, rules, evaluation, config_versions)
+            sample_efficiency, encoder, rollouts, rules, evaluation, xla_passes.section, config_versions)
 
 
 def render_report(d: ReportData) -> str:

@@ -22,6 +22,7 @@ import pandas as pd
 
 from rlflow.errors import RLFlowError
 from rlflow.report import html as h
+from rlflow.report import passes as xla_passes
 from rlflow.report.data import BACKEND_LABEL, BACKEND_ORDER, METHOD_LABEL, METHOD_ORDER
 from rlflow.report.tables import ordered
 
@@ -123,4 +124,5 @@ def to_html(rows: list[dict], headlines: list[dict], out: Path, headline_dir: Pa
                      body_rows, cls="left4")]
     if missing_models:
         parts.append(h.missing("Not evaluated yet (no headline file): " + ", ".join(missing_models) + "."))
+    parts.append(xla_passes.summary_line(results, [str(d["model"]) for d in headlines] + list(missing_models)))
     return h.page("RLFlow summary: every model evaluated", "", [], "".join(parts))

@@ -2,7 +2,8 @@
 
 Backends: ``ort`` (onnxruntime on the exported ONNX; CUDA provider when device is cuda), ``torch`` (the IR
 interpreted with the ops' torch reference semantics), ``tf`` (a ``tf.function`` built op by op, Grappler on)
-and ``tf-xla`` (the same with ``jit_compile=True``). Every runner is a callable ``feeds -> list of outputs``
+and ``tf-xla`` (the same with ``jit_compile=True``), ``jax`` (the IR lowered op by op into ``jax.jit``, XLA CPU).
+Every runner is a callable ``feeds -> list of outputs``
 (numpy arrays, in the graph's output order).
 """
 
@@ -21,7 +22,7 @@ from rlflow.errors import RLFlowError
 from rlflow.graph.exec.errors import _NODE_PATTERNS, NodeRunError, error_message
 from rlflow.graph.ir import Graph, Node
 
-BACKENDS = ("ort", "torch", "tf", "tf-xla")
+BACKENDS = ("ort", "torch", "tf", "tf-xla", "jax")
 
 Runner = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
 
@@ -62,6 +63,10 @@ def get_runner(graph: Graph, backend: str, device: str = "cpu") -> Runner:
         from rlflow.graph.exec.tf_exec import TFRunner
 
         return TFRunner(graph, device, xla=backend == "tf-xla")
+    if backend == "jax":
+        from rlflow.graph.exec.jax_exec import JaxRunner
+
+        return JaxRunner(graph, device)
     raise RLFlowError(f"unknown backend '{backend}' (choose from {', '.join(BACKENDS)})")
 
 

@@ -17,7 +17,8 @@ class NodeRunError(RLFlowError):
         super().__init__(f"{_BACKEND_LABEL.get(backend, backend)} failed{where}: {message}")
 
 
-_BACKEND_LABEL = {"ort": "onnxruntime", "torch": "torch", "tf": "TensorFlow", "tf-xla": "TensorFlow (XLA)"}
+_BACKEND_LABEL = {"ort": "onnxruntime", "torch": "torch", "tf": "TensorFlow", "tf-xla": "TensorFlow (XLA)",
+                  "jax": "JAX (XLA)"}
 #: where onnxruntime's messages name the failing node (running; creating the session). TensorFlow's name its
 #: own ops (MatMul_1), which may clash with the graph's node names: its failures are located with the torch
 #: interpreter instead (run_error).

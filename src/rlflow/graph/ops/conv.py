@@ -253,21 +253,65 @@ def _gap_tf(tf, xs, a, c):
     return [tf.reduce_mean(xs[0], axis=axes, keepdims=True)]
 
 
+# ---------------------------------------------------------------------------------------------------- JAX
+def _conv_jax(J, xs, a, c):
+    pt, pl, pb, pr = a["pads"]
+    y = J.lax.conv_general_dilated(xs[0], xs[1], tuple(a["strides"]), [(pt, pb), (pl, pr)],
+                                   dimension_numbers=("NCHW", "OIHW", "NCHW"), feature_group_count=a["group"])
+    if len(xs) > 2:
+        y = y + xs[2].reshape(1, -1, 1, 1)
+    return [J.nn.relu(y) if a["activation"] == "relu" else y]
+
+
+def _enlarge_jax(J, xs, a, c):
+    w = xs[0]
+    kh, kw = a["kernel"]
+    dh, dw = (kh - w.shape[2]) // 2, (kw - w.shape[3]) // 2
+    return [J.jnp.pad(w, ((0, 0), (0, 0), (dh, dh), (dw, dw)))]
+
+
+def _pool_window(J, x, a, c, init, op, pad_value, explicit_value=None):
+    """reduce_window over H, W with the ONNX pads (``explicit_value`` fills them, default ``pad_value``) and, in
+    ceil mode, the extra bottom/right rows the last window reaches (filled with ``pad_value``)."""
+    pads = _pool_pads(a, c.in_shapes[0], c.out_shapes[0])
+    if explicit_value is not None and explicit_value != pad_value:
+        pt, pl, pb, pr = a["pads"]
+        x = J.lax.pad(x, J.jnp.asarray(explicit_value, x.dtype), [(0, 0, 0), (0, 0, 0), (pt, pb, 0), (pl, pr, 0)])
+        pads = [[0, 0], [0, pads[1][1] - pb], [0, pads[2][1] - pr], [0, 0]]
+    (kh, kw), (sh, sw) = a["kernel"], a["strides"]
+    return J.lax.reduce_window(x, J.jnp.asarray(init, x.dtype), op, (1, 1, kh, kw), (1, 1, sh, sw),
+                               [(0, 0), (0, 0), tuple(pads[1]), tuple(pads[2])])
+
+
+def _maxpool_jax(J, xs, a, c):
+    return [_pool_window(J, xs[0], a, c, -J.jnp.inf, J.lax.max, -J.jnp.inf)]
+
+
+def _avgpool_jax(J, xs, a, c):
+    x = xs[0]
+    total = _pool_window(J, x, a, c, 0.0, J.lax.add, 0.0)
+    ones = J.jnp.ones((1, 1) + tuple(x.shape[2:]), x.dtype)
+    count = _pool_window(J, ones, a, c, 0.0, J.lax.add, 0.0, 1.0 if a["count_include_pad"] else 0.0)
+    return [total / count]
+
+
 DEFS = [
     OpDef(name="Conv", attrs=("strides", "pads", "group", "activation"), infer=_conv_infer, compute=_conv,
           flops=_conv_flops, from_onnx=_import_conv, to_onnx=_export_conv, tf=_conv_tf, tf_layout="nhwc",
-          tf_forms=("nhwc", "hwio", "ir"), input_ranks=ranks(4, 4, 1)),
+          tf_forms=("nhwc", "hwio", "ir"), input_ranks=ranks(4, 4, 1),
+          jax=_conv_jax),
     # TASO's helper: zero-pad a conv kernel to a larger (odd) size, centred, so it can be merged with a wider conv.
     OpDef(name="Enlarge", attrs=("kernel",), infer=_enlarge_infer, compute=_enlarge, onnx_type="Pad", from_onnx=None,
-          to_onnx=_export_enlarge, tf=_enlarge_tf, input_ranks=ranks(4)),
+          to_onnx=_export_enlarge, tf=_enlarge_tf, input_ranks=ranks(4), jax=_enlarge_jax),
     OpDef(name="MaxPool", attrs=("kernel", "strides", "pads", "ceil_mode"), infer=_pool_infer, compute=_maxpool,
           flops=_pool_flops, from_onnx=_import_pool, to_onnx=_export_pool, tf=_maxpool_tf, tf_layout="nhwc",
-          input_ranks=ranks(4)),
+          input_ranks=ranks(4), jax=_maxpool_jax),
     OpDef(name="AveragePool", attrs=("kernel", "strides", "pads", "ceil_mode", "count_include_pad"),
           infer=_pool_infer, compute=_avgpool, flops=_pool_flops, from_onnx=_import_pool, to_onnx=_export_pool,
-          tf=_avgpool_tf, tf_layout="nhwc", input_ranks=ranks(4)),
+          tf=_avgpool_tf, tf_layout="nhwc", input_ranks=ranks(4), jax=_avgpool_jax),
     OpDef(name="GlobalAveragePool", attrs=(), infer=_gap_infer,
           compute=lambda xs, a: [xs[0].mean(dim=tuple(range(2, xs[0].dim())), keepdim=True)],
           flops=lambda ins, outs, a: ins[0].numel, from_onnx=_import_gap, to_onnx=export_plain, tf=_gap_tf,
-          tf_layout="any", input_ranks=ranks(4)),
+          tf_layout="any", input_ranks=ranks(4),
+          jax=lambda J, xs, a, c: [J.jnp.mean(xs[0], axis=(2, 3), keepdims=True)]),
 ]

@@ -24,16 +24,17 @@ def _import_same_types(n: OnnxNode):
     return import_plain(n)
 
 
-def _binary(name, torch_fn, tf_fn, positive=()):
+def _binary(name, torch_fn, tf_fn, jax_fn, positive=()):
     return OpDef(name=name, attrs=(), infer=_binary_infer, compute=lambda xs, a: [torch_fn(xs[0], xs[1])],
                  flops=flops_per_out(1), elementwise=True, from_onnx=_import_same_types,
-                 tf=lambda tf, xs, a, c: [tf_fn(tf, xs[0], xs[1])], tf_layout="any", positive_inputs=positive)
+                 tf=lambda tf, xs, a, c: [tf_fn(tf, xs[0], xs[1])], tf_layout="any", positive_inputs=positive,
+                 jax=lambda J, xs, a, c: [jax_fn(J, xs[0], xs[1])])
 
 
-def _unary(name, torch_fn, tf_fn, cost, positive=(), **kw):
+def _unary(name, torch_fn, tf_fn, jax_fn, cost, positive=(), **kw):
     return OpDef(name=name, attrs=(), infer=same, compute=lambda xs, a: [torch_fn(xs[0])], flops=flops_per_out(cost),
                  elementwise=True, tf=lambda tf, xs, a, c: [tf_fn(tf, xs[0])], tf_layout="any",
-                 positive_inputs=positive, **kw)
+                 jax=lambda J, xs, a, c: [jax_fn(J, xs[0])], positive_inputs=positive, **kw)
 
 
 def _import_identity(n: OnnxNode):
@@ -86,27 +87,38 @@ def _export_scalar_mul(e, n) -> None:
     e.node("Mul", n.inputs, n.outputs, n.name)
 
 
+# ---------------------------------------------------------------------------------------------------- JAX
+# A JAX lowering is ``(J, inputs, attrs, ctx) -> outputs``: ``J`` holds ``jnp``, ``lax`` and ``nn`` (jax.nn),
+# passed in so the registry never imports JAX; ``ctx`` has ``in_shapes``/``out_shapes``
+# (:mod:`rlflow.graph.exec.jax_exec`).
+def _jax_gelu(J, xs, a, c):
+    return [J.nn.gelu(xs[0], approximate=a.get("approximate", "none") == "tanh")]
+
+
 DEFS = [
-    _binary("Add", lambda x, y: x + y, lambda tf, x, y: x + y),
-    _binary("Sub", lambda x, y: x - y, lambda tf, x, y: x - y),
-    _binary("Mul", lambda x, y: x * y, lambda tf, x, y: x * y),
-    _binary("Div", lambda x, y: x / y, lambda tf, x, y: x / y, positive=(1,)),
-    _binary("Pow", lambda x, y: torch_().pow(x, y), lambda tf, x, y: tf.pow(x, y), positive=(0,)),
-    _unary("Relu", lambda x: torch_().relu(x), lambda tf, x: tf.nn.relu(x), 1),
-    _unary("Sigmoid", lambda x: torch_().sigmoid(x), lambda tf, x: tf.sigmoid(x), 4),
-    _unary("Tanh", lambda x: torch_().tanh(x), lambda tf, x: tf.tanh(x), 4),
-    _unary("Erf", lambda x: torch_().erf(x), lambda tf, x: tf.math.erf(x), 4),
-    _unary("Sqrt", lambda x: torch_().sqrt(x), lambda tf, x: tf.sqrt(x), 1, positive=(0,)),
+    _binary("Add", lambda x, y: x + y, lambda tf, x, y: x + y, lambda J, x, y: x + y),
+    _binary("Sub", lambda x, y: x - y, lambda tf, x, y: x - y, lambda J, x, y: x - y),
+    _binary("Mul", lambda x, y: x * y, lambda tf, x, y: x * y, lambda J, x, y: x * y),
+    _binary("Div", lambda x, y: x / y, lambda tf, x, y: x / y, lambda J, x, y: x / y, positive=(1,)),
+    _binary("Pow", lambda x, y: torch_().pow(x, y), lambda tf, x, y: tf.pow(x, y), lambda J, x, y: J.jnp.power(x, y),
+            positive=(0,)),
+    _unary("Relu", lambda x: torch_().relu(x), lambda tf, x: tf.nn.relu(x), lambda J, x: J.nn.relu(x), 1),
+    _unary("Sigmoid", lambda x: torch_().sigmoid(x), lambda tf, x: tf.sigmoid(x), lambda J, x: J.nn.sigmoid(x), 4),
+    _unary("Tanh", lambda x: torch_().tanh(x), lambda tf, x: tf.tanh(x), lambda J, x: J.jnp.tanh(x), 4),
+    _unary("Erf", lambda x: torch_().erf(x), lambda tf, x: tf.math.erf(x), lambda J, x: J.lax.erf(x), 4),
+    _unary("Sqrt", lambda x: torch_().sqrt(x), lambda tf, x: tf.sqrt(x), lambda J, x: J.jnp.sqrt(x), 1,
+           positive=(0,)),
     OpDef(name="Identity", attrs=(), infer=same, compute=lambda xs, a: [xs[0]], view=True, elementwise=True,
           from_onnx=_import_identity, onnx_types=("Identity", "Cast"),
-          tf=lambda tf, xs, a, c: [tf.identity(xs[0])], tf_layout="any"),
+          tf=lambda tf, xs, a, c: [tf.identity(xs[0])], tf_layout="any", jax=lambda J, xs, a, c: [xs[0]]),
     OpDef(name="Gelu", attrs=("approximate",), infer=same,
           compute=lambda xs, a: [F_().gelu(xs[0], approximate=a.get("approximate", "none"))],
           flops=flops_per_out(8), elementwise=True, from_onnx=_import_gelu, to_onnx=_export_gelu,
           tf=lambda tf, xs, a, c: [tf.nn.gelu(xs[0], approximate=a.get("approximate", "none") == "tanh")],
-          tf_layout="any"),
+          tf_layout="any", jax=_jax_gelu),
     # TASO's helper: multiply a tensor by a 0-D scalar tensor.
     OpDef(name="ScalarMul", attrs=(), infer=_scalar_mul_infer, compute=lambda xs, a: [xs[0] * xs[1]],
           flops=flops_per_out(1), elementwise=True, onnx_type="Mul", from_onnx=None, to_onnx=_export_scalar_mul,
-          tf=lambda tf, xs, a, c: [xs[0] * xs[1]], tf_layout="any", input_ranks=ranks(None, 0)),
+          tf=lambda tf, xs, a, c: [xs[0] * xs[1]], tf_layout="any", input_ranks=ranks(None, 0),
+          jax=lambda J, xs, a, c: [xs[0] * xs[1]]),
 ]

@@ -89,9 +89,21 @@ def _gemm_tf(tf, xs, a, c):
     return [y]
 
 
+# ---------------------------------------------------------------------------------------------------- JAX
+def _gemm_jax(J, xs, a, c):
+    A = xs[0].T if a["transA"] else xs[0]
+    B = xs[1].T if a["transB"] else xs[1]
+    y = A @ B if a["alpha"] == 1.0 else a["alpha"] * (A @ B)
+    if len(xs) > 2:
+        y = y + (xs[2] if a["beta"] == 1.0 else a["beta"] * xs[2])
+    return [y]
+
+
 DEFS = [
     OpDef(name="MatMul", attrs=(), infer=_matmul_infer, compute=lambda xs, a: [torch_().matmul(xs[0], xs[1])],
-          flops=_matmul_flops, tf=_matmul_tf, input_ranks=ranks(2, 2)),
+          flops=_matmul_flops, tf=_matmul_tf, input_ranks=ranks(2, 2),
+          jax=lambda J, xs, a, c: [J.jnp.matmul(xs[0], xs[1])]),
     OpDef(name="Gemm", attrs=("alpha", "beta", "transA", "transB"), infer=_gemm_infer, compute=_gemm,
-          flops=_gemm_flops, from_onnx=_import_gemm, to_onnx=_export_gemm, tf=_gemm_tf, input_ranks=ranks(2, 2)),
+          flops=_gemm_flops, from_onnx=_import_gemm, to_onnx=_export_gemm, tf=_gemm_tf, input_ranks=ranks(2, 2),
+          jax=_gemm_jax),
 ]

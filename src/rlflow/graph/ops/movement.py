@@ -232,30 +232,53 @@ def _gather_tf(tf, xs, a, c):
     return [tf.gather(data, idx, axis=ax)]
 
 
+# ---------------------------------------------------------------------------------------------------- JAX
+def _split_jax(J, xs, a, c):
+    bounds, start = [], 0
+    for n in list(a["split"])[:-1]:
+        start += n
+        bounds.append(start)
+    return list(J.jnp.split(xs[0], bounds, axis=a["axis"]))
+
+
+def _pad_jax(J, xs, a, c):
+    pads, r = a["pads"], len(c.in_shapes[0])
+    return [J.lax.pad(xs[0], J.jnp.asarray(a["value"], xs[0].dtype), [(pads[i], pads[i + r], 0) for i in range(r)])]
+
+
+def _gather_jax(J, xs, a, c):
+    data, idx, ax = xs[0], xs[1], a["axis"]
+    idx = J.jnp.where(idx < 0, idx + c.in_shapes[0][ax], idx)
+    return [J.jnp.take(data, idx, axis=ax)]
+
+
 DEFS = [
     OpDef(name="Concat", attrs=("axis",), infer=_concat_infer,
           compute=lambda xs, a: [torch_().cat(list(xs), dim=a["axis"])], from_onnx=_import_concat,
           to_onnx=export_with_axis, tf=lambda tf, xs, a, c: [tf.concat(list(xs), axis=c.axis(a["axis"]))],
-          tf_layout="any"),
+          tf_layout="any", jax=lambda J, xs, a, c: [J.jnp.concatenate(list(xs), axis=a["axis"])]),
     OpDef(name="Split", attrs=("axis", "split"), infer=_split_infer,
           compute=lambda xs, a: list(torch_().split(xs[0], list(a["split"]), dim=a["axis"])),
-          from_onnx=_import_split, to_onnx=_export_split, tf=_split_tf, tf_layout="any"),
+          from_onnx=_import_split, to_onnx=_export_split, tf=_split_tf, tf_layout="any", jax=_split_jax),
     OpDef(name="Transpose", attrs=("perm",), infer=_transpose_infer,
           compute=lambda xs, a: [xs[0].permute(tuple(a["perm"])).contiguous()], from_onnx=_import_transpose,
           to_onnx=_export_transpose, tf=lambda tf, xs, a, c: [tf.transpose(xs[0], list(a["perm"]))],
-          input_ranks=_transpose_ranks),
+          input_ranks=_transpose_ranks, jax=lambda J, xs, a, c: [J.jnp.transpose(xs[0], tuple(a["perm"]))]),
     OpDef(name="Reshape", attrs=("shape",), infer=_reshape_infer, compute=lambda xs, a: [xs[0].reshape(a["shape"])],
           view=True, from_onnx=_import_reshape, onnx_types=("Reshape", "Unsqueeze", "Squeeze"),
-          to_onnx=_export_reshape, tf=lambda tf, xs, a, c: [tf.reshape(xs[0], list(a["shape"]))]),
+          to_onnx=_export_reshape, tf=lambda tf, xs, a, c: [tf.reshape(xs[0], list(a["shape"]))],
+          jax=lambda J, xs, a, c: [J.jnp.reshape(xs[0], tuple(a["shape"]))]),
     OpDef(name="Flatten", attrs=("axis",), infer=_flatten_infer,
           compute=lambda xs, a: [xs[0].reshape(prod(xs[0].shape[:a["axis"]]), -1)], view=True,
           from_onnx=_import_flatten, to_onnx=export_with_axis,
-          tf=lambda tf, xs, a, c: [tf.reshape(xs[0], list(c.out_shapes[0]))]),
+          tf=lambda tf, xs, a, c: [tf.reshape(xs[0], list(c.out_shapes[0]))],
+          jax=lambda J, xs, a, c: [J.jnp.reshape(xs[0], tuple(c.out_shapes[0]))]),
     OpDef(name="Pad", attrs=("pads", "mode", "value"), infer=_pad_infer, compute=_pad, from_onnx=_import_pad,
-          to_onnx=_export_pad, tf=_pad_tf, tf_layout="any"),
+          to_onnx=_export_pad, tf=_pad_tf, tf_layout="any", jax=_pad_jax),
     OpDef(name="Slice", attrs=("axes", "starts", "ends", "steps"), infer=_slice_infer,
           compute=lambda xs, a: [xs[0][_slice_index(xs[0].dim(), a)]], from_onnx=_import_slice,
-          to_onnx=_export_slice, tf=lambda tf, xs, a, c: [xs[0][_slice_index(len(c.in_shapes[0]), a)]]),
+          to_onnx=_export_slice, tf=lambda tf, xs, a, c: [xs[0][_slice_index(len(c.in_shapes[0]), a)]],
+          jax=lambda J, xs, a, c: [xs[0][_slice_index(len(c.in_shapes[0]), a)]]),
     OpDef(name="Gather", attrs=("axis",), infer=_gather_infer, compute=_gather, from_onnx=_import_gather,
-          to_onnx=export_with_axis, tf=_gather_tf),
+          to_onnx=export_with_axis, tf=_gather_tf, jax=_gather_jax),
 ]

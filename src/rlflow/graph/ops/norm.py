@@ -167,17 +167,40 @@ def _reduce_mean_tf(tf, xs, a, c):
     return [tf.reduce_mean(xs[0], axis=list(axes), keepdims=bool(a["keepdims"]))]
 
 
+# ---------------------------------------------------------------------------------------------------- JAX
+def _bn_jax(J, xs, a, c):
+    x, scale, bias, mean, var = xs
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    inv = scale / J.jnp.sqrt(var + a["epsilon"])
+    return [x * inv.reshape(shape) + (bias - mean * inv).reshape(shape)]
+
+
+def _ln_jax(J, xs, a, c):
+    x = xs[0]
+    dims = tuple(range(a["axis"], x.ndim))
+    mean = J.jnp.mean(x, axis=dims, keepdims=True)
+    var = J.jnp.mean((x - mean) ** 2, axis=dims, keepdims=True)
+    y = (x - mean) / J.jnp.sqrt(var + a["epsilon"]) * xs[1]
+    return [y + xs[2] if len(xs) > 2 else y]
+
+
+def _reduce_mean_jax(J, xs, a, c):
+    axes = tuple(a["axes"]) or tuple(range(xs[0].ndim))
+    return [J.jnp.mean(xs[0], axis=axes, keepdims=bool(a["keepdims"]))]
+
+
 DEFS = [
     OpDef(name="BatchNormalization", attrs=("epsilon",), infer=_bn_infer, compute=_bn, flops=flops_per_out(2),
           from_onnx=_import_bn, to_onnx=_export_bn, tf=_bn_tf, tf_layout="any", input_ranks=ranks(4, 1, 1, 1, 1),
-          positive_inputs=(4,)),
+          positive_inputs=(4,), jax=_bn_jax),
     OpDef(name="LayerNormalization", attrs=("axis", "epsilon"), infer=_ln_infer, compute=_ln, flops=flops_per_out(8),
-          from_onnx=_import_ln, to_onnx=_export_ln, tf=_ln_tf),
+          from_onnx=_import_ln, to_onnx=_export_ln, tf=_ln_tf, jax=_ln_jax),
     OpDef(name="Softmax", attrs=("axis",), infer=_softmax_infer,
           compute=lambda xs, a: [torch_().softmax(xs[0], dim=a["axis"])], flops=flops_per_out(5),
           from_onnx=_import_softmax, to_onnx=export_with_axis,
-          tf=lambda tf, xs, a, c: [tf.nn.softmax(xs[0], axis=a["axis"])]),
+          tf=lambda tf, xs, a, c: [tf.nn.softmax(xs[0], axis=a["axis"])],
+          jax=lambda J, xs, a, c: [J.nn.softmax(xs[0], axis=a["axis"])]),
     OpDef(name="ReduceMean", attrs=("axes", "keepdims"), infer=_reduce_mean_infer, compute=_reduce_mean,
           flops=lambda ins, outs, a: ins[0].numel, from_onnx=_import_reduce_mean, to_onnx=_export_reduce_mean,
-          tf=_reduce_mean_tf),
+          tf=_reduce_mean_tf, jax=_reduce_mean_jax),
 ]

@@ -23,7 +23,7 @@ from torch import nn
 from rlflow.atomic import atomic_path
 from rlflow.errors import RLFlowError
 
-from . import bert, inception, resnet, squeezenet, taso_bert, vit
+from . import bert, gpt2, inception, resnet, squeezenet, taso_bert, vit
 from ._common import ModelSpec, init_weights
 
 
@@ -34,6 +34,7 @@ _SPECS: dict[str, ModelSpec] = {
     **squeezenet.MODELS,
     **inception.MODELS,
     **taso_bert.MODELS,
+    **gpt2.MODELS,
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_SPECS)

@@ -1,0 +1,175 @@
+"""``rlflow/XlaPassOrder-v0``: choose XLA's target-independent HLO passes one at a time (XLA Gym).
+
+Action ``k < N`` runs pass ``passes[k]`` (:func:`rlflow.xla.passes.action_passes`, N of them) on the current HLO
+module in the crash-isolated worker (:mod:`rlflow.xla.worker`); ``k == N`` stops the episode. A pass that crashes
+XLA or fails is an invalid action: it earns ``invalid_penalty`` and leaves the module unchanged (the worker is
+restarted); a pass that changes nothing earns 0. After ``max_steps`` steps the episode is truncated.
+
+Observation: float32 [opcode histogram (every opcode of the installed XLA, :func:`rlflow.xla.hlo.opcodes`),
+flops, transcendentals, bytes accessed] (XLA's own cost analysis).
+
+Reward: ``reward_scale`` x (op count before - op count after) / the episode's initial op count, plus, when
+``shaping`` weights are given, the potential-based term ``gamma x Phi(s') - Phi(s)`` with
+``Phi(s) = -(w_flops x flops(s) / flops(s_0) + w_transcendentals x transcendentals(s) / transcendentals(s_0))``
+(Ng et al.: the optimal policies are unchanged). ``info`` has ``op_count``, ``op_reward`` (the reward without
+shaping), ``status`` (ok | unchanged | crash | error | stop), ``pass``, the cost features and ``step``.
+``last_cpu_ms`` holds the pass worker's CPU time of the last step (XLA's compile, the rest): not in ``info``,
+which is deterministic.
+
+Several modules: ``modules`` is a list; each reset picks one (uniformly with the env's seed, or
+``options={"module": i}``). With none the env runs :data:`DEFAULT_MODULE`, a small attention block lowered by JAX.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from rlflow.errors import RLFlowError
+from rlflow.xla.hlo import COST_FEATURES
+
+F32_MAX = float(np.finfo(np.float32).max)
+#: the module of an env made without one: one attention block with layer norm, 16 x 32, lowered by JAX
+DEFAULT_MODULE = Path(__file__).parent / "data" / "tiny-block.hlo"
+
+
+def read_module(source: str | Path) -> tuple[str, str]:
+    """(name, HLO text) of a module given as a file path or as HLO text."""
+    text = str(source)
+    if not text.lstrip().startswith("HloModule"):
+        path = Path(source)
+        if not path.is_file():
+            raise RLFlowError(f"{path}: no such HLO module file")
+        return path.stem, path.read_text()
+    return text.split(None, 2)[1].rstrip(","), text
+
+
+class XlaPassOrderEnv(gym.Env):
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(self, modules: Sequence[str | Path] | str | Path | None = None, max_steps: int = 30,
+                 reward_scale: float = 100.0, invalid_penalty: float = -1.0,
+                 shaping: dict[str, float] | None = None, gamma: float = 0.99, step_timeout_s: float = 120.0,
+                 render_mode: str | None = None):
+        from rlflow.xla.passes import action_passes, disabled_for
+        from rlflow.xla.hlo import opcodes
+        from rlflow.xla.worker import PassWorker, discover_pipeline
+
+        if modules is None:
+            modules = [DEFAULT_MODULE]
+        elif isinstance(modules, (str, Path)):
+            modules = [modules]
+        if not modules:
+            raise RLFlowError("XlaPassOrder: no HLO module given")
+        if max_steps < 1:
+            raise RLFlowError(f"XlaPassOrder: max_steps must be >= 1, got {max_steps}")
+        self.modules = [read_module(m) for m in modules]
+        self.pipeline = discover_pipeline()
+        self.passes = action_passes(self.pipeline)
+        self.disabled = [disabled_for(self.pipeline, name) for name in self.passes]  # per action, made once
+        self.opcodes = opcodes()
+        self.max_steps, self.reward_scale, self.invalid_penalty = max_steps, reward_scale, invalid_penalty
+        self.shaping = {k: float(v) for k, v in (shaping or {}).items() if v}
+        unknown = set(self.shaping) - {"flops", "transcendentals"}
+        if unknown:
+            raise RLFlowError(f"XlaPassOrder: unknown shaping feature(s) {sorted(unknown)}")
+        self.gamma, self.render_mode = gamma, render_mode
+        self.worker = PassWorker(step_timeout_s)
+        self.action_space = spaces.Discrete(len(self.passes) + 1)
+        self.observation_space = spaces.Box(0.0, F32_MAX, (len(self.opcodes) + len(COST_FEATURES),), np.float32)
+        self._initial: dict[str, dict] = {}  # module name -> its stats (computed once)
+        self.total_steps = 0
+        self.last_cpu_ms: dict[str, float] = {}
+        self.index, self.text, self.stats, self.start, self.steps = 0, "", {}, {}, 0
+        self.actions: list[int] = []
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    @property
+    def stop_action(self) -> int:
+        return len(self.passes)
+
+    def observation(self, stats: dict) -> np.ndarray:
+        hist = stats["histogram"]
+        vec = [hist.get(op, 0) for op in self.opcodes] + [stats["cost"].get(k, 0.0) for k in COST_FEATURES]
+        return np.clip(np.asarray(vec, np.float32), 0.0, F32_MAX)
+
+    @staticmethod
+    def op_count(stats: dict) -> int:
+        return int(sum(stats["histogram"].values()))
+
+    def potential(self, stats: dict) -> float:
+        phi = 0.0
+        for k, w in self.shaping.items():
+            base = self.start["cost"].get(k, 0.0)
+            phi -= w * (stats["cost"].get(k, 0.0) / base if base else 0.0)
+        return phi
+
+    def _info(self, status: str, name: str | None, op_reward: float) -> dict[str, Any]:
+        return {"op_count": self.op_count(self.stats), "initial_op_count": self.op_count(self.start),
+                "op_reward": op_reward, "status": status, "pass": name, "step": self.steps,
+                "module": self.modules[self.index][0], **{k: self.stats["cost"].get(k, 0.0) for k in COST_FEATURES}}
+
+    # ------------------------------------------------------------------------------------------------ gym API
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        options = options or {}
+        if "module" in options:
+            self.index = int(options["module"])
+            if not 0 <= self.index < len(self.modules):
+                raise RLFlowError(f"XlaPassOrder: module {self.index} of {len(self.modules)}")
+        else:
+            self.index = int(self.np_random.integers(len(self.modules))) if len(self.modules) > 1 else 0
+        name, self.text = self.modules[self.index]
+        if name not in self._initial:
+            self._initial[name] = self.worker.stats(self.text)
+        self.stats = self.start = self._initial[name]
+        self.steps, self.actions = 0, []
+        return self.observation(self.stats), self._info("reset", None, 0.0)
+
+    def step(self, action):
+        action = int(action)
+        if not self.action_space.contains(action):
+            raise RLFlowError(f"XlaPassOrder: action {action} outside 0..{self.stop_action}")
+        self.steps += 1
+        self.total_steps += 1
+        self.actions.append(action)
+        if action == self.stop_action:
+            return self.observation(self.stats), 0.0, True, False, self._info("stop", None, 0.0)
+        name = self.passes[action]
+        result = self.worker.run_pass(self.text, self.disabled[action])
+        if result.valid:
+            before = self.op_count(self.stats)
+            phi = self.potential(self.stats)
+            self.text, self.stats = result.text, result.stats
+            op_reward = self.reward_scale * (before - self.op_count(self.stats)) / max(self.op_count(self.start), 1)
+            reward = op_reward + (self.gamma * self.potential(self.stats) - phi if self.shaping else 0.0)
+        else:
+            op_reward = reward = float(self.invalid_penalty)
+        truncated = self.steps >= self.max_steps
+        info = self._info(result.status, name, op_reward)
+        if not result.valid:
+            info["message"] = result.message
+        self.last_cpu_ms = result.cpu
+        return self.observation(self.stats), float(reward), False, truncated, info
+
+    def render(self):
+        if self.render_mode == "ansi":
+            names = [self.passes[a] if a < self.stop_action else "STOP" for a in self.actions]
+            return f"{self.modules[self.index][0]}: {self.op_count(self.stats)} ops after {names}"
+        return None
+
+    def close(self):
+        self.worker.close()
+
+
+def make_xla_env(config: dict, modules, shaping: bool = False) -> XlaPassOrderEnv:
+    """The env as ``config`` describes it (the ``xla`` section; ``ppo.gamma`` for the shaping term)."""
+    x = config.get("xla", {})
+    return XlaPassOrderEnv(modules, max_steps=x.get("max_steps", 30), reward_scale=x.get("reward_scale", 100.0),
+                           invalid_penalty=x.get("invalid_penalty", -1.0),
+                           shaping=x.get("shaping") if shaping else None,
+                           gamma=config.get("ppo", {}).get("gamma", 0.99), step_timeout_s=x.get("step_timeout_s", 120))

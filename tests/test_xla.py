@@ -1,0 +1,203 @@
+"""rlflow.xla and rlflow/XlaPassOrder-v0 on tiny modules: real XLA passes in the crash-isolated worker."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import numpy as np
+import pytest
+
+if importlib.util.find_spec("jax") is None or importlib.util.find_spec("xla_plugins.xla_cpu_pjrt") is None:
+    pytest.skip("jax / xla-cpu-pjrt not installed", allow_module_level=True)
+
+import gymnasium as gym  # noqa: E402
+from gymnasium.utils.env_checker import check_env  # noqa: E402
+
+import rlflow.env  # noqa: E402,F401  (registers the ids)
+from rlflow.env.xla_pass_order import DEFAULT_MODULE, XlaPassOrderEnv  # noqa: E402
+from rlflow.errors import RLFlowError  # noqa: E402
+from rlflow.xla import hlo  # noqa: E402
+from rlflow.xla.passes import action_passes, disabled_for, excluded  # noqa: E402
+from rlflow.xla.worker import PassWorker, discover_pipeline  # noqa: E402
+
+TINY = """HloModule tiny, is_scheduled=true, entry_computation_layout={(f32[4]{0})->f32[4]{0}}
+
+ENTRY main {
+  x = f32[4]{0} parameter(0)
+  c = f32[] constant(0)
+  b = f32[4]{0} broadcast(c), dimensions={}
+  a = f32[4]{0} add(x, b)
+  ROOT t = f32[4]{0} tanh(a)
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = XlaPassOrderEnv(max_steps=4)
+    yield e
+    e.close()
+
+
+def test_histogram_counts_and_schedule_is_stripped():
+    assert "is_scheduled" not in hlo.strip_schedule(TINY).splitlines()[0]
+    s = hlo.stats(TINY)
+    assert s.histogram == {"parameter": 1, "constant": 1, "broadcast": 1, "add": 1, "tanh": 1}
+    assert s.cost["transcendentals"] == 4 and s.cost["flops"] > 0
+    with pytest.raises(RLFlowError, match="not a valid HLO module"):
+        hlo.parse("HloModule broken\nENTRY {")
+
+
+def test_action_passes_are_target_independent():
+    pipeline = discover_pipeline()
+    passes = action_passes(pipeline)
+    assert {"algsimp", "cse", "dce", "reshape-mover", "constant_folding", "call-inliner"} <= set(passes)
+    assert not [p for p in passes if excluded(p)]
+    assert not any(("layout" in p or "fusion" in p or "copy-insertion" in p or "float-normalization" in p)
+                   for p in passes)
+    # only the chosen pass and its fixed-point pipeline stay enabled
+    assert set(pipeline.names) - set(disabled_for(pipeline, "algsimp")) == {"algsimp", "simplification"}
+
+
+def test_env_checker_and_gym_make():
+    e = gym.make("rlflow/XlaPassOrder-v0", max_steps=3)
+    try:
+        check_env(e.unwrapped, skip_render_check=True)
+    finally:
+        e.close()
+
+
+def test_rewards_and_unchanged_pass(env):
+    obs, info = env.reset(seed=0)
+    n0 = info["op_count"]
+    algsimp, dce = env.passes.index("algsimp"), env.passes.index("dce")
+    obs, r, term, trunc, info = env.step(algsimp)
+    assert info["status"] == "ok" and info["op_count"] < n0
+    assert r == pytest.approx(env.reward_scale * (n0 - info["op_count"]) / n0)
+    assert obs.sum() >= info["op_count"]  # histogram part sums to the op count (+ cost features)
+    env.step(dce)
+    _, r, _, _, info = env.step(dce)
+    assert info["status"] == "unchanged" and r == 0.0
+    _, r, term, trunc, info = env.step(env.stop_action)
+    assert term and info["status"] == "stop"
+
+
+def test_shaping_is_potential_based():
+    e = XlaPassOrderEnv(max_steps=3, shaping={"flops": 1.0, "transcendentals": 1.0}, gamma=1.0)
+    try:
+        e.reset(seed=0)
+        total = total_op = 0.0
+        for name in ("algsimp", "cse"):
+            _, r, _, _, info = e.step(e.passes.index(name))
+            total, total_op = total + r, total_op + info["op_reward"]
+        phi_end = e.potential(e.stats)
+        # with gamma 1 the shaping telescopes: sum = op rewards + Phi(s_T) - Phi(s_0), Phi(s_0) = -2
+        assert total == pytest.approx(total_op + phi_end + 2.0)
+    finally:
+        e.close()
+
+
+def test_killed_worker_mid_episode_is_restarted(env):
+    env.reset(seed=0)
+    want = []
+    for name in ("algsimp", "cse", "reshape-mover"):
+        want.append(env.step(env.passes.index(name))[4]["op_count"])
+    env.reset(seed=0)
+    got = [env.step(env.passes.index("algsimp"))[4]["op_count"]]
+    env.worker.kill()  # as if XLA had aborted the worker
+    for name in ("cse", "reshape-mover"):
+        _, _, _, _, info = env.step(env.passes.index(name))
+        assert info["status"] in ("ok", "unchanged")
+        got.append(info["op_count"])
+    assert got == want
+
+
+def test_crash_during_a_request_is_reported_and_recovered():
+    worker = PassWorker()
+    try:
+        assert worker.request("crash")["status"] == "crash"  # the child aborts, as on an XLA CHECK failure
+        assert worker.crashes == 1
+        pipeline = discover_pipeline()
+        result = worker.run_pass(DEFAULT_MODULE.read_text(), disabled_for(pipeline, "algsimp"))
+        assert result.status == "ok"
+    finally:
+        worker.close()
+
+
+def test_crash_is_an_invalid_action(env, monkeypatch):
+    env.reset(seed=0)
+    n0 = env.op_count(env.stats)
+    monkeypatch.setattr(env.worker, "run_pass", lambda text, disabled: _crashed(env.worker))
+    _, r, term, trunc, info = env.step(env.passes.index("algsimp"))
+    assert info["status"] == "crash" and r == env.invalid_penalty and info["op_count"] == n0 and not term
+
+
+def _crashed(worker):
+    from rlflow.xla.worker import StepResult
+
+    reply = worker.request("crash")
+    return StepResult(reply["status"], message=reply["message"])
+
+
+def test_replaying_xla_order_reproduces_xla_compile():
+    """XLA's own target-independent order, one pass per env step, gives the module XLA's own compile dumps just
+    before layout assignment (same opcode counts): the env runs the real passes."""
+    pipeline = discover_pipeline()
+    text = DEFAULT_MODULE.read_text()
+    worker = PassWorker()
+    try:
+        reference = worker.reference(text)
+        assert reference.status == "ok"
+        current = text
+        for run in pipeline.target_independent:
+            result = worker.run_pass(current, disabled_for(pipeline, run.name, run.pipelines))
+            assert result.valid, (run, result.message)
+            current = result.text
+        assert hlo.stats(current).histogram == reference.stats["histogram"]
+        assert sum(reference.stats["histogram"].values()) < sum(hlo.stats(text).histogram.values())
+    finally:
+        worker.close()
+
+
+def _constant_values(text: str, shape: str) -> np.ndarray:
+    """The values of the one constant of type ``shape`` (e.g. ``f32[24,24]``) printed in HLO text."""
+    line = next(ln for ln in text.splitlines() if f"= {shape}" in ln and " constant(" in ln)
+    literal = line.split(" constant(", 1)[1]
+    assert "..." not in literal, f"constant elided: {line[:120]}"
+    return np.array([float(v) for v in re.findall(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?|-?inf|nan", literal)],
+                    np.float32)
+
+
+def test_hlo_of_a_graph_keeps_large_constants_through_passes():
+    """hlo_text prints every weight (XLA elides large constants as {...} by default, which parse back as other
+    values), and a pass step's output keeps them too."""
+    from rlflow.graph.builder import GraphBuilder
+    from rlflow.graph.exec.jax_exec import hlo_text
+
+    w = (np.random.default_rng(0).standard_normal((24, 24)) / 3).astype(np.float32)
+    b = GraphBuilder("bigconst")
+    x = b.input("x", (2, 24))
+    y = b.op("Tanh", [b.op("MatMul", [x, b.const("w", w)])])
+    text = hlo_text(b.build([y]))
+    np.testing.assert_array_equal(_constant_values(text, "f32[24,24]"), w.ravel())
+    reparsed = hlo.parse(text).to_string(_full_print_options())
+    np.testing.assert_array_equal(_constant_values(reparsed, "f32[24,24]"), w.ravel())
+    pipeline = discover_pipeline()
+    worker = PassWorker()
+    try:
+        result = worker.run_pass(text, disabled_for(pipeline, "algsimp"))
+        assert result.valid, result.message
+        np.testing.assert_array_equal(_constant_values(result.text, "f32[24,24]"), w.ravel())
+        ref = worker.reference(text)
+        np.testing.assert_array_equal(_constant_values(ref.text, "f32[24,24]"), w.ravel())
+    finally:
+        worker.close()
+
+
+def _full_print_options():
+    from jax._src.lib import hlo as xla_hlo
+
+    options = xla_hlo.HloPrintOptions()
+    options.print_large_constants, options.print_metadata = True, False
+    return options
