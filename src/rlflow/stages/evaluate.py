@@ -9,7 +9,8 @@ config section timing): every graph in timing.sessions freshly built runners, ti
 random order within timing.budget_s per backend; per graph the latency ratio to the original with its 95%
 interval (hierarchical bootstrap over sessions, then runs) and a verdict (faster / slower / no detectable
 difference). When the A/A control's interval excludes 1.0 the backend is marked too noisy: its verdicts are no
-findings. Methods that found the same graph share one estimate; when the runners would not fit in half the
+findings. Methods that found the same graph share one estimate (a method that kept the original shares the A/A
+control's: it is that comparison); when the runners would not fit in half the
 available memory (paper-size models on TensorFlow), the methods are compared in several groups with the original.
 A progress bar over the backends goes to stderr; a line per backend and the table to stdout.
 
