@@ -130,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
               "ops export as several ONNX ops): " + ", ".join(differ) + "; the table reports the file's", flush=True)
 
     # -- run, check, time
-    measurements = evaluate_graphs(graphs, backends, device, protocol, seed=seed, tolerance=tolerance, progress=not args.no_progress,
+    measurements = evaluate_graphs(graphs, backends, device, protocol, seed=seed, tolerance=tolerance,
+                                   progress=not args.no_progress,
                                    log=lambda line: print(line, flush=True))
     rows = make_rows(args.model, device, measurements, nodes={m: len(g.nodes) for m, g in graphs},
                      activation_bytes={m: activation_memory_bytes(g) for m, g in graphs}, traces=traces)
