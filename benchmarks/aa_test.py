@@ -80,7 +80,8 @@ def run_comparisons(name: str, reference, other, label: str, repeats: int, base,
         e = c[label]
         out.append(e)
         print(f"{name} {label} {k + 1}/{repeats}: ratio {e.interval()} -> {e.verdict}; smallest detectable "
-              f"{100 * e.detectable:.2f}%; {e.runs} runs in {c.seconds:.1f} s", flush=True)
+              f"{100 * e.detectable:.2f}%; {e.runs} runs, {c.timing_s:.1f} s timing, {c.seconds:.1f} s wall",
+              flush=True)
     return out
 
 

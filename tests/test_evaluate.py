@@ -176,6 +176,13 @@ def test_the_aa_control_is_timed_and_a_failed_one_marks_the_backend_too_noisy(mo
     assert ("original-aa", "ort") in sessions  # its own sessions, although it is the original's graph
     assert by["original-aa"].ci_low <= 1.0 <= by["original-aa"].ci_high and not by["taso"].too_noisy
     assert by["taso"].verdict == "faster" and by["taso"].ratio == pytest.approx(0.8, rel=0.02)
+    # a method that kept the original graph shares the A/A control's estimate (no sessions of its own)
+    sessions.clear()
+    graphs3 = _fake_graphs({"original": "Relu", "taso": "Tanh", "greedy": "Relu"})
+    res = evaluate_graphs(graphs3, ["ort"], "cpu", p, progress=False, log=lambda s: None, clock=clock)
+    by = {r.method: r for r in res}
+    assert ("greedy", "ort") not in sessions and by["greedy"].times_ms is by["original-aa"].times_ms
+    assert by["greedy"].ratio == by["original-aa"].ratio
     # the A/A control running 10% slower than the original: the backend is too noisy, on every row
     clock2 = _Clock()
     _fake_runs(monkeypatch, [], clock=clock2, ms={"original": 10.0, "original-aa": 11.0, "taso": 8.0})

@@ -97,13 +97,26 @@ def test_the_budget_bounds_the_rounds():
     c = compare([("original", FakeGraph(10)), ("other", FakeGraph(10))], {}, p, make, clock=clock)
     # one round = 20 ms of (fake) time: 1 s buys 50 rounds in all (each block may overrun by one round)
     assert 50 <= sum(c.rounds) <= 52
-    assert c.seconds <= 1.0 + 2 * 0.02
+    assert c.timing_s <= 1.0 + 2 * 0.02 and c.seconds == c.timing_s  # (building fake runners takes no time)
     assert len(make.built) == 2 * 2  # a fresh runner per graph and session
     clock2 = Clock()
     c2 = compare([("original", FakeGraph(10)), ("other", FakeGraph(10))], {}, proto(budget_s=2.0, sessions=2,
                  warmup=0, min_rounds=1), fake_runners(clock2), clock=clock2)
     assert 100 <= sum(c2.rounds) <= 102
     assert all(len(s) == k for s, k in zip(c2["other"].times_ms, c2.rounds))
+
+
+def test_building_runners_is_not_counted_against_the_budget():
+    clock = Clock()
+    inner = fake_runners(clock)
+
+    def slow_build(g):  # every build takes 2 s of the clock
+        clock.now += 2.0
+        return inner(g)
+
+    p = proto(budget_s=1.0, sessions=2, warmup=0, min_rounds=1)
+    c = compare([("original", FakeGraph(10)), ("other", FakeGraph(10))], {}, p, slow_build, clock=clock)
+    assert 50 <= sum(c.rounds) <= 52 and c.seconds == pytest.approx(c.timing_s + 2 * 2 * 2.0)
 
 
 def test_min_and_max_rounds_hold_whatever_the_budget():

@@ -12,10 +12,11 @@ per graph and resampling its runs calls identical graphs "significantly" differe
    untimed calls each, then timed **rounds**: every graph called once per round, in an order drawn at random each
    round (seeded), so drift and cache effects hit every graph alike. The block's runners are released before the
    next block (one runner per graph alive at a time).
-2. **Budget.** The comparison's clock (``budget_s``, from the config) is shared out evenly: block ``s`` runs
-   rounds until ``start + budget_s (s + 1) / sessions`` (at least ``min_rounds``, at most ``max_rounds``).
-   Building runners and warm-up count against the budget: it bounds the comparison's wall time, not only the
-   timed calls (``min_rounds`` may overrun it when one round alone is longer).
+2. **Budget.** ``budget_s`` (from the config) is the comparison's seconds of timing -- warm-up and timed rounds,
+   shared out evenly: block ``s`` runs rounds until the timing spent reaches ``budget_s (s + 1) / sessions`` (at
+   least ``min_rounds``, at most ``max_rounds``; ``min_rounds`` may overrun it when one round alone is longer).
+   Building the runners is not counted (:attr:`Comparison.seconds` is the wall time, builds included): it depends
+   on the backend, not on how precise the comparison is.
 3. **Estimate.** A graph's latency is the mean over its sessions of each session's median run; the ratio is
    graph / original (< 1: faster). Its interval is a **hierarchical bootstrap** (``resamples`` draws): draw the
    blocks with replacement (a graph's session and the original's session of the same block go together: they
@@ -67,7 +68,7 @@ class Protocol:
     warmup: int = 3
     """Untimed calls of every fresh runner before its block's rounds."""
     budget_s: float = 20.0
-    """Wall-clock seconds per comparison (runner creation, warm-up and timed rounds of all its graphs)."""
+    """Seconds of timing per comparison (warm-up and timed rounds of all its graphs; building runners not counted)."""
     min_rounds: int = 3
     """Rounds per block at least, whatever the budget."""
     max_rounds: int = 500
@@ -155,6 +156,9 @@ class Comparison:
     rounds: list[int] = field(default_factory=list)
     """Timed rounds in each block."""
     seconds: float = 0.0
+    """Wall time of the comparison, runner builds included."""
+    timing_s: float = 0.0
+    """Seconds of warm-up and timed rounds (what ``budget_s`` bounds)."""
     protocol: Protocol | None = None
 
     def __getitem__(self, name: str) -> Estimate:
@@ -223,22 +227,24 @@ def compare(graphs: Sequence[tuple[str, Any]], feeds: dict, protocol: Protocol, 
     rng = np.random.default_rng(p.seed)
     times: list[list[list[float]]] = [[] for _ in graphs]
     rounds: list[int] = []
-    start = clock()
+    start, timing = clock(), 0.0
     for s in range(p.sessions):
         runners = [make_runner(g) for _, g in graphs]
+        block = clock()
         for _ in range(p.warmup):
             for i in rng.permutation(len(runners)):
                 runners[i](feeds)
         for t in times:
             t.append([])
-        deadline = start + p.budget_s * (s + 1) / p.sessions
+        deadline = p.budget_s * (s + 1) / p.sessions  # in seconds of timing
         k = 0
-        while k < p.min_rounds or (k < p.max_rounds and clock() < deadline):
+        while k < p.min_rounds or (k < p.max_rounds and timing + clock() - block < deadline):
             for i in rng.permutation(len(runners)):
                 t0 = clock()
                 runners[i](feeds)
                 times[i][s].append((clock() - t0) * 1e3)
             k += 1
+        timing += clock() - block
         rounds.append(k)
         runners = None
         gc.collect()  # the block's sessions go before the next block's are built
@@ -249,7 +255,7 @@ def compare(graphs: Sequence[tuple[str, Any]], feeds: dict, protocol: Protocol, 
         r, lo, hi, det = ratio_interval(times[0], times[j], confidence=p.confidence, resamples=p.resamples,
                                         seed=p.seed + j)
         estimates[name] = Estimate(name, times[j], r, lo, hi, verdict(lo, hi), det)
-    return Comparison(names[0], estimates, rounds, clock() - start, p)
+    return Comparison(names[0], estimates, rounds, clock() - start, timing, p)
 
 
 def aa_copy(graph):

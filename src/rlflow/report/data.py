@@ -113,49 +113,54 @@ class ReportData:
 
 
 # -- evaluation.csv (required) -----------------------------------------------------------------------------
-def _number(cell: str, path: Path, line: int, column: str) -> float | None:
-    cell = cell.strip()
-    if not cell:
-        return None
-    try:
-        v = float(cell)
-    except ValueError:
-        raise RLFlowError(f"{path}: line {line}, column '{column}': not a number ({cell!r})") from None
-    return v if math.isfinite(v) else None
-
-
 def read_evaluation(path: Path, model: str | None = None) -> list[dict]:
-    """The rows of ``evaluation.csv``: text columns as str, the others as float or None (empty cell)."""
+    """The rows of ``evaluation.csv`` (read with pandas): text columns as str, ``too_noisy`` as bool, the others as
+    float or None (an empty cell, or not finite)."""
+    import pandas as pd
+
     if not path.is_file():
         raise RLFlowError(f"{path}: evaluation table not found (run stage evaluate first)")
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise RLFlowError(f"{path}: cannot read the evaluation table ({e.__class__.__name__})") from None
-    reader = csv.DictReader(io.StringIO(text))
-    header = reader.fieldnames or []
-    missing = [c for c in EVAL_COLUMNS if c not in header]
+    lines = list(csv.reader(io.StringIO(text)))  # the shape only: every line has the header's cells
+    for i, cells in enumerate(lines[1:], start=2):
+        if cells and len(cells) != len(lines[0]):
+            raise RLFlowError(f"{path}: line {i} does not have {len(lines[0])} cells")
+    try:
+        df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, index_col=False)
+    except pd.errors.EmptyDataError:
+        raise RLFlowError(f"{path}: evaluation table lacks column(s) {', '.join(EVAL_COLUMNS)}") from None
+    missing = [c for c in EVAL_COLUMNS if c not in df.columns]
     if missing:
         raise RLFlowError(f"{path}: evaluation table lacks column(s) {', '.join(missing)}")
-    rows = []
-    for i, raw in enumerate(reader, start=2):
-        if None in raw or any(raw.get(c) is None for c in EVAL_COLUMNS):
-            raise RLFlowError(f"{path}: line {i} does not have {len(header)} cells")
-        row: dict[str, Any] = {c: raw[c].strip() for c in EVAL_TEXT}
-        for c in EVAL_BOOL:
-            if raw[c].strip() not in ("True", "False"):
-                raise RLFlowError(f"{path}: line {i}, column '{c}': not True or False ({raw[c]!r})")
-            row[c] = raw[c].strip() == "True"
-        for c in EVAL_COLUMNS:
-            if c not in EVAL_TEXT and c not in EVAL_BOOL:
-                row[c] = _number(raw[c], path, i, c)
+    if df.empty:
+        raise RLFlowError(f"{path}: the evaluation table has no rows")
+    df = df[list(EVAL_COLUMNS)].apply(lambda col: col.str.strip())
+    out = df[list(EVAL_TEXT)].copy()
+    for c in EVAL_BOOL:
+        bad = ~df[c].isin(["True", "False"])
+        if bad.any():
+            i = int(bad.idxmax())
+            raise RLFlowError(f"{path}: line {i + 2}, column '{c}': not True or False ({df[c][i]!r})")
+        out[c] = df[c] == "True"
+    for c in EVAL_COLUMNS:
+        if c in EVAL_TEXT or c in EVAL_BOOL:
+            continue
+        vals = pd.to_numeric(df[c].replace("", None), errors="coerce")
+        bad = vals.isna() & (df[c] != "")
+        if bad.any():
+            i = int(bad.idxmax())
+            raise RLFlowError(f"{path}: line {i + 2}, column '{c}': not a number ({df[c][i]!r})")
+        out[c] = vals.where(vals.apply(lambda v: v == v and math.isfinite(v)))
+    rows = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
+            for r in out[list(EVAL_COLUMNS)].astype(object).to_dict("records")]
+    for i, row in enumerate(rows, start=2):
         if row["status"] == "ok" and row["latency_ms_median"] is None:
             raise RLFlowError(f"{path}: line {i}: status ok but no latency_ms_median")
         if model is not None and row["model"] and row["model"] != model:
             raise RLFlowError(f"{path}: line {i} is for model '{row['model']}', not '{model}'")
-        rows.append(row)
-    if not rows:
-        raise RLFlowError(f"{path}: the evaluation table has no rows")
     return rows
 
 

@@ -22,7 +22,8 @@ from rlflow.report.data import BACKEND_LABEL, METHOD_LABEL  # noqa: E402
 STYLE = {"svg.fonttype": "path", "svg.hashsalt": "rlflow-report", "font.size": 9, "axes.grid": True,
          "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False}
 #: one colour per method, the same in every figure
-COLOURS = {"original": "#7f7f7f", "original-aa": "#bcbd22", "taso": "#1f77b4", "greedy": "#2ca02c", "model_free": "#ff7f0e", "rlflow": "#d62728"}
+COLOURS = {"original": "#7f7f7f", "original-aa": "#bcbd22", "taso": "#1f77b4", "greedy": "#2ca02c",
+           "model_free": "#ff7f0e", "rlflow": "#d62728"}
 
 
 def _uri(fig) -> str:

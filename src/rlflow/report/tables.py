@@ -96,7 +96,8 @@ def table2(rows: list[dict]) -> dict:
             mem, mem_base = method_value(rows, m, "activation_memory_mb"), act_base
         out.append({"method": m, "tf_ms": tf["latency_ms_median"] if tf else None,
                     "pct": None if ratio is None or m == "original" else 100 * (1 - ratio),
-                    "pct_low": None if hi is None else 100 * (1 - hi), "pct_high": None if lo is None else 100 * (1 - lo),
+                    "pct_low": None if hi is None else 100 * (1 - hi),
+                    "pct_high": None if lo is None else 100 * (1 - lo),
                     "finding": finding(tf), "memory_mb": mem, "memory_pct": improvement_pct(mem_base, mem)})
     return {"baseline_ms": base_ms, "memory_kind": "peak" if use_peak else "activation", "rows": out}
 

@@ -9,7 +9,8 @@ config section timing): every graph in timing.sessions freshly built runners, ti
 random order within timing.budget_s per backend; per graph the latency ratio to the original with its 95%
 interval (hierarchical bootstrap over sessions, then runs) and a verdict (faster / slower / no detectable
 difference). When the A/A control's interval excludes 1.0 the backend is marked too noisy: its verdicts are no
-findings. Methods that found the same graph share one estimate; when the runners would not fit in half the
+findings. Methods that found the same graph share one estimate (a method that kept the original shares the A/A
+control's: it is that comparison); when the runners would not fit in half the
 available memory (paper-size models on TensorFlow), the methods are compared in several groups with the original.
 A progress bar over the backends goes to stderr; a line per backend and the table to stdout.
 
@@ -107,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
               "ops export as several ONNX ops): " + ", ".join(differ) + "; the table reports the file's", flush=True)
 
     # -- run, check, time
-    measurements = evaluate_graphs(graphs, backends, device, protocol, seed=seed, tolerance=tolerance, progress=not args.no_progress,
+    measurements = evaluate_graphs(graphs, backends, device, protocol, seed=seed, tolerance=tolerance,
+                                   progress=not args.no_progress,
                                    log=lambda line: print(line, flush=True))
     rows = make_rows(args.model, device, measurements, nodes={m: len(g.nodes) for m, g in graphs},
                      activation_bytes={m: activation_memory_bytes(g) for m, g in graphs}, traces=traces)
