@@ -38,6 +38,7 @@ rule all:
     input:
         stage_targets("report", config["models"]),
         stage_targets("summary", config["models"]),
+        stage_targets("search_eqsat", config["models"]),
         stage_targets("sweep_temperature", config["models"]),
         stage_targets("sweep_reward", config["models"]),
 

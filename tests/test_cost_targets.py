@@ -45,7 +45,7 @@ def qkv_sequence(tmp_path_factory):
     return seq
 
 
-def test_qkv_merge_lowers_sim_h100_not_ort_cpu(qkv_sequence, config):
+def test_qkv_merge_lowers_sim_h100_and_adds_ort_cpu_kernels(qkv_sequence, config):
     from rlflow.cost.calibration import measure
 
     sim = make_cost_model(config, "cpu", kind="sim-h100")
@@ -59,10 +59,11 @@ def test_qkv_merge_lowers_sim_h100_not_ort_cpu(qkv_sequence, config):
     ort.learn(qkv_sequence)  # onnxruntime fuses MatMul + bias Add (Gemm) but nothing across the merged Split
     assert ("MatMul", "Add") in ort.fusable and ("MatMul", "Split") not in ort.fusable
     ort.measure(qkv_sequence)
-    o = [ort.graph_metrics(g).runtime_ms for g in qkv_sequence]
-    assert o[2] >= o[0] and o[1] >= o[0]
     k = [ort.graph_metrics(g).launches for g in qkv_sequence]
     assert k[2] > k[0]  # Split + three unfused bias Adds replace three fused Gemms
+    # The ort-cpu RUNTIME estimate is not asserted: its kernel times are measured, and the one merged MatMul
+    # against three fused Gemms came out 1% dearer in one run and 9% cheaper in another (2-core CPU, loaded);
+    # what the target knows for certain is the kernel count above.
 
 
 def test_sim_gpu_quantisation_and_free_data_movement(config):

@@ -52,14 +52,16 @@ def job_counts(snakemake_output: str) -> dict[str, int]:
 def test_committed_dvc_yaml_is_the_generated_one():
     committed = (REPO / "dvc.yaml").read_text()
     assert committed == dvcgen.render(), "dvc.yaml is stale: run `python -m rlflow.pipeline.dvc`"
+    for pipeline, name in registry.PIPELINE_FILES.items():
+        assert (REPO / name).read_text() == dvcgen.render(pipeline), f"{name} is stale"
 
 
 def test_dvc_check_flags_any_difference(tmp_path):
     out = tmp_path / "dvc.yaml"
-    out.write_text(dvcgen.render())
-    assert dvcgen.main(["--check", "--out", str(out)]) == 0
+    assert dvcgen.main(["--root", str(tmp_path)]) == 0
+    assert dvcgen.main(["--check", "--root", str(tmp_path)]) == 0
     out.write_text(dvcgen.render().replace("export.opset", "export.opsett"))
-    assert dvcgen.main(["--check", "--out", str(out)]) == 1
+    assert dvcgen.main(["--check", "--root", str(tmp_path)]) == 1
 
 
 def test_dvc_stage_declares_exactly_the_config_keys_and_files_of_the_registry():
@@ -287,7 +289,7 @@ def _covered(path: str, deps: list[str]) -> bool:
 @pytest.mark.parametrize("name", sorted(registry.STAGES))
 def test_every_module_a_stage_imports_is_a_code_dependency_of_its_rule_and_dvc_stage(name):
     stage = registry.STAGES[name]
-    doc = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"][name]
+    doc = yaml.safe_load((REPO / registry.PIPELINE_FILES[stage.pipeline]).read_text())["stages"][name]
     dvc_deps = (doc.get("do") or doc)["deps"]
     snakemake_inputs = set(stage.code_files())  # what workflow/rules/common.smk gives the rule as `code`
     imported = _imported_rlflow_modules(stage.module)

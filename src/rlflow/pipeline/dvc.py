@@ -1,7 +1,8 @@
-"""Generate ``dvc.yaml`` from the stage registry (the same one the Snakemake rules read).
+"""Generate ``dvc.yaml`` (and the opt-in ``xla/dvc.yaml``) from the stage registry (the same one the Snakemake
+rules read).
 
-    python -m rlflow.pipeline.dvc            # (re)write dvc.yaml at the repository root
-    python -m rlflow.pipeline.dvc --check    # exit 1 if dvc.yaml differs from what the registry gives
+    python -m rlflow.pipeline.dvc            # (re)write dvc.yaml and xla/dvc.yaml under the repository root
+    python -m rlflow.pipeline.dvc --check    # exit 1 if a file differs from what the registry gives
     python -m rlflow.pipeline.dvc --exp-flags configs/paper.yaml
                                              # print `-S key=value` for `dvc exp run`, one per key in that file
 
@@ -11,6 +12,10 @@ paths use ``${device}`` from config.yaml, so ``dvc repro`` builds the same jobs 
 dvc.yaml need not change when the model list does. ``params`` lists exactly
 the config.yaml keys the stage reads, so DVC reruns a stage only when one of those changes; ``deps`` are the
 stage's code and input files; ``outs`` are its declared outputs (cached by DVC, pushed to the remote).
+
+A stage of an opt-in pipeline (registry ``Stage.pipeline``, e.g. ``xla``) goes to that pipeline's file, with
+``wdir`` at the repository root: ``dvc repro`` (which reads ``dvc.yaml``) leaves it alone, ``dvc repro
+xla/dvc.yaml`` builds it, as ``snakemake xla`` does.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from rlflow.pipeline.registry import CONFIG_FIELDS, CONFIG_FILE, STAGES, WILDCARD_CONFIG, Stage
+from rlflow.pipeline.registry import CONFIG_FIELDS, CONFIG_FILE, PIPELINE_FILES, STAGES, WILDCARD_CONFIG, Stage
 
 HEADER = """\
 # GENERATED from src/rlflow/pipeline/registry.py by `python -m rlflow.pipeline.dvc` -- do not edit by hand.
@@ -61,7 +66,8 @@ def _listed_files(stage: Stage, pattern: str) -> list[str]:
 
 def stage_entry(stage: Stage) -> dict:
     values = stage.dvc_values()
-    body = {
+    root = _to_root(stage.pipeline)
+    body = {**({"wdir": root} if root != "." else {}),
         "cmd": stage.dvc_cmd(),
         "deps": _deps(stage, values),
     }
@@ -81,14 +87,25 @@ def stage_entry(stage: Stage) -> dict:
     return {"matrix": {w: "${%s}" % WILDCARD_CONFIG[w] for w in stage.wildcards}, **body}
 
 
-def render() -> str:
+def _to_root(pipeline: str) -> str:
+    """The repository root relative to a pipeline file's folder (its stages' ``wdir``: paths stay root-relative)."""
+    depth = len(Path(PIPELINE_FILES[pipeline]).parent.parts)
+    return "/".join([".."] * depth) or "."
+
+
+def render(pipeline: str = "main") -> str:
+    """The DVC file of one pipeline (:data:`rlflow.pipeline.registry.PIPELINE_FILES`): its stages only."""
     tops = sorted({k.split(".")[0] for k in [*WILDCARD_CONFIG.values(), *CONFIG_FIELDS.values()]})
+    root = _to_root(pipeline)
     doc = {
-        "vars": [f"{CONFIG_FILE}:{','.join(tops)}"],
-        "stages": {name: stage_entry(stage) for name, stage in STAGES.items()},
+        "vars": [f"{CONFIG_FILE if root == '.' else root + '/' + CONFIG_FILE}:{','.join(tops)}"],
+        "stages": {name: stage_entry(stage) for name, stage in STAGES.items() if stage.pipeline == pipeline},
     }
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=120)
-    return HEADER + body
+    header = HEADER if pipeline == "main" else HEADER.replace(
+        "#   dvc repro          build every model in config.yaml `models`",
+        f"#   dvc repro {PIPELINE_FILES[pipeline]}   build this opt-in pipeline for every model in config.yaml `models`")
+    return header + body
 
 
 def exp_flags(path: Path) -> list[str]:
@@ -110,7 +127,8 @@ def exp_flags(path: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlflow.pipeline.dvc", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="do not write; exit 1 if the file is out of date")
-    parser.add_argument("--out", type=Path, default=Path("dvc.yaml"), help="default: dvc.yaml (run from the repo root)")
+    parser.add_argument("--root", type=Path, default=Path("."),
+                        help="the repository root the pipeline files are written under (default: the current folder)")
     parser.add_argument("--exp-flags", type=Path, metavar="YAML",
                         help="print the `dvc exp run` flags (-S key=value) that apply this override file, and exit")
     args = parser.parse_args(argv)
@@ -123,21 +141,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         return 0
-    want = render()
-    have = args.out.read_text() if args.out.is_file() else ""
-    if args.check:
-        if have != want:
+    stale = 0
+    for pipeline, name in PIPELINE_FILES.items():
+        out = args.root / name
+        want = render(pipeline)
+        have = out.read_text() if out.is_file() else ""
+        if have == want:
+            continue
+        if args.check:
             sys.stdout.writelines(difflib.unified_diff(have.splitlines(True), want.splitlines(True),
-                                                       str(args.out), "generated"))
-            print(f"{args.out} is out of date: run `python -m rlflow.pipeline.dvc`", file=sys.stderr)
-            return 1
-        return 0
-    if have != want:
-        from rlflow.atomic import write_text
+                                                       str(out), "generated"))
+            print(f"{out} is out of date: run `python -m rlflow.pipeline.dvc`", file=sys.stderr)
+            stale = 1
+        else:
+            from rlflow.atomic import write_text
 
-        write_text(args.out, want)
-        print(f"wrote {args.out}")
-    return 0
+            out.parent.mkdir(parents=True, exist_ok=True)
+            write_text(out, want)
+            print(f"wrote {out}")
+    return stale
 
 
 if __name__ == "__main__":

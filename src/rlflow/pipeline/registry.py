@@ -128,6 +128,9 @@ class Stage:
     """Outputs (by name) that DVC lists as ``plots`` (``dvc plots show``) rather than plain ``outs``."""
     runs: str = ""
     """The stage module it runs when it is not its own (a sweep job runs ``train_controller``); default: ``name``."""
+    pipeline: str = "main"
+    """Which DVC pipeline file holds it (:data:`PIPELINE_FILES`): ``main`` is ``dvc.yaml`` (what ``dvc repro``
+    and Snakemake's ``rule all`` build); an opt-in pipeline (``xla``) has its own file, built on purpose."""
     progress: bool = False
     """The stage draws progress bars (on stderr); its command then takes ``--no-progress``."""
     cli_optional: tuple[str, ...] = ()
@@ -302,6 +305,10 @@ def cli_value(value: Any) -> str:
             pass
     raise ValueError(f"config value {value!r} cannot be passed on the command line")
 
+
+#: the DVC pipeline files: ``main`` is the default one; ``xla`` (issue I's stages, each pass step a real XLA compile
+#: of the whole module) is built on purpose: ``dvc repro xla/dvc.yaml`` / ``snakemake xla``
+PIPELINE_FILES = {"main": "dvc.yaml", "xla": "xla/dvc.yaml"}
 
 #: what a stage's file is, by its input/output name (the help of its command-line flag)
 FILE_HELP = {
@@ -645,6 +652,7 @@ STAGES: dict[str, Stage] = {
         ),
         Stage(
             name="export_hlo",
+            pipeline="xla",
             doc="Lower the model's ONNX graph to its unoptimised XLA HLO module (the JAX lowering; weights in full).",
             inputs={"onnx": "results/{model}/model.onnx"},
             outputs={"hlo": "results/{model}/xla/module.hlo"},
@@ -652,6 +660,7 @@ STAGES: dict[str, Stage] = {
         ),
         Stage(
             name="train_pass_agent",
+            pipeline="xla",
             doc="Train one PPO XLA pass-ordering agent (variant {variant}) on the HLO of every model in xla.train_models.",
             inputs={"hlo": "results/{model}/xla/module.hlo"},
             outputs={"checkpoint": "results/xla/agent-{variant}.pt", "metrics": "results/xla/agent-{variant}.json"},
@@ -665,6 +674,7 @@ STAGES: dict[str, Stage] = {
         ),
         Stage(
             name="evaluate_passes",
+            pipeline="xla",
             doc="The pass agents vs XLA's default pipeline, random orders and greedy on the model's HLO: op counts, "
                 "the paper's ratio.",
             inputs={"hlo": "results/{model}/xla/module.hlo", "agents": "results/xla/agent-{variant}.pt"},

@@ -622,9 +622,9 @@ def to_graph(eg: EGraph, roots: Sequence[int], choice: dict[int, Key], original:
     for want, c in zip(original.outputs, roots):
         v = visit(c)
         if v in original.inputs or v in constants or v in rename or v in outputs:
-            ident = Node(fresh("_eqn"), "Identity", (v,), (want,), {})
+            ident = Node(fresh("_eqn"), "Identity", (v,), (want,), {})  # v is renamed below, with every input
             nodes.append(ident)
-            types[want] = types[v]
+            types[want] = types[rename.get(v, v)]  # an earlier output of the same class already took v's type
         else:
             rename[v] = want
             types[want] = types.pop(v)
