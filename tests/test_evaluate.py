@@ -392,16 +392,7 @@ def test_a_wrong_graph_fails_and_writes_nothing(tiny, tmp_path, capsys):
 
 def test_unsupported_backend_is_a_row_not_a_failure(tmp_path, capsys):
     """tf-xla refuses an opaque op: its rows say 'unsupported' with no latency; onnxruntime's rows are measured."""
-    from onnx_models import with_opaque_op
-
-    src = tmp_path / "opaque.onnx"
-    onnx.save(with_opaque_op(), str(src))
-    trace = {"format": "rlflow.search-trace/1", "method": "greedy", "steps": [], "seconds": 0.5,
-             "initial": {"nodes": 4, "runtime_ms": 1.0, "flops": 10, "bytes": 20, "launches": 4},
-             "final": {"nodes": 4, "runtime_ms": 1.0, "flops": 10, "bytes": 20, "launches": 4}}
-    (tmp_path / "trace.json").write_text(json.dumps(trace))
-    paths = {"onnx": src, "greedy": src, "greedy_trace": tmp_path / "trace.json"}
-    out = _outputs(tmp_path / "out")
+    paths, out = _opaque_case(tmp_path)
     code = main(_argv(paths, out, methods=("greedy",),
                       sets=["evaluate.backends=[ort, tf-xla]", "timing.budget_s=0.5", "timing.sessions=2"]))
     printed = capsys.readouterr().out
