@@ -21,6 +21,53 @@ from rlflow.pipeline.registry import METHODS, STAGES
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ["--config", str(ROOT / "config.yaml"), "--config", str(ROOT / "tests/configs/tiny.yaml")]
 RL_METHODS = ("model_free", "rlflow")
+#: the device figures the module's calibration cache holds (so the roofline measures nothing): 1 GFLOP/s GEMM
+#: and a bandwidth so high that every bound is compute-bound
+GEMM, BANDWIDTH = 1e9, 1e18
+
+
+@pytest.fixture(autouse=True)
+def _calibration(tmp_path_factory, monkeypatch):
+    from rlflow.cost import calibration
+    from rlflow.cost.model import describe_hardware
+
+    cache = tmp_path_factory.getbasetemp() / "evaluate-cache"
+    monkeypatch.setenv("RLFLOW_CACHE_DIR", str(cache))
+    path = calibration.default_path("cpu")
+    if not path.exists():
+        calibration.write(path, {"ort": calibration.Calibration("ort", "cpu", describe_hardware("cpu"), GEMM,
+                                                                 BANDWIDTH, 1e-6)})
+
+
+# ====================================================================================== the roofline
+def test_roofline_bound_by_hand():
+    from rlflow.evaluation.roofline import DeviceLimits, bound_ms, essential_bytes, graph_flops, headroom
+
+    g = _liveness_graph("n_a")
+    # must move: x and y (1 KiB each), W (read by n_a) and the folded W^T (read by n_y), 256 KiB each; not a, b,
+    # c, d (intermediates), not W twice
+    assert essential_bytes(g) == 2 * 256 * 4 + 2 * 256 * 256 * 4
+    flops = graph_flops(g)
+    assert flops >= 2 * (2 * 256 * 256)  # the two MatMuls; the transpose is folded and counts nothing
+    compute = DeviceLimits(1e9, 1e18, "test")
+    memory = DeviceLimits(1e18, 1e9, "test")
+    assert bound_ms(g, compute) == pytest.approx(flops / 1e9 * 1e3)
+    assert bound_ms(g, memory) == pytest.approx(essential_bytes(g) / 1e9 * 1e3)
+    assert headroom(2.0, 8.0) == pytest.approx(0.75) and headroom(None, 8.0) is None and headroom(2.0, None) is None
+
+
+def test_device_limits_are_the_best_calibrated_figures(tmp_path):
+    from rlflow.cost import calibration
+    from rlflow.evaluation.roofline import device_limits
+
+    cals = {"ort": calibration.Calibration("ort", "cpu", "x", 300e9, 20e9, 1e-6),
+            "torch": calibration.Calibration("torch", "cpu", "x", 200e9, 30e9, 1e-5)}
+    path = tmp_path / "costs.json"
+    calibration.write(path, cals)
+    lim = device_limits("cpu", path)
+    assert (lim.gemm_flops_per_s, lim.bandwidth_bytes_per_s) == (300e9, 30e9)
+    assert "ort" in lim.source and "torch" in lim.source
+    assert device_limits("cuda", path) is None  # CPU figures say nothing of a GPU
 
 
 # ====================================================================================== activation memory
@@ -323,6 +370,11 @@ def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
             assert r["verdict"] == ("faster" if float(r["ci_high"]) < 1 else "slower" if float(r["ci_low"]) > 1
                                     else "no detectable difference")
             assert float(r["detectable_effect"]) > 0
+    for r in rows:  # the roofline at the cached calibration: compute-bound, flops / 1 GFLOP/s
+        assert float(r["headroom"]) == pytest.approx(1 - float(r["roofline_ms"]) / float(r["latency_ms_median"]),
+                                                     rel=1e-4)
+        if r["method"] in ("original", "original-aa"):
+            assert float(r["roofline_ms"]) == pytest.approx(float(r["flops"]) / GEMM * 1e3, rel=1e-5)
     nodes = {r["method"]: int(r["nodes"]) for r in rows}
     assert nodes["greedy"] == nodes["original"] - 1  # tiny bert: greedy folds one constant add (a real rewrite)
     assert nodes["original-aa"] == nodes["original"]
@@ -355,6 +407,10 @@ def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
             assert tf["pct"] == pytest.approx(100 * (1 - tf["ratio"]))
             assert tf["pct_low"] == pytest.approx(100 * (1 - tf["ci_high"]))
     assert metrics["real_interactions"] == {"model_free": 107, "rlflow": 107}
+    assert metrics["roofline"]["gemm_gflops"] == pytest.approx(GEMM / 1e9)
+    assert metrics["roofline"]["bound_ms"]["taso"] == pytest.approx(float(by[("taso", "ort")]["roofline_ms"]), rel=1e-5)
+    assert metrics["roofline"]["headroom"]["greedy"]["tf"] == pytest.approx(float(by[("greedy", "tf")]["headroom"]),
+                                                                           rel=1e-5)
     head = json.loads(out["headline"].read_text())
     assert head["model"] == "bert" and head["device"] == "cpu" and head["backends"] == backends
     assert head["format"] == "rlflow.evaluation-headline/2"

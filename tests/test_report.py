@@ -15,7 +15,7 @@ import pytest
 from rlflow import cli
 
 EVAL_COLUMNS = ("model,method,backend,device,latency_ms_median,latency_ms_iqr,ratio,ci_low,ci_high,verdict,"
-                "detectable_effect,sessions,runs,too_noisy,peak_memory_mb,activation_memory_mb,"
+                "detectable_effect,sessions,runs,too_noisy,roofline_ms,headroom,peak_memory_mb,activation_memory_mb,"
                 "nodes,cost_ms,flops,bytes,launches,optimisation_s,training_s,real_interactions,rules_applied,"
                 "speed_check,max_rel_diff,status").split(",")
 BACKENDS = ("ort", "torch", "tf", "tf-xla")
@@ -37,8 +37,10 @@ STEPS = {"taso": ["conv-relu", "conv-relu", "matmul-merge"], "greedy": ["conv-re
          "model_free": ["add-const-fold"], "rlflow": ["matmul-merge", "matmul-merge", "matmul-merge"]}
 FOLDER = {"taso": "taso", "greedy": "greedy", "model_free": "model_free", "rlflow": "controller"}
 
+#: every graph's roofline lower bound (ms), at the device figures of metrics.json's roofline section
+ROOFLINE_MS = 10.0
 SECTION_TITLES = ("How to read this report", "Table 2", "Fig. 6", "Fig. 7", "Fig. 8", "Fig. 9", "Fig. 10",
-                  "Fig. 5", "Table 3", "Cost model vs end-to-end latency", "Sample efficiency", "Graph encoder",
+                  "Fig. 5", "Table 3", "Cost model vs end-to-end latency", "How far from the limit", "Sample efficiency", "Graph encoder",
                   "Random rollouts", "Rule generation", "Config, versions and machine")
 
 
@@ -68,7 +70,8 @@ def write_evaluation(folder: Path, model: str = "bert", methods=tuple(LATENCY), 
                 else:
                     row.update(latency_ms_median=lat, latency_ms_iqr=0.5, activation_memory_mb=ACTIVATION_MB[m],
                                nodes=100, cost_ms=COST_MS[m], flops=1e9, bytes=1e8, launches=90, max_rel_diff=1e-7,
-                               status="ok", sessions=4, runs=40, too_noisy=b in noisy)
+                               status="ok", sessions=4, runs=40, too_noisy=b in noisy, roofline_ms=ROOFLINE_MS,
+                               headroom=1 - ROOFLINE_MS / lat)
                     if m == "original":
                         row.update(ratio=1, verdict="reference")
                     else:
@@ -108,7 +111,8 @@ def make_results(root: Path, model: str = "bert") -> Path:
     """A complete results tree: results/<model>/... and results/rules/stats.json."""
     res = root / "results" / model
     write_evaluation(res, model)
-    write_json(res / "metrics.json", {"max_rel_diff": 1e-7, "speedup": {"rlflow": {"ort": 1.087}}})
+    write_json(res / "metrics.json", {"max_rel_diff": 1e-7, "speedup": {"rlflow": {"ort": 1.087}},
+                                      "roofline": {"gemm_gflops": 437.0, "bandwidth_gbps": 46.0, "source": "ort"}})
     for m, folder in FOLDER.items():
         write_json(res / folder / "trace.json", trace(m))
     write_json(res / "encoder" / "metrics.json", {
@@ -240,6 +244,10 @@ def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_p
     cost = text(section(html, "cost"))
     assert "15.0%" in cost  # rlflow on ort: |11.5 - 10| / 10
     assert "24.0%" in cost and "BERT" in cost  # X-RLflow's table
+    roof = text(section(html, "roofline"))
+    assert "GEMM 437 GFLOP/s, bandwidth 46 GB/s" in roof
+    assert "20%" in roof and "13%" in roof  # the original: 1 - 10 / 12.5 on ort; RLFlow: 1 - 10 / 11.5 on ort
+    assert roof.count("10.00") == 5  # one bound per graph, the A/A control left out (it is the original)
     se = text(section(html, "sample"))
     assert "2,408" in se and "608" in se and "4,096" in se and "3.96x" in se
     assert "rollouts 600" in se

@@ -20,6 +20,10 @@ detectable_effect      the smallest relative change the comparison could detect 
 sessions, runs         independently built runners and timed calls behind the row
 too_noisy              ``True`` on every row of a backend whose A/A control's interval excludes 1.0: no verdict
                        of that backend is a finding (:func:`finding`)
+roofline_ms            the graph's roofline lower bound at the device's calibrated GEMM rate and bandwidth
+                       (:mod:`rlflow.evaluation.roofline`; the same for every backend); empty on a device without
+                       calibration (a GPU)
+headroom               1 - roofline_ms / latency_ms_median: the share of the latency any rewrite could still win
 peak_memory_mb         peak device memory during a run, as the backend reports it (CUDA: torch, tf); else empty
 activation_memory_mb   the liveness estimate of :mod:`rlflow.evaluation.memory` (every row; weights excluded)
 nodes                  operators in the graph as it ran (the ONNX file imported)
@@ -50,6 +54,9 @@ MB = 2^20 bytes. Numbers are written with 6 significant digits (integers in full
      "ratio":      {method: {backend: {"ratio", "ci_low", "ci_high", "verdict", "detectable_effect"}}},
                                                                          every graph but the original
      "improvement_vs_tf": {method: {"ratio", "ci_low", "ci_high", "verdict", "pct", "pct_low", "pct_high"}},
+     "roofline": {"gemm_gflops", "bandwidth_gbps", "source",            the device's calibrated figures (absent
+                  "bound_ms": {method: ms},                             on a device without calibration), each
+                  "headroom": {method: {backend: share}}},              graph's bound and its headroom
      "rules_applied": {method: n}, "optimisation_s": {method: s}, "real_interactions": {method: n}}
 
 ``improvement_vs_tf`` is the figure of RLFlow's Table 2 measured honestly: TensorFlow (``tf``, Grappler on)
@@ -81,8 +88,9 @@ from rlflow.evaluation.runs import Measurement
 from rlflow.evaluation.traces import TraceSummary
 
 COLUMNS = ("model", "method", "backend", "device", "latency_ms_median", "latency_ms_iqr", "ratio", "ci_low", "ci_high",
-           "verdict", "detectable_effect", "sessions", "runs", "too_noisy", "peak_memory_mb", "activation_memory_mb",
-           "nodes", "cost_ms", "flops", "bytes", "launches", "optimisation_s", "training_s", "real_interactions",
+           "verdict", "detectable_effect", "sessions", "runs", "too_noisy", "roofline_ms", "headroom", "peak_memory_mb",
+           "activation_memory_mb", "nodes", "cost_ms", "flops", "bytes", "launches", "optimisation_s", "training_s",
+           "real_interactions",
            "rules_applied", "speed_check", "max_rel_diff", "status")
 #: columns holding whole numbers (written in full)
 INT_COLUMNS = ("sessions", "runs", "nodes", "flops", "bytes", "launches", "real_interactions", "rules_applied")
@@ -100,9 +108,14 @@ def finding(verdict: str | None, too_noisy: bool) -> str:
 
 
 def make_rows(model: str, device: str, measurements: Sequence[Measurement], *, nodes: Mapping[str, int],
-              activation_bytes: Mapping[str, int], traces: Mapping[str, TraceSummary]) -> list[dict[str, Any]]:
+              activation_bytes: Mapping[str, int], traces: Mapping[str, TraceSummary],
+              bounds: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
     """One dict per measurement with every column of :data:`COLUMNS` (None = empty). ``traces`` maps each
-    optimised method to its trace; the original's cost is the ``initial`` of the first trace in method order."""
+    optimised method to its trace; the original's cost is the ``initial`` of the first trace in method order.
+    ``bounds`` maps each graph (method) to its roofline lower bound in ms (:mod:`rlflow.evaluation.roofline`)."""
+    from rlflow.evaluation.roofline import headroom
+
+    bounds = bounds or {}
     first = next((traces[m] for m in METHOD_ORDER if m in traces), None)
     rows = []
     for ms in measurements:
@@ -117,6 +130,7 @@ def make_rows(model: str, device: str, measurements: Sequence[Measurement], *, n
             "sessions": len(ms.times_ms) if ms.times_ms else None,
             "runs": sum(map(len, ms.times_ms)) if ms.times_ms else None,
             "too_noisy": ms.too_noisy,
+            "roofline_ms": bounds.get(own), "headroom": headroom(bounds.get(own), ms.median_ms),
             "peak_memory_mb": None if ms.peak_memory_bytes is None else ms.peak_memory_bytes / MB,
             "activation_memory_mb": activation_bytes[own] / MB,
             "nodes": nodes[own],
@@ -184,8 +198,9 @@ def _max_diff(rows) -> float:
                 if r["max_rel_diff"] is not None and math.isfinite(r["max_rel_diff"])), default=0.0)
 
 
-def metrics(rows: Sequence[Mapping[str, Any]]) -> dict:
-    """``metrics.json`` (see the module docstring)."""
+def metrics(rows: Sequence[Mapping[str, Any]], limits: Mapping[str, Any] | None = None) -> dict:
+    """``metrics.json`` (see the module docstring); ``limits``: the device figures the roofline bounds were
+    computed at (:meth:`rlflow.evaluation.roofline.DeviceLimits.as_dict`), None when there are none."""
     ok = _ok(rows)
     methods = [m for m in METHOD_ORDER if any(r["method"] == m for r in rows)]
     lat = ok.pivot(index="method", columns="backend", values="latency_ms_median")
@@ -201,6 +216,11 @@ def metrics(rows: Sequence[Mapping[str, Any]]) -> dict:
             doc["ratio"][m] = {r["backend"]: _interval(r) for _, r in sel.iterrows()}
         if m != AA and (tf := _vs_tf(ok, m)) is not None:
             doc["improvement_vs_tf"][m] = {k: v for k, v in tf.items() if k != "finding"}
+    if limits is not None:
+        bounded = ok[ok["headroom"].notna()] if "headroom" in ok else ok.iloc[0:0]
+        doc["roofline"] = {**limits, "bound_ms": {r["method"]: float(r["roofline_ms"]) for _, r in bounded.iterrows()},
+                           "headroom": {m: {r["backend"]: float(r["headroom"]) for _, r in g.iterrows()}
+                                        for m, g in bounded.groupby("method", sort=False)}}
     by_method = {r["method"]: r for r in rows}
     for key in ("rules_applied", "optimisation_s", "real_interactions"):
         vals = {m: by_method[m][key] for m in methods if by_method[m][key] is not None}

@@ -327,7 +327,8 @@ FILE_HELP = {
     **{f"{m}_onnx": f"{m}'s optimised model" for m in METHODS}, **{f"{m}_trace": f"{m}'s trace" for m in METHODS},
 }
 #: flags a command-line user may always leave out, and what leaving them out means
-OPTIONAL_FLAGS = {"--costs": "needed only with cost.model=measured", "--logs": "without it: no curves"}
+OPTIONAL_FLAGS = {"--costs": "without it: ops are timed, and the device calibrated, when first needed",
+                  "--logs": "without it: no curves"}
 
 
 def _check(stage: Stage) -> Stage:
@@ -616,19 +617,19 @@ STAGES: dict[str, Stage] = {
         Stage(
             name="evaluate",
             doc="Run the original and every method's graph on every backend: latency, memory, cost, output check.",
-            inputs={"onnx": "results/{model}/model.onnx",
+            inputs={"onnx": "results/{model}/model.onnx", "costs": "results/costs/{device}/{model}.json",
                     **{f"{m}_onnx": f"results/{{model}}/{d}/model.onnx" for m, d in METHODS.items()},
                     **{f"{m}_trace": f"results/{{model}}/{d}/trace.json" for m, d in METHODS.items()}},
             outputs={"table": "results/{model}/evaluation.csv", "metrics": "results/{model}/metrics.json",
                      "headline": "results/summary/{model}.json"},
             params={"seed": "seed", "device": "device", "timing": "timing", "evaluate": "evaluate"},
-            args=(("--model", "{model}"), ("--onnx", "{input.onnx}"),
+            args=(("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--costs", "{input.costs}"),
                   *((f"--{m.replace('_', '-')}", f"{{input.{m}_onnx}}") for m in METHODS),
                   *((f"--{m.replace('_', '-')}-trace", f"{{input.{m}_trace}}") for m in METHODS),
                   ("--out", "{output.table}"), ("--metrics", "{output.metrics}"), ("--headline", "{output.headline}")),
             metrics=("metrics",),
             all_cores=True,
-            cli_optional=tuple(f"--{m.replace('_', '-')}{t}" for m in METHODS for t in ("", "-trace")),
+            cli_optional=("--costs", *(f"--{m.replace('_', '-')}{t}" for m in METHODS for t in ("", "-trace"))),
             progress=True,
         ),
         Stage(

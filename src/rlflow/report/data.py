@@ -42,8 +42,8 @@ from rlflow.pipeline.registry import METHODS, REPORTED_CONFIG
 
 #: the columns of evaluation.csv, in order (stage evaluate)
 EVAL_COLUMNS = ("model", "method", "backend", "device", "latency_ms_median", "latency_ms_iqr", "ratio", "ci_low",
-                "ci_high", "verdict", "detectable_effect", "sessions", "runs", "too_noisy", "peak_memory_mb",
-                "activation_memory_mb", "nodes", "cost_ms", "flops", "bytes", "launches", "optimisation_s",
+                "ci_high", "verdict", "detectable_effect", "sessions", "runs", "too_noisy", "roofline_ms", "headroom",
+                "peak_memory_mb", "activation_memory_mb", "nodes", "cost_ms", "flops", "bytes", "launches", "optimisation_s",
                 "training_s", "real_interactions", "rules_applied", "speed_check", "max_rel_diff", "status")
 EVAL_TEXT = ("model", "method", "backend", "device", "verdict", "speed_check", "status")
 #: columns read as booleans (``True`` / ``False``)

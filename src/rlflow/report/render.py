@@ -13,6 +13,7 @@ from rlflow.report import figures, paper
 from rlflow.report import html as h
 from rlflow.report import passes as xla_passes
 from rlflow.report import tables as t
+from rlflow.report import roofline
 from rlflow.report import targets as cost_target
 from rlflow.report.data import AA, BACKEND_LABEL, METHOD_LABEL, METHOD_ORDER, ReportData, reported_config
 
@@ -486,7 +487,7 @@ def config_versions(d: ReportData) -> tuple[str, str, str]:
 
 
 SECTIONS = (how_to_read, table2, fig6, fig7, fig8, fig9, fig10, fig5, table3, cost_vs_e2e, cost_target.section,
-            sample_efficiency, encoder, rollouts, rules, evaluation, xla_passes.section, config_versions)
+            roofline.section, sample_efficiency, encoder, rollouts, rules, evaluation, xla_passes.section, config_versions)
 
 
 def render_report(d: ReportData) -> str:
@@ -494,7 +495,7 @@ def render_report(d: ReportData) -> str:
     cfg = d.config
     reward = (cfg.get("env") or {}).get("reward") or {}
     header = _kv([("model", d.model), *d.machine.items(),
-                  ("cost target", (cfg.get("cost") or {}).get("target") or (cfg.get("cost") or {}).get("model")),
+                  ("cost target", cost_target.target_label(d)[1]),
                   ("reward", reward.get("name")),
                   ("controller temperature", (cfg.get("controller") or {}).get("temperature")),
                   ("seed", cfg.get("seed")), ("results", str(d.results))])

@@ -23,6 +23,10 @@ raises while building or running a graph stops the stage with one line naming th
 status 2, nothing written (a crash is never a row). Bad input (a missing or corrupt ONNX file or trace, an optimised graph whose inputs differ
 from the original's) is one line and exit status 2, nothing written.
 
+The roofline (rlflow.evaluation.roofline): each graph's lower bound at the device's calibrated GEMM rate and
+bandwidth, from the cost cache's calibration (--costs, the measure_costs stage's output) or else the per-device
+calibration cache (measured there first, a few seconds); on a GPU none.
+
 Reads these config keys: seed (the inputs and the protocol's random orders), device, timing.*,
 evaluate.backends, evaluate.tolerance. Each method needs its optimised ONNX and its trace (rlflow.search-trace/1; the cost
 estimate, rules applied, optimisation seconds, and for the RL methods training seconds and real interactions);
@@ -63,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.atomic import write_text
     from rlflow.evaluation import (activation_memory_bytes, evaluate_graphs, headline, load_trace, make_rows,
                                    metrics, to_csv)
+    from rlflow.evaluation.roofline import bound_ms, device_limits
     from rlflow.evaluation.tables import summary_lines
     from rlflow.graph.onnx_io import load_onnx
 
@@ -111,10 +116,18 @@ def run(args: argparse.Namespace) -> int:
     measurements = evaluate_graphs(graphs, backends, device, protocol, seed=seed, tolerance=tolerance,
                                    progress=not args.no_progress,
                                    log=lambda line: print(line, flush=True))
+    limits = device_limits(device, args.costs)
+    bounds = {m: bound_ms(g, limits) for m, g in graphs} if limits else {}
+    if limits:
+        print(f"evaluate: roofline at GEMM {limits.gemm_flops_per_s / 1e9:.1f} GFLOP/s, bandwidth "
+              f"{limits.bandwidth_bytes_per_s / 1e9:.1f} GB/s ({limits.source}): the original's lower bound "
+              f"{bounds['original']:.3g} ms", flush=True)
     rows = make_rows(args.model, device, measurements, nodes={m: len(g.nodes) for m, g in graphs},
-                     activation_bytes={m: activation_memory_bytes(g) for m, g in graphs}, traces=traces)
+                     activation_bytes={m: activation_memory_bytes(g) for m, g in graphs}, traces=traces,
+                     bounds=bounds)
     table = to_csv(rows)
-    dvc_metrics = json.dumps(metrics(rows), indent=1, allow_nan=False) + "\n"
+    dvc_metrics = json.dumps(metrics(rows, limits.as_dict() if limits else None), indent=1,
+                             allow_nan=False) + "\n"
     head = json.dumps(headline(args.model, device, backends, tolerance, rows), indent=1, allow_nan=False) + "\n"
     for line in summary_lines(rows, backends):
         print("evaluate: " + line)
