@@ -55,7 +55,7 @@ def main() -> None:
             sizes = zoo.TINY_SIZES[model] if args.sizes == "tiny" else config["zoo"][model]
             zoo.export_model(model, onnx_path, sizes)
             path = Path(tmp) / f"{model}.hlo"
-            path.write_text(hlo_text(load_onnx(onnx_path)))
+            path.write_text(hlo_text(load_onnx(onnx_path), config["xla"]["weights"]))
             return path
 
         train_env = make_xla_env(config, [hlo_file(m) for m in args.train])

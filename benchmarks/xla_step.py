@@ -48,7 +48,7 @@ def main() -> None:
             sizes = zoo.TINY_SIZES[args.model] if args.sizes == "tiny" else config["zoo"][args.model]
             zoo.export_model(args.model, onnx_path, sizes)
         hlo_path = Path(tmp) / f"{args.model}.hlo"
-        hlo_path.write_text(hlo_text(load_onnx(onnx_path)))
+        hlo_path.write_text(hlo_text(load_onnx(onnx_path), config["xla"]["weights"]))
         env = make_xla_env(config, [hlo_path])
         try:
             rng = np.random.default_rng(args.seed)

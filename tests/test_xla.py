@@ -195,6 +195,69 @@ def test_hlo_of_a_graph_keeps_large_constants_through_passes():
         worker.close()
 
 
+def test_hlo_with_weights_as_parameters():
+    """xla.weights=parameters: a weight becomes an entry parameter after the inputs (not a printed constant);
+    small constants stay constants; the computation is the same."""
+    from rlflow.graph.builder import GraphBuilder
+    from rlflow.graph.exec.jax_exec import hlo_text, weight_parameters
+
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("params")
+    x = b.input("x", (2, 24))
+    h = b.op("MatMul", [x, b.const("w", rng.standard_normal((24, 24)).astype(np.float32))])
+    y = b.op("Add", [h, b.const("bias", rng.standard_normal((24,)).astype(np.float32))])  # 24 < 64: a constant
+    g = b.build([y])
+    assert weight_parameters(g) == ("w",)
+    text_p, text_c = hlo_text(g, "parameters"), hlo_text(g, "constants")
+    hp, hc = hlo.histogram(hlo.parse(text_p)), hlo.histogram(hlo.parse(text_c))
+    assert hp["parameter"] == hc["parameter"] + 1 and hp.get("constant", 0) == hc["constant"] - 1
+    assert {k: v for k, v in hp.items() if k not in ("parameter", "constant")} == \
+        {k: v for k, v in hc.items() if k not in ("parameter", "constant")}
+    assert "f32[24,24]{1,0} constant" not in text_p and "f32[24,24]{1,0} constant" in text_c
+    assert "f32[24,24]{1,0} parameter(1)" in text_p and "f32[1,24]{1,0} constant" in text_p  # the bias
+    with pytest.raises(RLFlowError, match="weights must be"):
+        hlo_text(g, "inline")
+
+
+def test_a_compile_stopped_after_the_hlo_passes_dumps_what_a_full_compile_does(tmp_path):
+    """The worker kills its compiling fork once XLA has dumped the module after the passes: that dump is the one
+    a compile left to finish writes (code generation changes no HLO). In a fresh process: the worker's own."""
+    import subprocess
+    import sys
+
+    script = """
+import sys, tempfile
+from pathlib import Path
+import jax, jax.numpy as jnp
+from rlflow.xla import hlo
+from rlflow.xla.passes import disabled_for
+from rlflow.xla.pjrt import CpuCompiler
+from rlflow.xla.worker import _after_optimizations, _compile, _compile_options, discover_pipeline
+
+def f(x, w):
+    for _ in range(6):
+        x = jnp.tanh(x @ w) + jnp.tanh(x @ w) + jax.nn.relu(x)  # cse merges the repeated dot and tanh
+    return x.sum()
+
+text = jax.jit(f).lower(jnp.ones((8, 8)), jnp.ones((8, 8))).compiler_ir("hlo").as_hlo_text()
+proto = hlo.parse(text).as_serialized_hlo_module_proto()
+compiler, outs = CpuCompiler(client=False), []
+for stop in (True, False):
+    folder = Path(tempfile.mkdtemp(dir=sys.argv[1]))
+    options = _compile_options({"xla_disable_hlo_passes": ",".join(disabled_for(discover_pipeline(), "cse")),
+                                "xla_dump_to": str(folder), "xla_dump_hlo_as_text": True,
+                                "xla_cpu_parallel_codegen_split_count": 0})
+    message, cpu_s = _compile(compiler, proto, options, folder if stop else None)
+    assert cpu_s > 0
+    outs.append(_after_optimizations(folder))
+assert outs[0] is not None and outs[0] == outs[1]
+print("SAME", hlo.stats(outs[0]).histogram != hlo.stats(text).histogram)
+"""
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["SAME", "True"]  # and cse did change the module
+
+
 def _full_print_options():
     from jax._src.lib import hlo as xla_hlo
 

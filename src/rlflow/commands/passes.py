@@ -1,7 +1,8 @@
 """``rlflow passes MODEL.onnx --agent CKPT --out optimised.hlo``: order XLA's HLO passes for a model with a
 trained pass agent (a checkpoint of stage train_pass_agent, e.g. results/xla/agent-shaped.pt).
 
-The ONNX graph is lowered to HLO (the JAX lowering of the IR, weights in full); the agent picks XLA's
+The ONNX graph is lowered to HLO (the JAX lowering of the IR; ``--weights``: the weights as module parameters,
+the default, or as constants printed in full, as the config key xla.weights of stage export_hlo); the agent picks XLA's
 target-independent passes one at a time (real XLA passes in the crash-isolated worker) until it stops or
 ``--max-steps``; the module with the fewest ops on the way is written. Prints the op counts before, after and
 with XLA's own default pipeline. Bad input (no such file, not ONNX, an op without a JAX lowering, not a pass
@@ -23,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pass agent checkpoint (stage train_pass_agent: results/xla/agent-<variant>.pt)")
     parser.add_argument("--out", type=Path, required=True, metavar="HLO", help="the optimised HLO module (text)")
     parser.add_argument("--max-steps", type=int, default=30, metavar="N", help="most passes the agent runs (30)")
+    parser.add_argument("--weights", choices=("parameters", "constants"), default="parameters",
+                        help="the weights as module parameters (default: the module stays small) or as constants "
+                             "printed in full (the module is the model)")
 
 
 def _agent(path: Path):
@@ -55,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.graph.exec.jax_exec import hlo_text
     from rlflow.graph.onnx_io import load_onnx
 
-    text = hlo_text(load_onnx(args.model))
+    text = hlo_text(load_onnx(args.model), args.weights)
     env = XlaPassOrderEnv([text], max_steps=args.max_steps)
     try:
         ops0 = env.reset(options={"module": 0})[1]["op_count"]

@@ -654,9 +654,10 @@ STAGES: dict[str, Stage] = {
         Stage(
             name="export_hlo",
             pipeline="xla",
-            doc="Lower the model's ONNX graph to its unoptimised XLA HLO module (the JAX lowering; weights in full).",
+            doc="Lower the model's ONNX graph to its unoptimised XLA HLO module (the JAX lowering).",
             inputs={"onnx": "results/{model}/model.onnx"},
             outputs={"hlo": "results/{model}/xla/module.hlo"},
+            params={"weights": "xla.weights"},
             args=(("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--out", "{output.hlo}")),
         ),
         Stage(

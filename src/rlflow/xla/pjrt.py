@@ -65,7 +65,9 @@ def plugin_path() -> Path:
 class CpuCompiler:
     """One PJRT CPU client of the plugin. :meth:`compile` returns XLA's error message, or None on success."""
 
-    def __init__(self) -> None:
+    def __init__(self, client: bool = True) -> None:
+        """``client=False``: load and initialise the plugin only (no threads start); :meth:`create_client`
+        before compiling (the pass worker forks a child per compile from a process that holds no client)."""
         self._lib = C.CDLL(str(plugin_path()))
         self._lib.GetPjrtApi.restype = C.c_void_p
         self._api = self._lib.GetPjrtApi()
@@ -75,6 +77,11 @@ class CpuCompiler:
             raise RLFlowError(f"xla-cpu-pjrt: PJRT C API {major}.{minor}, this binding needs "
                               f"{_ABI_MAJOR}.{_ABI_MINOR}+")
         self._check(self._fn(_PLUGIN_INITIALIZE)(C.byref(_PluginInit())), "initialise the plugin")
+        self._client = None
+        if client:
+            self.create_client()
+
+    def create_client(self) -> None:
         create = _ClientCreate()
         self._check(self._fn(_CLIENT_CREATE)(C.byref(create)), "create a CPU client")
         self._client = create.client

@@ -7,9 +7,15 @@ starts it, restarts it after it dies, and turns a death or a timeout into a ``cr
 One pass step (:meth:`_Worker.run_pass`, in the child): the module (``is_scheduled=true`` stripped) goes to XLA's CPU
 compiler through the PJRT plugin with ``xla_disable_hlo_passes`` = every pass XLA knows except the chosen one
 and the nested pipelines it runs in (:func:`rlflow.xla.passes.disabled_for`), ``xla_dump_to`` a fresh folder
-and ``xla_cpu_parallel_codegen_split_count=0``, which makes code generation fail at once after the HLO passes.
-XLA has by then dumped the module after the passes (``*cpu_after_optimizations.txt``): the step's result. A
-result with the input's fingerprint is reported ``unchanged``.
+and ``xla_cpu_parallel_codegen_split_count=0``, which makes code generation fail after the HLO passes. XLA has
+by then dumped the module after the passes (``*cpu_after_optimizations.txt``): the step's result. A result with
+the input's fingerprint is reported ``unchanged``.
+
+Code generation can still take most of a step (on BERT, kernel emission runs ~150 ms after the dump, once the
+call graph is flat), so each compile runs in a process forked from the worker (:func:`_compile`), which is
+killed as soon as XLA has written the module after the passes. The worker itself never creates a PJRT client
+(whose threads would make forking unsafe); each fork creates its own. An XLA abort inside a fork is a ``crash``
+reply; the worker lives on.
 """
 
 from __future__ import annotations
@@ -70,6 +76,57 @@ def _after_optimizations(folder: Path) -> str | None:
     return found[-1].read_text() if found else None
 
 
+#: XLA writes this dump right after the module after its passes: once it exists, that module is complete
+_DUMPED_AFTER = "cpu_after_optimizations-buffer-assignment.txt"
+
+
+class CompileCrash(Exception):
+    """The compiling fork died (an XLA CHECK failure aborts it)."""
+
+
+def _dumped(folder: Path) -> bool:
+    return any(e.name.endswith(_DUMPED_AFTER) for e in os.scandir(folder))
+
+
+def _compile(compiler, proto: bytes, options: bytes, folder: Path | None = None) -> tuple[str | None, float]:
+    """Compile in a forked process (its own PJRT client): (XLA's error message or None, the fork's CPU seconds).
+    With ``folder`` (the compile's ``xla_dump_to``), the fork is killed as soon as XLA has dumped the module
+    after its passes, and the message is None; without it, the compile runs to its end. Raises
+    :class:`CompileCrash` when the fork dies first."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the fork: compile, send the error message, leave without running the worker's cleanup
+        code = 0
+        try:
+            os.close(read)
+            compiler.create_client()
+            os.write(write, (compiler.compile(proto, options) or "").encode())
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write)
+    try:
+        delay = 2e-4
+        while True:
+            done, status, usage = os.wait4(pid, os.WNOHANG)
+            if done:
+                break
+            if folder is not None and _dumped(folder):
+                os.kill(pid, 9)
+                usage = os.wait4(pid, 0)[2]
+                return None, usage.ru_utime + usage.ru_stime
+            time.sleep(delay)
+            delay = min(2 * delay, 2e-3)
+        message = os.read(read, 1 << 20).decode(errors="replace")
+    finally:
+        os.close(read)
+    if os.WIFSIGNALED(status) or os.WEXITSTATUS(status) != 0:
+        how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"status {os.WEXITSTATUS(status)}"
+        raise CompileCrash(f"XLA's compile died ({how})")
+    return message or None, usage.ru_utime + usage.ru_stime
+
+
 def _scratch_root() -> str | None:
     """Where dump folders go: memory-backed /dev/shm when there is one (XLA writes 4-5 files a step)."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -127,7 +184,7 @@ class _Worker:
                 "xla_cpu_parallel_codegen_split_count": 0})
         t1 = time.process_time()
         try:
-            error = self.compiler.compile(before.proto, self._options[key])
+            error, compile_s = _compile(self.compiler, before.proto, self._options[key], self.folder)
             t2 = time.process_time()
             out = _after_optimizations(self.folder)
         finally:
@@ -136,7 +193,7 @@ class _Worker:
             return {"status": "error", "message": (error or "XLA dumped no module").splitlines()[0]}
         out = hlo.strip_schedule(out)
         after = self.module(out)
-        cpu = {"compile_ms": (t2 - t1) * 1e3, "other_ms": (t1 - t0 + time.process_time() - t2) * 1e3}
+        cpu = {"compile_ms": compile_s * 1e3, "other_ms": (t1 - t0 + time.process_time() - t2) * 1e3}
         return {"status": "unchanged" if after.stats.fingerprint == before.stats.fingerprint else "ok",
                 "text": out, "stats": after.stats.to_dict(), "cpu": cpu}
 
@@ -149,9 +206,9 @@ def _reference(compiler, text: str) -> dict:
     module = hlo.parse(text)
     folder = Path(tempfile.mkdtemp(prefix="rlflow-xla-"))
     try:
-        compiler.compile(module.as_serialized_hlo_module_proto(), _compile_options({
+        _compile(compiler, module.as_serialized_hlo_module_proto(), _compile_options({
             "xla_dump_to": str(folder), "xla_dump_hlo_as_text": True, "xla_dump_large_constants": True,
-            "xla_dump_hlo_pass_re": ".*"}))
+            "xla_dump_hlo_pass_re": ".*"}), folder)  # stopped after the HLO passes: no code generation
         dumps = sorted(p for p in folder.glob("module_*.txt") if p.name.count(".") >= 4 and ".after_" in p.name)
         dumps.sort(key=lambda p: int(p.name.split(".")[2]))
         before = None
@@ -174,7 +231,7 @@ def _serve(folder: Path) -> None:
 
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write to the channel
-    worker = _Worker(CpuCompiler(), folder)
+    worker = _Worker(CpuCompiler(client=False), folder)
     _send(stdout, {"status": "ready", "pid": os.getpid()})
     while True:
         try:
@@ -195,6 +252,8 @@ def _serve(folder: Path) -> None:
                 reply = {"status": "error", "message": f"unknown request {kind!r}"}
         except RLFlowError as exc:
             reply = {"status": "error", "message": str(exc)}
+        except CompileCrash as exc:
+            reply = {"status": "crash", "message": str(exc)}
         _send(stdout, reply)
 
 
@@ -234,7 +293,7 @@ class StepResult:
     message: str = ""
     seconds: float = 0.0
     cpu: dict = field(default_factory=dict)
-    """the worker's CPU time (all its threads): ``compile_ms`` in XLA's compile, ``other_ms`` in the rest"""
+    """CPU time (all threads): ``compile_ms`` of the compiling fork, ``other_ms`` of the worker (the rest)"""
 
     @property
     def valid(self) -> bool:
@@ -300,7 +359,10 @@ class PassWorker:
         try:
             assert self._proc is not None and self._proc.stdin is not None
             _send(self._proc.stdin, {"kind": kind, **payload})
-            return self._receive(self.timeout_s)
+            reply = self._receive(self.timeout_s)
+            if reply.get("status") == "crash":  # XLA died in the worker's compiling fork; the worker lives on
+                self.crashes += 1
+            return reply
         except (WorkerCrash, BrokenPipeError, OSError) as exc:
             self.crashes += 1
             self.close()

@@ -6,7 +6,8 @@ constants of the traced function (so XLA sees them, as TF-XLA does). Opaque node
 have no lowering: such graphs are refused with a one-line error naming the node.
 
 :func:`hlo_text` gives the unoptimised HLO module of a graph (``jit(f).lower(...).compiler_ir('hlo')``), the
-input of the XLA pass-ordering env, with every constant (the weights) printed in full.
+input of the XLA pass-ordering env: the weights either embedded as constants printed in full, or passed as
+parameters (the module then holds the computation only).
 """
 
 from __future__ import annotations
@@ -45,10 +46,11 @@ def unsupported_reason(graph: Graph) -> str | None:
     return None
 
 
-def graph_function(graph: Graph, J):
-    """The graph as a function of its inputs (in ``graph.inputs`` order) returning its outputs."""
+def graph_function(graph: Graph, J, params: tuple[str, ...] = ()):
+    """The graph as a function of its inputs (in ``graph.inputs`` order), then of the constants named in
+    ``params`` (weights passed as arguments), returning its outputs."""
     def run(*args):
-        vals = dict(zip(graph.inputs, args))
+        vals = dict(zip((*graph.inputs, *params), args))
 
         def get(v):
             if v not in vals:
@@ -67,21 +69,40 @@ def graph_function(graph: Graph, J):
     return run
 
 
-def _specs(jax, graph: Graph):
-    return [jax.ShapeDtypeStruct(graph.types[v].shape, np.dtype(graph.types[v].dtype)) for v in graph.inputs]
+def _specs(jax, graph: Graph, values=None):
+    return [jax.ShapeDtypeStruct(graph.types[v].shape, np.dtype(graph.types[v].dtype))
+            for v in (graph.inputs if values is None else values)]
 
 
-def hlo_text(graph: Graph) -> str:
-    """The graph's unoptimised HLO module (text), as JAX lowers it for XLA."""
+#: ``hlo_text(weights="parameters")`` passes float constants of at least this many elements as parameters
+PARAMETER_MIN_ELEMENTS = 64
+
+
+def weight_parameters(graph: Graph) -> tuple[str, ...]:
+    """The constants :func:`hlo_text` passes as parameters: float tensors of at least
+    :data:`PARAMETER_MIN_ELEMENTS` elements (the weights; shape and index constants stay constants)."""
+    return tuple(v for v, c in graph.constants.items()
+                 if np.issubdtype(c.array.dtype, np.floating) and c.array.size >= PARAMETER_MIN_ELEMENTS)
+
+
+def hlo_text(graph: Graph, weights: str = "constants") -> str:
+    """The graph's unoptimised HLO module (text), as JAX lowers it for XLA. ``weights``: ``constants`` embeds
+    every weight in the module (printed in full: the module is the model); ``parameters`` makes each weight
+    (:func:`weight_parameters`) a parameter after the graph's inputs, as a ``jax.jit`` of a model taking its
+    parameters as arguments does: the module holds the computation only, and stays small."""
+    if weights not in ("constants", "parameters"):
+        raise RLFlowError(f"hlo_text: weights must be 'constants' or 'parameters', not {weights!r}")
     reason = unsupported_reason(graph)
     if reason:
         raise RLFlowError(reason)
     jax, J = _jax()
-    fn = graph_function(graph, J)
+    params = weight_parameters(graph) if weights == "parameters" else ()
+    fn = graph_function(graph, J, params)
     fn.__name__ = "".join(c if c.isalnum() else "_" for c in graph.name or "graph")
     # every constant printed in full: by default XLA elides large ones as ``{...}``, and the text would lose the
     # weights (the parser reads ``{...}`` back as arbitrary values)
-    return jax.jit(fn).lower(*_specs(jax, graph)).compiler_ir("hlo").as_hlo_text(print_large_constants=True)
+    specs = _specs(jax, graph, (*graph.inputs, *params))
+    return jax.jit(fn).lower(*specs).compiler_ir("hlo").as_hlo_text(print_large_constants=True)
 
 
 class JaxRunner:
