@@ -116,3 +116,21 @@ def test_ppo_in_the_dream_never_touches_the_real_env(monkeypatch):
     pol = HierarchicalPolicy(Z + 16, N, L, hidden=16)
     train(env, pol, PPOConfig(steps_per_update=6, minibatch=8), updates=2, generator=torch.Generator().manual_seed(0))
     assert env.steps_taken == 2 * 6 * 4
+
+
+def test_a_step_predicted_to_change_nothing_keeps_the_metrics_and_earns_nothing():
+    """Zero-inflated deltas in the dream: where the world model says a move changes no metric (a cost-neutral
+    rewrite), the metrics stay exactly as they were and the reward is 0, whatever the delta head says."""
+    env = make_dream(num_envs=16, max_steps=5)
+    with torch.no_grad():
+        env.wm.delta_head.bias.fill_(-3.0)  # the delta head alone would predict a large saving
+        env.wm.change_head.weight.zero_()
+        env.wm.change_head.bias.fill_(-50.0)
+    obs0 = env.reset()
+    obs, reward, _ = env.step_batch(torch.full((16,), 2), torch.zeros(16, dtype=torch.long))  # a valid rule
+    assert torch.equal(obs["metrics"], obs0["metrics"]) and (reward == 0).all()
+    with torch.no_grad():
+        env.wm.change_head.bias.fill_(50.0)  # now every move changes the metrics
+    env.reset()
+    obs, reward, _ = env.step_batch(torch.full((16,), 2), torch.zeros(16, dtype=torch.long))
+    assert (obs["metrics"][:, 0] < obs0["metrics"][:, 0]).all() and (reward > 0).all()

@@ -23,11 +23,13 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def synthetic_latents(path, episodes=40, steps=8, n_xfers=4, max_locations=3, z_dim=6, seed=0, holdout=0.25):
+def synthetic_latents(path, episodes=40, steps=8, n_xfers=4, max_locations=3, z_dim=6, seed=0, holdout=0.25,
+                      neutral=()):
     """A latents file with deterministic dynamics: z' = 0.7 z + 0.6 B[xfer] + 0.1 loc; rule k matches the graph
     iff z_(k mod Z) > 0 (< 0 for odd k div Z), count 1 or 2; applying a matching rule scales the runtime by
-    0.9 + 0.02 (k mod 5) and the bytes by 0.95; a rule that does not match is invalid (graph unchanged);
-    xfer == n_xfers is the NO-OP (done)."""
+    0.9 + 0.02 (k mod 5) and the bytes by 0.95, except the rules in ``neutral``, which change the graph but no
+    metric (a commutativity swap); a rule that does not match is invalid (graph unchanged); xfer == n_xfers is
+    the NO-OP (done)."""
     rng = np.random.default_rng(seed)
     B = rng.normal(0, 0.8, (n_xfers + 1, z_dim))
     T, N = steps, n_xfers
@@ -58,7 +60,8 @@ def synthetic_latents(path, episodes=40, steps=8, n_xfers=4, max_locations=3, z_
             valid[e, t] = ok
             if xfer < N and ok:
                 zt = 0.7 * zt + 0.6 * B[xfer] + 0.1 * loc
-                m = m * np.array([0.9 + 0.02 * (xfer % 5), 1.0, 0.95, 1.0])
+                if xfer not in neutral:
+                    m = m * np.array([0.9 + 0.02 * (xfer % 5), 1.0, 0.95, 1.0])
             t += 1
             z[e, t], metrics[e, t], counts[e, t] = zt, m, count(zt)
             if xfer == N or t == T:
@@ -181,6 +184,50 @@ def test_training_lowers_heldout_nll(tmp_path):
     q = evaluate(res["model"], data, res["heldout_episodes"], "cpu")
     assert q["steps"] > 0 and q["mask_accuracy"] > 0.7 and q["done_accuracy"] > 0.7
     assert q["reward_corr"]["delta"] is not None
+
+
+def test_a_step_that_changes_nothing_is_its_own_output(tmp_path):
+    """Zero-inflated deltas: the model learns which steps change no metric (here rule 1, a cost-neutral swap,
+    besides invalid steps and the NO-OP), predicts exactly no change for them -- so no reward in the dream --
+    and its delta head is trained on the steps that change the metrics only."""
+    from rlflow.agents.world_model import CHANGE_EPS, evaluate, load_latents, log_deltas, make_tensors, train
+
+    data = load_latents(synthetic_latents(tmp_path / "l.npz", episodes=96, neutral=(1,)))
+    raw = log_deltas(data["metrics"])
+    neutral = (data["actions"][..., 0] == 1) & data["valid"]
+    assert neutral.any() and (np.abs(raw[neutral]).max(-1) <= CHANGE_EPS).all()
+    res = train(data, {"hidden": 24, "gaussians": 2, "epochs": 25, "lr": 1e-2, "batch_size": 8}, seed=0,
+                device="cpu", progress=False)
+    q = evaluate(res["model"], data, res["heldout_episodes"], "cpu")
+    assert 0.2 < q["unchanged_share"] < 0.8
+    # better than calling every step a change (accuracy 1 - unchanged_share); few unchanged steps called changed
+    assert q["change_accuracy"] > 1 - q["unchanged_share"] + 0.05 and q["false_change_rate"] < 0.2
+    # the held-out neutral steps: predicted unchanged, so the predicted metrics are the current ones exactly
+    model = res["model"]
+    t = make_tensors(data, res["heldout_episodes"], model.delta_mean.numpy(), model.delta_std.numpy(), "cpu")
+    with torch.no_grad():
+        out = model(t.z_in, t.actions)
+    sel = t.mask & (t.actions[..., 0] == 1) & torch.as_tensor(data["valid"][res["heldout_episodes"]])
+    assert int(sel.sum()) > 0
+    assert (out.changed[sel] < 0).float().mean() > 0.85
+    cur = torch.as_tensor(data["metrics"][res["heldout_episodes"]][:, :-1], dtype=torch.float32)
+    after = model.metrics_after(cur, out.deltas, out.changed > 0)
+    kept = sel & (out.changed < 0)
+    assert torch.equal(after[kept], cur[kept])
+
+
+def test_delta_loss_ignores_steps_that_change_nothing(tmp_path):
+    from rlflow.agents.world_model import load_latents, losses, make_tensors
+
+    data = load_latents(synthetic_latents(tmp_path / "l.npz", episodes=8))
+    model = MDNRNN(6, 4, 3, hidden=8, gaussians=2)
+    t = make_tensors(data, np.arange(8), np.zeros(4), np.ones(4), "cpu")
+    base = losses(model, t)
+    t.deltas[~t.changed.bool()] = 1e6  # garbage where nothing changed: must not matter
+    assert torch.isclose(losses(model, t)["delta_mse"], base["delta_mse"])
+    assert base["change_bce"] > 0 and torch.isclose(base["loss"], sum(base[k] for k in
+                                                                      ("nll", "change_bce", "delta_mse", "done_bce",
+                                                                       "count_mse")))
 
 
 def _stage_args(tmp_path, latents, extra=()):

@@ -5,11 +5,16 @@ Input: ``latents.npz`` (stage ``train_encoder``; arrays for E episodes of at mos
 ``counts`` [E, T+1, N], ``done`` [E, T], ``valid`` [E, T], ``holdout`` [E], scalars ``n_xfers``,
 ``max_locations``, ``z_dim``.
 
-Training pairs of episode e at step t < lengths[e]: input (z_t, a_t); targets z_{t+1}, the normalised
-log1p-metric delta (see :mod:`rlflow.nn.mdnrnn`; mean/std over the training steps), done_t and
-log1p(counts_{t+1}). Steps t >= lengths[e] are padding: a mask removes them from every loss term.
+Training pairs of episode e at step t < lengths[e]: input (z_t, a_t); targets z_{t+1}, whether the step changed
+any cost metric (changed_t), the normalised log1p-metric delta (see :mod:`rlflow.nn.mdnrnn`; mean/std over the
+training steps that changed them), done_t and log1p(counts_{t+1}). Steps t >= lengths[e] are padding: a mask
+removes them from every loss term.
 
-    loss = gmm NLL per dimension + MSE(deltas) + BCE(done) + MSE(log1p counts)
+    loss = gmm NLL per dimension + BCE(changed) + MSE(deltas, over the steps that changed the metrics)
+           + BCE(done) + MSE(log1p counts)
+
+The deltas are a zero-inflated mixture: a step that changes nothing (a cost-neutral rewrite) is the ``changed``
+head's business, so the delta head is never pulled towards 0 by them and never predicts a saving for them.
 
 Adam, learning rate decayed as lr * (1 - step / total_steps)^2 (RLFlow's 2nd-degree polynomial to 0), batches of
 whole episodes shuffled per epoch with a generator seeded by (seed, epoch) so that a resumed run repeats the
@@ -36,10 +41,10 @@ from rlflow.nn.mdnrnn import MDNRNN
 METRIC_NAMES = ("runtime_ms", "flops", "bytes", "launches")
 ARRAYS = ("z", "lengths", "actions", "metrics", "counts", "done", "valid", "holdout")
 SCALARS = ("n_xfers", "max_locations", "z_dim")
-LOSS_TERMS = ("loss", "nll", "delta_mse", "done_bce", "count_mse")
-CURVE_COLUMNS = ("epoch", "lr", "train_loss", "train_nll", "train_delta_mse", "train_done_bce", "train_count_mse",
-                 "heldout_loss", "heldout_nll", "heldout_delta_mse", "heldout_done_bce", "heldout_count_mse",
-                 "seconds")
+LOSS_TERMS = ("loss", "nll", "change_bce", "delta_mse", "done_bce", "count_mse")
+CURVE_COLUMNS = ("epoch", "lr", *(f"{part}_{t}" for part in ("train", "heldout") for t in LOSS_TERMS), "seconds")
+#: a step whose log1p-metric deltas are all below this in magnitude changed nothing
+CHANGE_EPS = 1e-9
 
 
 # -- data ---------------------------------------------------------------------------------------------------
@@ -96,6 +101,7 @@ class Tensors:
     actions: torch.Tensor    # [E, T, 2] long
     z_next: torch.Tensor     # [E, T, Z]
     deltas: torch.Tensor     # [E, T, 4]  normalised
+    changed: torch.Tensor    # [E, T]     float 0/1: the step changed a metric
     done: torch.Tensor       # [E, T]     float 0/1
     log_counts: torch.Tensor  # [E, T, N] log1p(counts_{t+1})
     mask: torch.Tensor       # [E, T] bool
@@ -105,8 +111,10 @@ class Tensors:
         return len(self.index)
 
     def batch(self, idx) -> "Tensors":
-        return Tensors(*(getattr(self, f)[idx] for f in ("z_in", "actions", "z_next", "deltas", "done",
-                                                         "log_counts", "mask")), self.index[idx.cpu().numpy()])
+        return Tensors(*(getattr(self, f)[idx] for f in TENSOR_FIELDS), self.index[idx.cpu().numpy()])
+
+
+TENSOR_FIELDS = ("z_in", "actions", "z_next", "deltas", "changed", "done", "log_counts", "mask")
 
 
 def log_deltas(metrics: np.ndarray) -> np.ndarray:
@@ -116,11 +124,13 @@ def log_deltas(metrics: np.ndarray) -> np.ndarray:
 
 
 def delta_stats(data: dict, episodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and std (floored at 1e-6; 1 where there are no steps) of the log-deltas of these episodes' steps."""
+    """Mean and std (floored at 1e-6; 1 where there are none) of the log-deltas of these episodes' steps that
+    changed a metric."""
     T = data["z"].shape[1] - 1
     d = log_deltas(data["metrics"])[episodes]
     m = np.arange(T)[None, :] < data["lengths"][episodes][:, None]
     rows = d[m]
+    rows = rows[np.abs(rows).max(-1) > CHANGE_EPS]
     if len(rows) == 0:
         return np.zeros(4), np.ones(4)
     return rows.mean(0), np.maximum(rows.std(0), 1e-6)
@@ -131,25 +141,27 @@ def make_tensors(data: dict, episodes: np.ndarray, mean: np.ndarray, std: np.nda
     z = torch.as_tensor(data["z"][episodes], dtype=torch.float32)
     lengths = data["lengths"][episodes]
     mask = torch.as_tensor(np.arange(T)[None, :] < lengths[:, None])
-    deltas = (log_deltas(data["metrics"])[episodes] - mean) / std
+    raw = log_deltas(data["metrics"])[episodes]
+    deltas = (raw - mean) / std
     counts = data["counts"][episodes][:, 1:].astype(np.float64)
     t = Tensors(z_in=z[:, :-1], actions=torch.as_tensor(data["actions"][episodes].astype(np.int64)),
                 z_next=z[:, 1:], deltas=torch.as_tensor(deltas, dtype=torch.float32),
+                changed=torch.as_tensor((np.abs(raw).max(-1) > CHANGE_EPS).astype(np.float32)),
                 done=torch.as_tensor(data["done"][episodes].astype(np.float32)),
                 log_counts=torch.as_tensor(np.log1p(np.maximum(counts, 0)), dtype=torch.float32),
                 mask=mask, index=np.asarray(episodes))
-    return Tensors(*(getattr(t, f).to(device) for f in ("z_in", "actions", "z_next", "deltas", "done",
-                                                        "log_counts", "mask")), t.index)
+    return Tensors(*(getattr(t, f).to(device) for f in TENSOR_FIELDS), t.index)
 
 
 def losses(model: MDNRNN, b: Tensors) -> dict[str, torch.Tensor]:
     """The loss terms of one batch (each masked to the real steps) and their sum under ``loss``."""
     out = model(b.z_in, b.actions)
     terms = {"nll": gmm_loss(b.z_next, out.mus, out.sigmas, out.logpi, b.mask),
-             "delta_mse": masked_mse(out.deltas, b.deltas, b.mask),
+             "change_bce": masked_bce_with_logits(out.changed, b.changed, b.mask),
+             "delta_mse": masked_mse(out.deltas, b.deltas, b.mask & b.changed.bool()),
              "done_bce": masked_bce_with_logits(out.done, b.done, b.mask),
              "count_mse": masked_mse(out.log_counts, b.log_counts, b.mask)}
-    terms["loss"] = terms["nll"] + terms["delta_mse"] + terms["done_bce"] + terms["count_mse"]
+    terms["loss"] = sum(terms[k] for k in LOSS_TERMS[1:])
     return terms
 
 
@@ -184,7 +196,10 @@ def evaluate(model: MDNRNN, data: dict, episodes: np.ndarray, device, batch_size
     nll_per_dim / loglik_per_dim: the next-z mixture's log-likelihood per latent dimension (nats).
     reward_corr: Pearson correlation, over the real steps with a valid action, between the reward of the true
     transition (prev = metrics[t], cur = metrics[t+1]) and of the predicted one (prev = metrics[t], cur =
-    prev + predicted delta), for the rewards ``weighted`` and ``delta`` (:mod:`rlflow.env.rewards`).
+    prev + predicted delta, or prev itself where the model predicts no change), for the rewards ``weighted`` and
+    ``delta`` (:mod:`rlflow.env.rewards`); reward_rmse: the root mean squared difference of the same rewards.
+    unchanged_share: the share of those steps that changed no metric; change_accuracy: (changed logit > 0) ==
+    the step changed a metric; false_change_rate: the share of the unchanged steps predicted to change.
     mask_accuracy: fraction of (step, rule) where (predicted count > 0.5) == (true count > 0);
     mask_recall: the same over the (step, rule) pairs with a true match; done_accuracy: (logit > 0) == done.
     """
@@ -194,7 +209,7 @@ def evaluate(model: MDNRNN, data: dict, episodes: np.ndarray, device, batch_size
     t = make_tensors(data, episodes, model.delta_mean.cpu().numpy(), model.delta_std.cpu().numpy(), device)
     model.eval()
     nll_sum, steps = 0.0, 0
-    pred_metrics, pred_counts, done_logits = [], [], []
+    pred_metrics, pred_counts, done_logits, changed_logits = [], [], [], []
     for i in range(0, len(t), batch_size):
         b = t.batch(torch.arange(i, min(i + batch_size, len(t)), device=t.mask.device))
         out = model(b.z_in, b.actions)
@@ -203,7 +218,8 @@ def evaluate(model: MDNRNN, data: dict, episodes: np.ndarray, device, batch_size
             nll_sum += float(gmm_loss(b.z_next, out.mus, out.sigmas, out.logpi, b.mask)) * n
             steps += n
         cur = torch.as_tensor(data["metrics"][b.index][:, :T], dtype=torch.float32, device=out.deltas.device)
-        pred_metrics.append(model.metrics_after(cur, out.deltas).double().cpu().numpy())
+        pred_metrics.append(model.metrics_after(cur, out.deltas, out.changed > 0).double().cpu().numpy())
+        changed_logits.append(out.changed.cpu().numpy())
         pred_counts.append(MDNRNN.counts(out.log_counts).cpu().numpy())
         done_logits.append(out.done.cpu().numpy())
     result: dict[str, Any] = {"episodes": int(len(episodes)), "steps": int(steps)}
@@ -215,13 +231,16 @@ def evaluate(model: MDNRNN, data: dict, episodes: np.ndarray, device, batch_size
     prev, true_cur = metrics[:, :T][mask], metrics[:, 1:][mask]
     first = np.repeat(metrics[:, :1], T, axis=1)[mask]
     valid = data["valid"][episodes][mask].astype(bool)
-    corr = {}
+    corr, rmse = {}, {}
     for name in ("weighted", "delta"):
         reward = make_reward({"name": name})
         d = lambda row: dict(zip(METRIC_NAMES, row))  # noqa: E731
         r_true = np.array([reward(d(p), d(c), d(f)) for p, c, f, v in zip(prev, true_cur, first, valid) if v])
         r_pred = np.array([reward(d(p), d(c), d(f)) for p, c, f, v in zip(prev, pm, first, valid) if v])
         corr[name] = _pearson(r_true, r_pred)
+        rmse[name] = float(np.sqrt(np.mean((r_true - r_pred) ** 2))) if len(r_true) else None
+    changed_true = t.changed.cpu().numpy()[mask].astype(bool)
+    changed_pred = np.concatenate(changed_logits)[mask] > 0
     pc = np.concatenate(pred_counts)[mask]
     tc = data["counts"][episodes][:, 1:][mask]
     hit = (pc > 0.5) == (tc > 0)
@@ -229,7 +248,10 @@ def evaluate(model: MDNRNN, data: dict, episodes: np.ndarray, device, batch_size
     done_true = data["done"][episodes][mask].astype(bool)
     result.update(
         nll_per_dim=nll_sum / steps, loglik_per_dim=-nll_sum / steps,
-        reward_corr=corr, reward_steps=int(valid.sum()),
+        reward_corr=corr, reward_rmse=rmse, reward_steps=int(valid.sum()),
+        unchanged_share=float((~changed_true[valid]).mean()) if valid.any() else None,
+        change_accuracy=float((changed_pred == changed_true).mean()),
+        false_change_rate=float(changed_pred[~changed_true].mean()) if (~changed_true).any() else None,
         delta_rmse_ms=float(np.sqrt(np.mean((pm[valid, 0] - true_cur[valid, 0]) ** 2))) if valid.any() else None,
         mask_accuracy=float(hit.mean()),
         mask_recall=float(hit[tc > 0].mean()) if (tc > 0).any() else None,

@@ -3,7 +3,8 @@
 State per copy: the latent z of the current (imagined) graph, the world model's LSTM state h, the graph's
 predicted metrics and per-rule match counts, and the step. An action (rule, location) is fed with z to the
 world model, which predicts the next z (a Gaussian mixture, sampled with temperature tau: mixture logits divided
-by tau before the softmax, the spread scaled by sqrt(tau), as in World Models), the metric deltas, done, and the
+by tau before the softmax, the spread scaled by sqrt(tau), as in World Models), whether the metrics change at all
+(sampled: a step that changes nothing keeps the metrics exactly), the metric deltas, done, and the
 next graph's match counts, from which the next masks follow. The reward is the configured reward class applied
 to the metrics before and after (predicted), so a reward change needs no new world model. The NO-OP (rule N)
 ends the episode; so do a predicted done and the hard horizon ``max_steps``. Ended copies restart from the
@@ -100,7 +101,8 @@ class DreamEnv:
         move = valid & ~noop
         out = self.wm.step(self.z, torch.stack([xfer, loc], dim=-1), self.hidden)
         z_next = self.wm.sample_z(out, self.temperature, self.generator)
-        metrics_next = self.wm.metrics_after(self.metrics, out.deltas.double())
+        changed = torch.bernoulli(torch.sigmoid(out.changed), generator=self.generator).bool()
+        metrics_next = self.wm.metrics_after(self.metrics, out.deltas.double(), changed)
         count_next = self._location_count(self.wm.counts(out.log_counts))
         prev = {k: self.metrics[:, i] for i, k in enumerate(METRIC_NAMES)}
         cur = {k: metrics_next[:, i] for i, k in enumerate(METRIC_NAMES)}

@@ -9,6 +9,9 @@ from its output ``h_t`` the heads predict what follows action ``a_t`` in graph `
     deltas               the change of the 4 cost metrics (runtime_ms, flops, bytes, launches), normalised:
                          d = (log1p(m_{t+1}) - log1p(m_t) - mean) / std, with mean/std of the training steps
                          stored in the buffers ``delta_mean``/``delta_std`` (see :meth:`MDNRNN.metrics_after`)
+    changed              a logit: the step changes the cost metrics at all (the deltas are a zero-inflated
+                         mixture: with probability 1 - sigmoid(changed) every delta is exactly 0, as for a
+                         cost-neutral rewrite such as a commutativity swap; else ``deltas``)
     done                 a logit: the episode ends after this step
     log_counts           log1p of the per-rule match counts of the next graph (N); rule k is applicable iff
                          expm1(log_counts_k) > 0.5 (:meth:`MDNRNN.masks`)
@@ -35,7 +38,8 @@ class WorldModelOutput(NamedTuple):
     mus: torch.Tensor         # [B, T, K, Z]
     sigmas: torch.Tensor      # [B, T, K, Z]
     logpi: torch.Tensor       # [B, T, K]
-    deltas: torch.Tensor      # [B, T, 4]   normalised log1p-metric deltas
+    deltas: torch.Tensor      # [B, T, 4]   normalised log1p-metric deltas (given that the metrics change)
+    changed: torch.Tensor     # [B, T]      logit: the metrics change at all
     done: torch.Tensor        # [B, T]      logit
     log_counts: torch.Tensor  # [B, T, N]   predicted log1p(match count) of the next graph
     hidden: tuple             # (h, c), each [1, B, H]
@@ -57,6 +61,7 @@ class MDNRNN(nn.Module):
         self.delta_head = nn.Linear(self.hidden_size, N_METRICS)
         self.done_head = nn.Linear(self.hidden_size, 1)
         self.count_head = nn.Linear(self.hidden_size, self.n_xfers)
+        self.change_head = nn.Linear(self.hidden_size, 1)  # created last: the other heads' init stays as it was
         self.register_buffer("delta_mean", torch.zeros(N_METRICS))
         self.register_buffer("delta_std", torch.ones(N_METRICS))
 
@@ -76,8 +81,8 @@ class MDNRNN(nn.Module):
         mus = g[..., : K * Z].reshape(*lead, K, Z)
         sigmas = F.softplus(g[..., K * Z: 2 * K * Z]).reshape(*lead, K, Z) + MIN_SIGMA
         logpi = F.log_softmax(g[..., 2 * K * Z:], dim=-1)
-        return WorldModelOutput(mus, sigmas, logpi, self.delta_head(out), self.done_head(out).squeeze(-1),
-                                self.count_head(out), hidden)
+        return WorldModelOutput(mus, sigmas, logpi, self.delta_head(out), self.change_head(out).squeeze(-1),
+                                self.done_head(out).squeeze(-1), self.count_head(out), hidden)
 
     # -- running ------------------------------------------------------------------------------------------
     def forward(self, z: torch.Tensor, actions: torch.Tensor, hidden: tuple | None = None) -> WorldModelOutput:
@@ -115,11 +120,14 @@ class MDNRNN(nn.Module):
         return h, h.clone()
 
     # -- decoding predictions -----------------------------------------------------------------------------
-    def metrics_after(self, metrics: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
+    def metrics_after(self, metrics: torch.Tensor, deltas: torch.Tensor,
+                      changed: torch.Tensor | None = None) -> torch.Tensor:
         """The predicted raw metrics of the next graph: metrics [..., 4] (runtime_ms, flops, bytes, launches
-        of the current graph), normalised deltas [..., 4] -> expm1(log1p(metrics) + delta * std + mean)."""
+        of the current graph), normalised deltas [..., 4] -> expm1(log1p(metrics) + delta * std + mean);
+        ``changed`` [...] (bool, optional): where False the metrics stay exactly as they are."""
         logd = deltas * self.delta_std + self.delta_mean
-        return torch.expm1(torch.log1p(metrics.clamp(min=0)) + logd)
+        after = torch.expm1(torch.log1p(metrics.clamp(min=0)) + logd)
+        return after if changed is None else torch.where(changed.unsqueeze(-1), after, metrics.to(after.dtype))
 
     @staticmethod
     def counts(log_counts: torch.Tensor) -> torch.Tensor:
