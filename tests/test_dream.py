@@ -134,3 +134,34 @@ def test_a_step_predicted_to_change_nothing_keeps_the_metrics_and_earns_nothing(
     env.reset()
     obs, reward, _ = env.step_batch(torch.full((16,), 2), torch.zeros(16, dtype=torch.long))
     assert (obs["metrics"][:, 0] < obs0["metrics"][:, 0]).all() and (reward > 0).all()
+
+
+def test_the_ensemble_disagreement_is_subtracted_from_the_dream_reward():
+    """Members that disagree about a step's reward: the dream pays mean reward - penalty x their spread, and
+    reports the mean spread; with penalty 0 the reward is the combined model's."""
+    from rlflow.nn.mdnrnn import EnsembleMDNRNN
+
+    def dream(penalty):
+        torch.manual_seed(0)
+        wm = EnsembleMDNRNN(3, z_dim=Z, n_xfers=N, max_locations=L, hidden=16, gaussians=2)
+        with torch.no_grad():
+            for k, m in enumerate(wm.members):
+                m.delta_head.weight.zero_()
+                m.delta_head.bias.fill_(-1.0 * k)  # member 0: no saving, 1 and 2: growing savings
+                m.change_head.weight.zero_()
+                m.change_head.bias.fill_(50.0)     # every member: the move changes the metrics
+        counts = torch.tensor([2.0, 0.0, 7.0, 1.0, 0.0])
+        return DreamEnv(wm, torch.randn(Z), torch.tensor([10.0, 1e6, 1e5, 20.0]), counts, make_reward("delta"),
+                        max_steps=5, max_locations=L, num_envs=4, generator=torch.Generator().manual_seed(0),
+                        disagreement_penalty=penalty)
+
+    rewards = {}
+    for penalty in (0.0, 1.0):
+        env = dream(penalty)
+        env.reset()
+        _, rewards[penalty], _ = env.step_batch(torch.full((4,), 2), torch.zeros(4, dtype=torch.long))
+        spread = env.mean_disagreement()
+        assert spread is not None and spread > 0
+    assert torch.allclose(rewards[1.0], rewards[0.0] - spread, atol=1e-5)
+    with pytest.raises(RLFlowError, match="penalty"):
+        dream(-1.0)

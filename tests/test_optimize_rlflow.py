@@ -143,8 +143,9 @@ def test_stage_writes_a_verified_graph_and_a_search_format_trace(trained, which,
 
 @pytest.mark.parametrize("which, names, rows", [
     ("enc/live", ["train/loss", "train/loss_metrics", "train/loss_counts", "heldout/loss"], 2),   # encoder.epochs
-    ("wm/live", ["train/loss", "train/nll", "heldout/nll", "heldout/count_mse", "lr"], 3),       # world_model.epochs
-    ("ctl/live", ["dream/reward", "dream/episode_length", "dream/episode_return", "loss/value", "loss/clip"], 2),
+    ("wm/live", ["train/loss", "train/nll", "train/change_bce", "heldout/nll", "heldout/count_mse", "lr"], 3),
+    ("ctl/live", ["dream/reward", "dream/episode_length", "dream/episode_return", "dream/disagreement",
+                  "loss/value", "loss/clip"], 2),  # the tiny config trains a 2-member world model
     ("mf/live", ["real/reward", "real/interactions", "loss/entropy"], 2),
 ])
 def test_training_stages_log_their_curves_with_dvclive(trained, which, names, rows):

@@ -153,9 +153,15 @@ def test_padding_changes_neither_losses_nor_gradients():
     assert gmm_loss(tz, *model(z, actions)[:3], torch.zeros(3, 5, dtype=torch.bool)).item() == 0.0
 
 
-def test_sequence_forward_equals_one_step_cell():
+PREDICTIONS = ("mus", "sigmas", "logpi", "deltas", "changed", "done", "log_counts")
+
+
+@pytest.mark.parametrize("members", [1, 3])
+def test_sequence_forward_equals_one_step_cell(members):
+    from rlflow.nn.mdnrnn import make_world_model
+
     torch.manual_seed(0)
-    model = MDNRNN(5, 3, 4, hidden=16, gaussians=3).eval()
+    model = make_world_model(members, z_dim=5, n_xfers=3, max_locations=4, hidden=16, gaussians=3).eval()
     z = torch.randn(2, 6, 5)
     actions = torch.stack([torch.randint(0, 4, (2, 6)), torch.randint(0, 4, (2, 6))], -1)
     seq = model(z, actions)
@@ -163,11 +169,33 @@ def test_sequence_forward_equals_one_step_cell():
     for t in range(6):
         one = model.step(z[:, t], actions[:, t], hidden)
         hidden = one.hidden
-        for a, b in zip(seq[:-1], one[:-1]):
-            assert torch.allclose(a[:, t], b, atol=1e-5)
+        for name in PREDICTIONS:
+            assert torch.allclose(getattr(seq, name)[:, t], getattr(one, name), atol=1e-5), name
     assert torch.allclose(seq.hidden[0], hidden[0], atol=1e-5)
+    assert hidden[0].shape == (1, 2, 16 * members) and seq.mus.shape[-2] == 3 * members
     sample = model.sample_z(one)
     assert sample.shape == (2, 5) and torch.isfinite(sample).all()
+
+
+def test_an_ensemble_is_its_members_combined():
+    """The next-z density is the uniform mixture of the members' mixtures; deltas their mean; each member's own
+    predictions are kept for the disagreement."""
+    from rlflow.nn.losses import gmm_log_prob
+    from rlflow.nn.mdnrnn import EnsembleMDNRNN
+
+    torch.manual_seed(1)
+    ens = EnsembleMDNRNN(3, z_dim=4, n_xfers=3, max_locations=2, hidden=8, gaussians=2).eval()
+    z, target = torch.randn(2, 5, 4), torch.randn(2, 5, 4)
+    actions = torch.stack([torch.randint(0, 4, (2, 5)), torch.randint(0, 2, (2, 5))], -1)
+    out, members = ens(z, actions), ens.member_outputs(z, actions)
+    mixture = torch.logsumexp(torch.stack([gmm_log_prob(target, *m[:3]) for m in members]), 0) - math.log(3)
+    assert torch.allclose(gmm_log_prob(target, *out[:3]), mixture, atol=1e-5)
+    assert torch.allclose(out.deltas, torch.stack([m.deltas for m in members]).mean(0), atol=1e-6)
+    assert torch.equal(out.member_deltas[..., 1, :], members[1].deltas)
+    p = torch.stack([torch.sigmoid(m.changed) for m in members]).mean(0)
+    assert torch.allclose(torch.sigmoid(out.changed), p, atol=1e-5)
+    ens.set_delta_norm(torch.ones(4), 2 * torch.ones(4))
+    assert all(torch.equal(m.delta_std, 2 * torch.ones(4)) for m in ens.members)
 
 
 # -- training -----------------------------------------------------------------------------------------------
@@ -238,12 +266,15 @@ def _stage_args(tmp_path, latents, extra=()):
                  "--metrics", str(out / "metrics.json"), "--curve", str(out / "loss.csv"), "--no-progress"]
 
 
-def test_stage_end_to_end(tmp_path):
+@pytest.mark.parametrize("members", [1, 2])
+def test_stage_end_to_end(tmp_path, members):
     from rlflow.agents.world_model import load_world_model
     from rlflow.cli import main
+    from rlflow.nn.mdnrnn import EnsembleMDNRNN
 
     lat = synthetic_latents(tmp_path / "l.npz", episodes=16)
-    out, argv = _stage_args(tmp_path, lat, ["--set", "world_model.epochs=3"])
+    out, argv = _stage_args(tmp_path, lat, ["--set", "world_model.epochs=3", "--set",
+                                            f"world_model.ensemble={members}"])
     assert main(argv) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["epochs"] == 3 and metrics["heldout_episodes"] == 4 and metrics["evaluated_on"] == "heldout"
@@ -254,6 +285,10 @@ def test_stage_end_to_end(tmp_path):
     assert {"train_loss", "train_nll", "heldout_nll"} <= set(rows[0])
     model = load_world_model(out / "world_model.pt")
     assert model.config["hidden"] == 16 and not (out / "world_model.pt.partial").exists()
+    assert isinstance(model, EnsembleMDNRNN) == (members > 1)
+    if members > 1:  # differently initialised members stay different after training
+        a, b = (m.delta_head.weight for m in model.members)
+        assert not torch.allclose(a, b)
 
 
 def test_stage_resumes_after_kill(tmp_path, monkeypatch):

@@ -277,9 +277,9 @@ def _build_agent(method: str, data: dict, device: str) -> Agent:
     policy.eval()
     wm = None
     if method == "rlflow":
-        from rlflow.nn.mdnrnn import MDNRNN
+        from rlflow.nn.mdnrnn import make_world_model
 
-        wm = MDNRNN(**data["world_model"]["model_args"])
+        wm = make_world_model(**data["world_model"]["model_args"])
         wm.load_state_dict(data["world_model"]["state_dict"])
         wm.eval()
         want = enc.config["z_dim"] + wm.hidden_size

@@ -34,6 +34,7 @@ from rlflow.errors import RLFlowError
 METHODS = {
     "rlflow": {"stage": "train_controller", "section": "controller", "save_every": 10, "where": "dream",
                "curve": {"mean_reward": "dream/reward", "episode_return": "dream/episode_return",
+                         "disagreement": "dream/disagreement",
                          "episode_length": "dream/episode_length", "episodes": "dream/episodes"}},
     "model_free": {"stage": "train_model_free", "section": "model_free", "save_every": 1, "where": "real env",
                    "curve": {"mean_reward": "real/reward", "episode_return": "real/episode_return",
@@ -103,13 +104,22 @@ class _Dream:
         self.start = (torch.from_numpy(lat["z"][0, 0]).float(), torch.from_numpy(lat["metrics"][0, 0]).double(),
                       torch.from_numpy(lat["counts"][0, 0]).float())
         self.args = (reward, max_steps, max_locations, section["temperature"], section["num_envs"])
+        self.penalty = float(section.get("disagreement_penalty", 0.0))
         self.in_dim = self.start[0].shape[-1] + self.wm.hidden_size
 
     def vector_env(self, generator):
         from rlflow.env.dream import DreamEnv
 
         reward, max_steps, max_locations, tau, n = self.args
-        return DreamEnv(self.wm, *self.start, reward, max_steps, max_locations, tau, n, generator=generator)
+        self.env = DreamEnv(self.wm, *self.start, reward, max_steps, max_locations, tau, n, generator=generator,
+                            disagreement_penalty=self.penalty)
+        return self.env
+
+    def update_stats(self) -> dict:
+        """An ensemble's mean disagreement over the moves since the last call (nothing for one world model)."""
+        d = self.env.mean_disagreement()
+        self.env.disagreement_sum, self.env.disagreement_moves = 0.0, 0
+        return {} if d is None else {"disagreement": d}
 
     def real_steps(self) -> int:  # the dream takes no real step
         return 0
@@ -133,6 +143,9 @@ class _RealEnvs:
 
     def real_steps(self) -> int:
         return sum(env.total_steps for env in self.envs)
+
+    def update_stats(self) -> dict:
+        return {}
 
 
 def _progress_bar(enabled: bool, total: int, initial: int, desc: str):
@@ -209,7 +222,7 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
 
     def on_update(k: int, logs: dict) -> None:
         n = done + k + 1
-        row = {"update": n, "interactions": training_interactions(), **logs, **venv.pop()}
+        row = {"update": n, "interactions": training_interactions(), **logs, **venv.pop(), **world.update_stats()}
         curve.append(row)
         live.log_row(row, "update", names)
         bar.update(1)

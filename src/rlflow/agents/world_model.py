@@ -36,7 +36,7 @@ import torch
 
 from rlflow.errors import RLFlowError
 from rlflow.nn.losses import gmm_loss, masked_bce_with_logits, masked_mse
-from rlflow.nn.mdnrnn import MDNRNN
+from rlflow.nn.mdnrnn import MDNRNN, EnsembleMDNRNN, make_world_model
 
 METRIC_NAMES = ("runtime_ms", "flops", "bytes", "launches")
 ARRAYS = ("z", "lengths", "actions", "metrics", "counts", "done", "valid", "holdout")
@@ -153,9 +153,16 @@ def make_tensors(data: dict, episodes: np.ndarray, mean: np.ndarray, std: np.nda
     return Tensors(*(getattr(t, f).to(device) for f in TENSOR_FIELDS), t.index)
 
 
-def losses(model: MDNRNN, b: Tensors) -> dict[str, torch.Tensor]:
-    """The loss terms of one batch (each masked to the real steps) and their sum under ``loss``."""
-    out = model(b.z_in, b.actions)
+def losses(model: MDNRNN | EnsembleMDNRNN, b: Tensors) -> dict[str, torch.Tensor]:
+    """The loss terms of one batch (each masked to the real steps) and their sum under ``loss``; an ensemble's
+    are its members' means (each member is trained on its own predictions)."""
+    if isinstance(model, EnsembleMDNRNN):
+        per = [_terms(out, b) for out in model.member_outputs(b.z_in, b.actions)]
+        return {k: torch.stack([t[k] for t in per]).mean() for k in LOSS_TERMS}
+    return _terms(model(b.z_in, b.actions), b)
+
+
+def _terms(out, b: Tensors) -> dict[str, torch.Tensor]:
     terms = {"nll": gmm_loss(b.z_next, out.mus, out.sigmas, out.logpi, b.mask),
              "change_bce": masked_bce_with_logits(out.changed, b.changed, b.mask),
              "delta_mse": masked_mse(out.deltas, b.deltas, b.mask & b.changed.bool()),
@@ -277,7 +284,9 @@ def curve_names() -> dict[str, str]:
 
 def train(data: dict, wm: dict, seed: int, device: str, checkpointer=None, progress: bool = True,
           log: Callable[[str], None] | None = None, live=None) -> dict[str, Any]:
-    """Train a world model with config ``wm`` (hidden, gaussians, epochs, lr, batch_size).
+    """Train a world model with config ``wm`` (hidden, gaussians, epochs, lr, batch_size; ``ensemble`` members,
+    default 1: an ensemble's members start from different random weights and are trained side by side on the
+    same batches).
 
     Each epoch's row (the loss terms on the training and held-out episodes, the learning rate) also goes to
     ``live`` (a :class:`rlflow.agents.logging.TrainingLog`; a resumed run's saved rows first; NaN held-out
@@ -293,10 +302,9 @@ def train(data: dict, wm: dict, seed: int, device: str, checkpointer=None, progr
         raise RLFlowError(f"latents: none of the {E} episodes is a non-empty training episode (all held out?)")
     mean, std = delta_stats(data, train_eps)
     torch.manual_seed(seed)
-    model = MDNRNN(data["z_dim"], data["n_xfers"], data["max_locations"], hidden=wm["hidden"],
-                   gaussians=wm["gaussians"])
-    model.delta_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
-    model.delta_std.copy_(torch.as_tensor(std, dtype=torch.float32))
+    model = make_world_model(int(wm.get("ensemble", 1)), z_dim=data["z_dim"], n_xfers=data["n_xfers"],
+                             max_locations=data["max_locations"], hidden=wm["hidden"], gaussians=wm["gaussians"])
+    model.set_delta_norm(mean, std)
     model.to(device)
     tr = make_tensors(data, train_eps, mean, std, device)
     ho = make_tensors(data, held_eps, mean, std, device) if len(held_eps) else None
@@ -372,13 +380,13 @@ def curve_csv(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def load_world_model(path: str | Path, device="cpu") -> MDNRNN:
+def load_world_model(path: str | Path, device="cpu") -> MDNRNN | EnsembleMDNRNN:
     """The trained model of a ``train_world_model`` checkpoint (eval mode)."""
     from rlflow.agents.checkpoint import load_checkpoint
 
     ck = load_checkpoint(path)
     if "model_args" not in ck or "state_dict" not in ck:
         raise RLFlowError(f"{path}: not a world-model checkpoint")
-    model = MDNRNN(**ck["model_args"])
+    model = make_world_model(**ck["model_args"])
     model.load_state_dict(ck["state_dict"])
     return model.to(device).eval()

@@ -6,7 +6,10 @@ world model, which predicts the next z (a Gaussian mixture, sampled with tempera
 by tau before the softmax, the spread scaled by sqrt(tau), as in World Models), whether the metrics change at all
 (sampled: a step that changes nothing keeps the metrics exactly), the metric deltas, done, and the
 next graph's match counts, from which the next masks follow. The reward is the configured reward class applied
-to the metrics before and after (predicted), so a reward change needs no new world model. The NO-OP (rule N)
+to the metrics before and after (predicted), so a reward change needs no new world model. With an ensemble world
+model (:class:`rlflow.nn.mdnrnn.EnsembleMDNRNN`) the members' disagreement about the step's reward (the standard
+deviation of what each expects) times ``disagreement_penalty`` is subtracted from it: where the members disagree
+the model is guessing, and the controller is not paid for exploiting a guess. The NO-OP (rule N)
 ends the episode; so do a predicted done and the hard horizon ``max_steps``. Ended copies restart from the
 original graph inside the same call.
 
@@ -33,7 +36,8 @@ from rlflow.errors import RLFlowError
 class DreamEnv:
     def __init__(self, world_model, start_z: torch.Tensor, start_metrics: torch.Tensor, start_counts: torch.Tensor,
                  reward: Reward, max_steps: int, max_locations: int, temperature: float = 1.0, num_envs: int = 16,
-                 generator: torch.Generator | None = None, done_threshold: float = 0.5):
+                 generator: torch.Generator | None = None, done_threshold: float = 0.5,
+                 disagreement_penalty: float = 0.0):
         if reward.needs_latency:
             raise RLFlowError(f"reward '{reward.name}' needs real latency measurements: it cannot be used in the dream")
         if temperature <= 0:
@@ -54,6 +58,10 @@ class DreamEnv:
         self._zeros = torch.zeros(num_envs)
         self._penalty = torch.full((num_envs,), reward.invalid_penalty)
         self.steps_taken = 0  # dream transitions so far (for speed figures; never real interactions)
+        if disagreement_penalty < 0:
+            raise RLFlowError("the dream's disagreement penalty must be >= 0")
+        self.disagreement_penalty = float(disagreement_penalty)
+        self.disagreement_sum, self.disagreement_moves = 0.0, 0  # an ensemble's disagreement over the moves
 
     # ------------------------------------------------------------------ state
     def _location_count(self, counts: torch.Tensor) -> torch.Tensor:
@@ -91,6 +99,22 @@ class DreamEnv:
         return self.observation()
 
     # ------------------------------------------------------------------ stepping
+    def _disagreement(self, out, prev: dict) -> torch.Tensor:
+        """[B]: the standard deviation over an ensemble's members of the reward each expects for the step (its
+        delta's reward weighted by its probability that the metrics change, the no-change reward otherwise)."""
+        still = self.reward_fn(prev, prev, self.first).double()
+        p = torch.sigmoid(out.member_changed.double())                              # [B, E]
+        per = []
+        for k in range(p.shape[-1]):
+            after = self.wm.metrics_after(self.metrics, out.member_deltas[:, k].double())
+            r = self.reward_fn(prev, {n: after[:, i] for i, n in enumerate(METRIC_NAMES)}, self.first).double()
+            per.append(p[:, k] * r + (1 - p[:, k]) * still)
+        return torch.stack(per, -1).std(-1).float()
+
+    def mean_disagreement(self) -> float | None:
+        """The mean disagreement over the moves so far (None without an ensemble or a move)."""
+        return self.disagreement_sum / self.disagreement_moves if self.disagreement_moves else None
+
     @torch.no_grad()
     def step_batch(self, xfer: torch.Tensor, loc: torch.Tensor):
         """Actions xfer [B], loc [B] -> (next observation, reward [B], done [B])."""
@@ -106,7 +130,13 @@ class DreamEnv:
         count_next = self._location_count(self.wm.counts(out.log_counts))
         prev = {k: self.metrics[:, i] for i, k in enumerate(METRIC_NAMES)}
         cur = {k: metrics_next[:, i] for i, k in enumerate(METRIC_NAMES)}
-        reward = torch.where(move, self.reward_fn(prev, cur, self.first).float(), self._zeros)
+        gain = self.reward_fn(prev, cur, self.first).float()
+        if out.member_deltas is not None:
+            spread = self._disagreement(out, prev)
+            self.disagreement_sum += float(spread[move].sum())
+            self.disagreement_moves += int(move.sum())
+            gain = gain - self.disagreement_penalty * spread
+        reward = torch.where(move, gain, self._zeros)
         reward = torch.where(valid, reward, self._penalty)
         # moved copies take the predicted next state; the others keep theirs (hidden included)
         m = move[:, None]

@@ -22,6 +22,7 @@ weights (the dream environment's cell). A hidden state of None is zeros (the sta
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -43,6 +44,8 @@ class WorldModelOutput(NamedTuple):
     done: torch.Tensor        # [B, T]      logit
     log_counts: torch.Tensor  # [B, T, N]   predicted log1p(match count) of the next graph
     hidden: tuple             # (h, c), each [1, B, H]
+    member_deltas: torch.Tensor | None = None   # [B, T, E, 4]  an ensemble's members' deltas (else None)
+    member_changed: torch.Tensor | None = None  # [B, T, E]     and their changed logits
 
 
 class MDNRNN(nn.Module):
@@ -119,6 +122,11 @@ class MDNRNN(nn.Module):
         h = torch.zeros(1, batch, self.hidden_size, device=device)
         return h, h.clone()
 
+    def set_delta_norm(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        """The mean and std that normalise the log1p-metric deltas (of the training steps)."""
+        self.delta_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
+        self.delta_std.copy_(torch.as_tensor(std, dtype=torch.float32))
+
     # -- decoding predictions -----------------------------------------------------------------------------
     def metrics_after(self, metrics: torch.Tensor, deltas: torch.Tensor,
                       changed: torch.Tensor | None = None) -> torch.Tensor:
@@ -148,3 +156,87 @@ class MDNRNN(nn.Module):
         sigma = out.sigmas.gather(1, idx).squeeze(1)
         noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
         return mu + sigma * noise * temperature ** 0.5
+
+
+def _logit(p: torch.Tensor) -> torch.Tensor:
+    p = p.clamp(1e-6, 1 - 1e-6)
+    return torch.log(p) - torch.log1p(-p)
+
+
+class EnsembleMDNRNN(nn.Module):
+    """``members`` MDN-RNNs of the same shape, differently initialised and trained side by side, used as one world
+    model with the same interface as :class:`MDNRNN`:
+
+    - the next z is the uniform mixture of the members' mixtures (E x K components: log pi_k - log E), so
+      :meth:`sample_z` picks a member and one of its components;
+    - deltas and log counts are the members' means; the changed and done probabilities are the members' mean
+      probabilities (as logits);
+    - the hidden state is every member's, concatenated (``hidden_size`` = E x H: the controller reads them all);
+    - the members' own deltas and changed logits are kept (``member_deltas``, ``member_changed``): their
+      disagreement is what the dream subtracts from its reward (:class:`rlflow.env.dream.DreamEnv`).
+    """
+
+    def __init__(self, members: int, **member_args):
+        super().__init__()
+        if members < 2:
+            raise ValueError("an ensemble needs at least 2 members (1: a plain MDNRNN)")
+        self.members = nn.ModuleList(MDNRNN(**member_args) for _ in range(members))
+        first = self.members[0]
+        self.config = {**first.config, "members": int(members)}
+        self.z_dim, self.n_xfers, self.max_locations = first.z_dim, first.n_xfers, first.max_locations
+        self.member_hidden = first.hidden_size
+        self.hidden_size = members * first.hidden_size
+        self.gaussians = members * first.gaussians
+
+    @property
+    def delta_mean(self) -> torch.Tensor:
+        return self.members[0].delta_mean
+
+    @property
+    def delta_std(self) -> torch.Tensor:
+        return self.members[0].delta_std
+
+    def set_delta_norm(self, mean, std) -> None:
+        for m in self.members:
+            m.set_delta_norm(mean, std)
+
+    def _split(self, hidden: tuple | None) -> list:
+        if hidden is None:
+            return [None] * len(self.members)
+        return list(zip(hidden[0].split(self.member_hidden, -1), hidden[1].split(self.member_hidden, -1)))
+
+    def _join(self, outs: list[WorldModelOutput]) -> WorldModelOutput:
+        E = len(outs)
+        mean_p = lambda logits: _logit(torch.stack([torch.sigmoid(x) for x in logits]).mean(0))  # noqa: E731
+        deltas = torch.stack([o.deltas for o in outs], -2)
+        changed = torch.stack([o.changed for o in outs], -1)
+        return WorldModelOutput(
+            torch.cat([o.mus for o in outs], -2), torch.cat([o.sigmas for o in outs], -2),
+            torch.cat([o.logpi for o in outs], -1) - math.log(E), deltas.mean(-2), mean_p([o.changed for o in outs]),
+            mean_p([o.done for o in outs]), torch.stack([o.log_counts for o in outs]).mean(0),
+            (torch.cat([o.hidden[0] for o in outs], -1), torch.cat([o.hidden[1] for o in outs], -1)),
+            deltas, changed)
+
+    def forward(self, z, actions, hidden=None) -> WorldModelOutput:
+        return self._join([m(z, actions, h) for m, h in zip(self.members, self._split(hidden))])
+
+    def member_outputs(self, z, actions) -> list[WorldModelOutput]:
+        """Each member's own predictions of whole sequences (training: every member has its own loss)."""
+        return [m(z, actions) for m in self.members]
+
+    def step(self, z_t, action_t, hidden=None) -> WorldModelOutput:
+        return self._join([m.step(z_t, action_t, h) for m, h in zip(self.members, self._split(hidden))])
+
+    def initial_hidden(self, batch: int, device=None) -> tuple:
+        h = torch.zeros(1, batch, self.hidden_size, device=device)
+        return h, h.clone()
+
+    metrics_after = MDNRNN.metrics_after
+    counts = staticmethod(MDNRNN.counts)
+    masks = staticmethod(MDNRNN.masks)
+    sample_z = MDNRNN.sample_z
+
+
+def make_world_model(members: int = 1, **member_args) -> MDNRNN | EnsembleMDNRNN:
+    """One MDN-RNN (``members`` 1) or an ensemble of them; ``model_args`` of a checkpoint (its ``config``) too."""
+    return MDNRNN(**member_args) if members <= 1 else EnsembleMDNRNN(members, **member_args)
