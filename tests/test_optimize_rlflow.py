@@ -209,6 +209,47 @@ def test_model_free_stage_resumes_after_a_kill_with_whole_curves(trained, root, 
     assert not (out / "model_free.pt.partial").exists()
 
 
+def test_iterated_model_based_training_counts_its_real_steps_and_resumes(trained, root, tmp_path, monkeypatch,
+                                                                          capsys):
+    """controller.iterations=2: after update 2 of 4 the controller runs real episodes, the world model is trained
+    again on the rollouts plus those steps, and PPO goes on in its dream; the steps are counted as training
+    interactions, and a run killed after the refit resumes without refitting again."""
+    import rlflow.agents.logging as logmod
+    from rlflow.agents.checkpoint import load_agent
+    from rlflow.agents.world_model import load_world_model
+
+    out = tmp_path / "ctl"
+    argv = _agent_args(root, trained, "controller", out, "--set", "controller.updates=4", "--set",
+                       "controller.iterations=2", "--set", "controller.collect_episodes=2")
+    real = logmod.TrainingLog.log_row
+    calls = {"n": 0}
+
+    def dying(self, row, *a, **k):  # killed at update 3, after the refit that followed update 2
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(self, row, *a, **k)
+
+    monkeypatch.setattr(logmod.TrainingLog, "log_row", dying)
+    assert main(argv) == 130
+    first = capsys.readouterr().out
+    assert "world model refitted after updates 2" in first and "iteration 1: 2 real episodes" in first
+    monkeypatch.setattr(logmod.TrainingLog, "log_row", real)
+    assert main(argv) == 0
+    second = capsys.readouterr().out
+    assert "resuming after update 2" in second and "iteration 1:" not in second  # not refitted again
+    metrics = json.loads((out / "metrics.json").read_text())
+    (it,) = metrics["iterations"]
+    assert it["iteration"] == 1 and it["real_episodes"] == 2 and it["real_steps"] >= 2
+    assert it["heldout_reward_rmse"]["weighted"] is not None
+    trace = json.loads((out / "trace.json").read_text())
+    assert trace["real_interactions"]["training"] == it["real_steps"] == metrics["real_interactions"]["training"]
+    assert [int(r["step"]) for r in _tsv(out / "live/plots/metrics/dream/reward.tsv")] == [1, 2, 3, 4]
+    refitted = load_agent(out / "controller.pt").world_model
+    given = load_world_model(trained / "wm/world_model.pt")
+    assert not all(torch.equal(a, b) for a, b in zip(refitted.state_dict().values(), given.state_dict().values()))
+
+
 # ------------------------------------------------------------------ self-contained checkpoints
 @pytest.mark.parametrize("name, method", [("ctl/controller.pt", "rlflow"), ("mf/model_free.pt", "model_free")])
 def test_agent_checkpoint_is_self_contained(trained, name, method):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from rlflow.agents.real_env import encode, run_episode, run_episodes
+from rlflow.agents.real_env import encode, mask_tensors, run_episode, run_episodes
 
 
 @torch.no_grad()
@@ -24,19 +24,32 @@ def run_in_real_env(policy, encoder, world_model, env, device: str = "cpu", gree
                         episodes, greedy, seed)
 
 
-def _controller_episode(policy, encoder, world_model, env, device: str, greedy: bool, gen: torch.Generator) -> dict:
-    """One real episode: z from the encoder on the real graph, h the world model's LSTM state advanced with
-    (z, action) after every step exactly as in the dream."""
-    state = {"hidden": world_model.initial_hidden(1), "z": None}
+class ControllerActor:
+    """The controller acting in a real environment, one episode after another: :meth:`reset` at the start of each,
+    :meth:`act` on each observation, :meth:`observe` after each step (z from the encoder on the real graph, h the
+    world model's LSTM state advanced with (z, action), exactly as in the dream)."""
 
-    def choose(obs, xm, lm):
-        state["z"] = encode(encoder, [obs], device)
-        x = torch.cat([state["z"], state["hidden"][0][0]], dim=-1)
-        xfer, loc, _, _ = policy.act(x, xm, lm, generator=gen, greedy=greedy)
+    def __init__(self, policy, encoder, world_model, device: str, greedy: bool, generator: torch.Generator):
+        self.policy, self.encoder, self.wm = policy, encoder, world_model
+        self.device, self.greedy, self.generator = device, greedy, generator
+        self.reset()
+
+    def reset(self) -> None:
+        self.hidden, self.z = self.wm.initial_hidden(1), None
+
+    @torch.no_grad()
+    def act(self, obs) -> tuple[int, int]:
+        self.z = encode(self.encoder, [obs], self.device)
+        x = torch.cat([self.z, self.hidden[0][0]], dim=-1)
+        xfer, loc, _, _ = self.policy.act(x, *mask_tensors([obs]), generator=self.generator, greedy=self.greedy)
         return int(xfer[0]), int(loc[0])
 
-    def after_step(obs, action):
-        out = world_model.step(state["z"], torch.tensor([action]), state["hidden"])
-        state["hidden"] = out.hidden
+    @torch.no_grad()
+    def observe(self, action) -> None:
+        self.hidden = self.wm.step(self.z, torch.tensor([action]), self.hidden).hidden
 
-    return run_episode(env, choose, after_step)
+
+def _controller_episode(policy, encoder, world_model, env, device: str, greedy: bool, gen: torch.Generator) -> dict:
+    """One real episode of the controller (:class:`ControllerActor`)."""
+    actor = ControllerActor(policy, encoder, world_model, device, greedy, gen)
+    return run_episode(env, lambda obs, xm, lm: actor.act(obs), lambda obs, action: actor.observe(action))

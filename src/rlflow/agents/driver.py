@@ -82,10 +82,16 @@ def describe_cost(problem, costs_path) -> dict:
 
 
 class _Dream:
-    """The controller's training world: the dream of the world model, from the first rollout step's z."""
+    """The controller's training world: the dream of the world model, from the first rollout step's z.
+
+    Iterated model-based training (``controller.iterations`` > 1): at each iteration boundary :meth:`refit` runs
+    the controller as it is now in a real environment for ``controller.collect_episodes`` sampled episodes (each
+    step a real interaction, counted), adds their steps (encoded by the encoder) to the world model's data and
+    trains the world model again on all of it (config section world_model, a new seed per iteration); PPO then
+    goes on in the new model's dream."""
 
     def __init__(self, problem, files: AgentFiles, encoder, section: dict, max_steps: int, max_locations: int,
-                 reward):
+                 reward, wm_config: dict | None = None):
         import torch
 
         from rlflow.agents.world_model import load_latents, load_world_model
@@ -106,6 +112,62 @@ class _Dream:
         self.args = (reward, max_steps, max_locations, section["temperature"], section["num_envs"])
         self.penalty = float(section.get("disagreement_penalty", 0.0))
         self.in_dim = self.start[0].shape[-1] + self.wm.hidden_size
+        self.problem, self.encoder, self.latents, self.wm_config = problem, encoder, lat, wm_config
+        self.collect_episodes = int(section.get("collect_episodes", 0))
+        self.collected: list[dict] = []  # the real episodes of the iterations so far
+        self.iteration = 0
+
+    def refit(self, policy, seed: int, progress: bool = False) -> dict:
+        """One iteration of model-based training (see the class docstring); its figures."""
+        from rlflow.agents.controller import ControllerActor
+        from rlflow.agents.rollouts import collect
+        from rlflow.agents.world_model import evaluate, train
+        from rlflow.env import make_env
+        import torch
+
+        self.iteration += 1
+        p = self.problem
+        env = make_env(p.config, p.graph, p.rules, p.cost)
+        actor = ControllerActor(policy, self.encoder, self.wm, p.device, False,
+                                torch.Generator().manual_seed(seed + self.iteration))
+        self.collected += collect(env, self.collect_episodes, 0.0, seed + self.iteration, actor=actor)
+        data = self._data(env)
+        res = train(data, self.wm_config, seed + self.iteration, p.device, progress=progress)
+        self.wm = res["model"].to("cpu").eval()
+        quality = evaluate(self.wm, data, res["heldout_episodes"], "cpu")
+        return {"iteration": self.iteration, "real_episodes": len(self.collected),
+                "real_steps": self.real_steps(), "heldout_reward_rmse": quality.get("reward_rmse"),
+                "heldout_false_change_rate": quality.get("false_change_rate")}
+
+    def _data(self, env) -> dict:
+        """The rollouts' latents and the collected episodes' steps (training episodes), as one data set."""
+        import numpy as np
+
+        from rlflow.agents.encoder_training import encode, latents_arrays, materialise
+        from rlflow.agents.world_model import merge_latents
+
+        graphs, _ = materialise(env, self.collected, source="the controller's real episodes")
+        flat = encode(self.encoder, [g for seq in graphs for g in seq], self.problem.device, 64)
+        ends = np.cumsum([len(seq) for seq in graphs])[:-1]
+        lat = self.latents
+        new = latents_arrays(self.collected, np.split(flat, ends), np.zeros(len(self.collected), bool),
+                             lat["z"].shape[1] - 1, int(lat["n_xfers"]), int(lat["max_locations"]), int(lat["z_dim"]))
+        return merge_latents(lat, new)
+
+    def state(self) -> dict:
+        """What a resumed run needs: the collected episodes and the current world model."""
+        return {"iteration": self.iteration, "collected": self.collected,
+                "world_model": self.wm.state_dict() if self.iteration else None}
+
+    def restore(self, state: dict) -> None:
+        """The collected episodes (their steps are this world's real steps) and the world model of a saved run."""
+        self.iteration, self.collected = int(state.get("iteration", 0)), list(state.get("collected", []))
+        if self.iteration:
+            from rlflow.nn.mdnrnn import make_world_model
+
+            self.wm = make_world_model(**self.wm.config)
+            self.wm.load_state_dict(state["world_model"])
+            self.wm.eval()
 
     def vector_env(self, generator):
         from rlflow.env.dream import DreamEnv
@@ -121,8 +183,9 @@ class _Dream:
         self.env.disagreement_sum, self.env.disagreement_moves = 0.0, 0
         return {} if d is None else {"disagreement": d}
 
-    def real_steps(self) -> int:  # the dream takes no real step
-        return 0
+    def real_steps(self) -> int:
+        """Real steps of training: those of the collected episodes (the dream itself takes none)."""
+        return sum(len(e["actions"]) for e in self.collected)
 
 
 class _RealEnvs:
@@ -135,6 +198,7 @@ class _RealEnvs:
         self.envs = [make_env(problem.config, problem.graph, problem.rules, problem.cost, latency_meter=latency_meter)
                      for _ in range(section["num_envs"])]
         self.wm, self.in_dim = None, encoder.config["z_dim"]
+        self.iteration, self.before = 0, 0
 
     def vector_env(self, generator):
         from rlflow.agents.real_env import RealVectorEnv
@@ -142,10 +206,17 @@ class _RealEnvs:
         return RealVectorEnv(self.envs, self.encoder, self.device)
 
     def real_steps(self) -> int:
-        return sum(env.total_steps for env in self.envs)
+        """Real steps of training: those before a resume and those of these environments."""
+        return self.before + sum(env.total_steps for env in self.envs)
 
     def update_stats(self) -> dict:
         return {}
+
+    def state(self) -> dict:
+        return {}
+
+    def restore(self, state: dict) -> None:
+        self.before = int(state["training_interactions"])
 
 
 def _progress_bar(enabled: bool, total: int, initial: int, desc: str):
@@ -186,39 +257,52 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
     max_steps, max_locations = get(config, "env.max_steps"), get(config, "env.max_locations")
     reward = make_reward(get(config, "env.reward"))
     encoder = load_encoder(files.encoder, device)
-    world = (_Dream(problem, files, encoder, section, max_steps, max_locations, reward) if method == "rlflow"
+    world = (_Dream(problem, files, encoder, section, max_steps, max_locations, reward, get(config, "world_model"))
+             if method == "rlflow"
              else _RealEnvs(problem, encoder, section,
                             None if latency_meter is None or not reward.needs_latency else latency_meter(device)))
 
     used = {"seed": seed, "device": get(config, "device"), "cost.target": resolve_target(config),
             "env.reward": get(config, "env.reward"), "ppo": get(config, "ppo"), spec["section"]: section,
             "env.max_steps": max_steps, "env.max_locations": max_locations}
+    if method == "rlflow":  # iterated model-based training trains the world model again
+        used["world_model"] = get(config, "world_model")
     ckpt = Checkpointer(files.out, fingerprint({k: v for k, v in used.items() if k not in ("device", "cost.target")},
                                               files.inputs()))
     policy_args = {"in_dim": world.in_dim, "n_xfers": len(problem.rules), "max_locations": max_locations,
                    "hidden": get(config, "ppo.hidden")}
     policy = HierarchicalPolicy(**policy_args)
-    done, curve, train_s, real_before, dream_before = 0, [], 0.0, 0, 0
+    done, curve, train_s, dream_before, refits = 0, [], 0.0, 0, []
     state = ckpt.load()
     if state is not None:
         policy.load_state_dict(state["policy"])
         done, curve, train_s = state["updates"], state["curve"], state["training_seconds"]
-        real_before, dream_before = state["training_interactions"], state["dream_steps"]
+        dream_before, refits = state["dream_steps"], list(state.get("refits", []))
+        world.restore(state)
         print(f"{label}: resuming after update {done}", flush=True)
 
     names = {**spec["curve"], **PPO_CURVE}
     live = TrainingLog(files.logs, params=used)
     live.replay(curve, "update", names)
     updates = section["updates"]
+    iterations = int(section.get("iterations", 1)) if method == "rlflow" else 1
+    # the updates after which the controller collects real episodes and the world model is trained again
+    bounds = sorted({round(updates * i / iterations) for i in range(1, iterations)} - {0, updates})
     print(f"{label}: {model}: PPO in the {spec['where']} x{section['num_envs']}, reward {reward!r}, "
-          f"{updates - done} updates of {section['steps_per_update']} steps", flush=True)
+          f"{updates - done} updates of {section['steps_per_update']} steps"
+          + (f"; world model refitted after updates {', '.join(map(str, bounds))}" if bounds else ""), flush=True)
 
     gen = torch.Generator().manual_seed(seed + done)
     venv = EpisodeStats(world.vector_env(gen))
     dream_steps = lambda: dream_before + (venv.steps_taken if method == "rlflow" else 0)  # noqa: E731
-    training_interactions = lambda: real_before + world.real_steps()  # noqa: E731
+    training_interactions = world.real_steps
     bar = _progress_bar(progress, updates, done, f"{label} ({spec['where']})")
     t_train = time.perf_counter()
+
+    def save(n: int) -> None:
+        ckpt.save({"policy": policy.state_dict(), "updates": n, "curve": curve, "dream_steps": dream_steps(),
+                   "training_interactions": training_interactions(), "refits": refits, **world.state(),
+                   "training_seconds": train_s + time.perf_counter() - t_train})
 
     def on_update(k: int, logs: dict) -> None:
         n = done + k + 1
@@ -227,15 +311,28 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
         live.log_row(row, "update", names)
         bar.update(1)
         bar.set_postfix(reward=f"{logs['mean_reward']:.4f}", refresh=False)
-        if n % spec["save_every"] == 0 or n == updates:
-            ckpt.save({"policy": policy.state_dict(), "updates": n, "curve": curve, "dream_steps": dream_steps(),
-                       "training_interactions": training_interactions(),
-                       "training_seconds": train_s + time.perf_counter() - t_train})
+        if n % spec["save_every"] == 0 or n == updates or n in bounds:
+            save(n)
             print(f"{label}: update {n}/{updates}: mean reward in the {spec['where']} {logs['mean_reward']:.4f}, "
                   f"{training_interactions()} real interactions in training", flush=True)
 
     cfg = PPOConfig.from_config(get(config, "ppo"), section["steps_per_update"], minibatch=section.get("minibatch"))
-    train(venv, policy, cfg, updates - done, gen, on_update)
+    while True:
+        # the refits due by now (a resumed run may have stopped between an iteration's training and its refit)
+        while world.iteration < sum(b <= done for b in bounds):
+            dream_before += venv.steps_taken
+            refits.append(world.refit(policy, seed, progress))
+            r = refits[-1]
+            print(f"{label}: iteration {r['iteration']}: {r['real_episodes']} real episodes of the controller so "
+                  f"far ({r['real_steps']} steps), world model trained again (held-out reward RMSE "
+                  f"{r['heldout_reward_rmse']})", flush=True)
+            venv = EpisodeStats(world.vector_env(gen))
+            save(done)
+        if done >= updates:
+            break
+        target = next((b for b in bounds if b > done), updates)
+        train(venv, policy, cfg, target - done, gen, on_update)
+        done = target
     bar.close()
     train_s += time.perf_counter() - t_train
 
@@ -252,6 +349,7 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
                "training_seconds": train_s}
     if method == "rlflow":
         metrics["temperature"] = section["temperature"]
+        metrics["iterations"] = refits
     extra = {"model": model, "onnx": str(files.onnx), "rules": str(files.rules), "num_rules": len(problem.rules),
              "device": device, "cost_model": problem.cost.name, "cost": describe_cost(problem, files.costs),
              "config": used, "agent": str(files.out), "reward": repr(reward), "training_seconds": train_s,

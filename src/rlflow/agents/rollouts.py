@@ -47,10 +47,16 @@ def _sparse(counts: np.ndarray) -> list[list[int]]:
 
 
 def collect(env: GraphRewriteEnv, episodes: int, stop_prob: float, seed: Sequence[int] | int,
-            progress: bool = False) -> list[dict]:
-    """``episodes`` random-agent episodes (seeded: the same seed gives the same episodes)."""
+            progress: bool = False, actor=None) -> list[dict]:
+    """``episodes`` random-agent episodes (seeded: the same seed gives the same episodes). ``actor``, instead of
+    the random agent: ``reset()`` before each episode, ``act(obs) -> action`` and ``observe(action)`` after each
+    step (the controller's iterated model-based training collects its own episodes this way)."""
     rng = np.random.default_rng(seed)
-    agent = RandomAgent(stop_prob, rng)
+    if actor is None:
+        agent = RandomAgent(stop_prob, rng)
+        act, observe, reset = (lambda obs: agent.act(obs["xfer_mask"], obs["location_mask"])), None, None
+    else:
+        act, observe, reset = actor.act, actor.observe, actor.reset
     out = []
     bar = None
     if progress:
@@ -58,13 +64,17 @@ def collect(env: GraphRewriteEnv, episodes: int, stop_prob: float, seed: Sequenc
 
         bar = tqdm(total=episodes, desc="episodes", unit="ep", file=sys.stderr, mininterval=1.0, disable=None)
     for index in range(episodes):
+        if reset is not None:
+            reset()
         obs, info = env.reset()
         ep = {"index": index, "actions": [], "metrics": [[info[k] for k in METRIC_NAMES]],
               "counts": [_sparse(info["counts"])], "valid": [], "done": []}
         terminated = truncated = False
         while not (terminated or truncated):
-            action = agent.act(obs["xfer_mask"], obs["location_mask"])
+            action = act(obs)
             obs, _, terminated, truncated, info = env.step(action)
+            if observe is not None:
+                observe(action)
             ep["actions"].append([int(action[0]), int(action[1])])
             ep["metrics"].append([info[k] for k in METRIC_NAMES])
             ep["counts"].append(_sparse(info["counts"]))

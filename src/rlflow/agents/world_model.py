@@ -48,6 +48,17 @@ CHANGE_EPS = 1e-9
 
 
 # -- data ---------------------------------------------------------------------------------------------------
+def merge_latents(a: dict, b: dict) -> dict:
+    """The episodes of ``a`` then those of ``b`` (both in the format of :func:`load_latents`, same rules, horizon
+    and latent size)."""
+    for k in SCALARS:
+        if int(a[k]) != int(b[k]):
+            raise RLFlowError(f"latents: cannot merge episodes with {k} {int(a[k])} and {int(b[k])}")
+    if a["z"].shape[1:] != b["z"].shape[1:]:
+        raise RLFlowError(f"latents: cannot merge episodes of shape {a['z'].shape[1:]} and {b['z'].shape[1:]}")
+    return {**{k: np.concatenate([a[k], b[k]]) for k in ARRAYS}, **{k: a[k] for k in SCALARS}}
+
+
 def load_latents(path: str | Path) -> dict[str, Any]:
     """Read and check a latents file; anything wrong is a one-line :class:`RLFlowError` naming the file."""
     p = Path(path)

@@ -389,6 +389,7 @@ CONTROLLER = Stage(
         "reward": "env.reward",
         "ppo": "ppo",
         "controller": "controller",
+        "world_model": "world_model",  # controller.iterations > 1 trains the world model again
         "timing": "timing",
     },
     args=(*PROBLEM_ARGS, ("--encoder", "{input.encoder}"), ("--latents", "{input.latents}"),
