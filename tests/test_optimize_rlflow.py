@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from rlflow.cli import main
+from rlflow.agents.logging import TrainingLog
 
 TINY_ARGS = ["--set", "cost.model=analytic", "--set", "device=cpu"]
 
@@ -179,25 +180,29 @@ def test_curves_match_the_stages_own_records(trained):
     assert ctl["dream_steps"] == 2 * 4 * 4
 
 
-def test_model_free_stage_resumes_after_a_kill_with_whole_curves(trained, root, tmp_path, monkeypatch, capsys):
-    import rlflow.agents.logging as logmod
-
-    out = tmp_path / "mf"
-    argv = _agent_args(root, trained, "model_free", out, "--set", "model_free.updates=3")
-    real = logmod.TrainingLog.log_row
+def _kill_at_update(monkeypatch, n: int):
+    """Make the ``n``-th logged training update raise KeyboardInterrupt (a kill); returns the real logger."""
+    real = TrainingLog.log_row
     calls = {"n": 0}
 
-    def dying(self, row, *a, **k):  # update 2 is killed after update 1's partial checkpoint was saved
+    def dying(self, row, *a, **k):
         calls["n"] += 1
-        if calls["n"] == 2:
+        if calls["n"] == n:
             raise KeyboardInterrupt
         return real(self, row, *a, **k)
 
-    monkeypatch.setattr(logmod.TrainingLog, "log_row", dying)
+    monkeypatch.setattr(TrainingLog, "log_row", dying)
+    return real
+
+
+def test_model_free_stage_resumes_after_a_kill_with_whole_curves(trained, root, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "mf"
+    argv = _agent_args(root, trained, "model_free", out, "--set", "model_free.updates=3")
+    real = _kill_at_update(monkeypatch, 2)  # update 2 is killed after update 1's partial checkpoint was saved
     assert main(argv) == 130
     assert (out / "model_free.pt.partial").is_file() and not (out / "model_free.pt").exists()
     assert not (out / "model.onnx").exists() and not (out / "trace.json").exists()
-    monkeypatch.setattr(logmod.TrainingLog, "log_row", real)
+    monkeypatch.setattr(TrainingLog, "log_row", real)
     capsys.readouterr()
     assert main(argv) == 0
     assert "resuming after update 1" in capsys.readouterr().out
@@ -214,27 +219,17 @@ def test_iterated_model_based_training_counts_its_real_steps_and_resumes(trained
     """controller.iterations=2: after update 2 of 4 the controller runs real episodes, the world model is trained
     again on the rollouts plus those steps, and PPO goes on in its dream; the steps are counted as training
     interactions, and a run killed after the refit resumes without refitting again."""
-    import rlflow.agents.logging as logmod
     from rlflow.agents.checkpoint import load_agent
     from rlflow.agents.world_model import load_world_model
 
     out = tmp_path / "ctl"
     argv = _agent_args(root, trained, "controller", out, "--set", "controller.updates=4", "--set",
                        "controller.iterations=2", "--set", "controller.collect_episodes=2")
-    real = logmod.TrainingLog.log_row
-    calls = {"n": 0}
-
-    def dying(self, row, *a, **k):  # killed at update 3, after the refit that followed update 2
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real(self, row, *a, **k)
-
-    monkeypatch.setattr(logmod.TrainingLog, "log_row", dying)
+    real = _kill_at_update(monkeypatch, 3)  # killed at update 3, after the refit that followed update 2
     assert main(argv) == 130
     first = capsys.readouterr().out
     assert "world model refitted after updates 2" in first and "iteration 1: 2 real episodes" in first
-    monkeypatch.setattr(logmod.TrainingLog, "log_row", real)
+    monkeypatch.setattr(TrainingLog, "log_row", real)
     assert main(argv) == 0
     second = capsys.readouterr().out
     assert "resuming after update 2" in second and "iteration 1:" not in second  # not refitted again
