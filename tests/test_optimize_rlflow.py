@@ -16,8 +16,8 @@ import onnx
 import pytest
 import torch
 
-from rlflow.cli import main
 from rlflow.agents.logging import TrainingLog
+from rlflow.cli import main
 
 TINY_ARGS = ["--set", "cost.model=analytic", "--set", "device=cpu"]
 
