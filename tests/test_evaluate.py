@@ -286,7 +286,7 @@ def _write_trace(src: Path, dst: Path, method: str) -> None:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict:
-    """Tiny bert and each method's graph and trace: taso and greedy by the real searches (builtin rules,
+    """Tiny bert and each method's graph and trace: taso, greedy and eqsat by the real searches (builtin rules,
     analytic cost; verified and written by rlflow.search.output), the RL methods as copies of greedy's graph with
     traces that add training_seconds and real_interactions."""
     from rlflow.cost import make_cost_model
@@ -300,7 +300,7 @@ def tiny(tmp_path_factory) -> dict:
     zoo.export_model("bert", paths["onnx"], zoo.TINY_SIZES["bert"])
     g = load_onnx(paths["onnx"])
     rules, cost = verified_builtin_rules(), make_cost_model({}, "cpu", kind="analytic")
-    for m in ("taso", "greedy"):
+    for m in ("taso", "greedy", "eqsat"):
         paths[m], paths[f"{m}_trace"] = d / m / "model.onnx", d / m / "trace.json"
         verify_and_write(g, run_method(m, g, rules, cost, budget=20), paths[m], paths[f"{m}_trace"], {"model": "r"})
     for m in RL_METHODS:
@@ -334,6 +334,12 @@ def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
     return rows[0], [dict(zip(rows[0], r)) for r in rows[1:]]
 
 
+def test_the_table_orders_every_method_the_pipeline_evaluates():
+    from rlflow.evaluation import METHOD_ORDER
+
+    assert METHOD_ORDER == ("original", "original-aa", *METHODS) and "eqsat" in METHODS
+
+
 def test_registry_command_line_parses():
     from rlflow.cli import build_parser
 
@@ -353,7 +359,8 @@ def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
     assert tuple(header) == COLUMNS
     backends = ["ort", "torch", "tf", "tf-xla"]
     assert [(r["method"], r["backend"]) for r in rows] == [
-        (m, b) for m in ("original", "original-aa", "taso", "greedy", "model_free", "rlflow") for b in backends]
+        (m, b) for m in ("original", "original-aa", "taso", "greedy", "eqsat", "model_free", "rlflow")
+        for b in backends]
     for r in rows:
         assert r["model"] == "bert" and r["device"] == "cpu" and r["status"] == "ok", r
         assert float(r["latency_ms_median"]) > 0 and float(r["latency_ms_iqr"]) >= 0
@@ -387,7 +394,10 @@ def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
         else:
             t = load_trace(tiny[f"{r['method']}_trace"])
             assert float(r["cost_ms"]) == pytest.approx(t.final["runtime_ms"], rel=1e-5)
-            assert int(r["rules_applied"]) == t.rules_applied == greedy_trace.rules_applied
+            if r["method"] == "eqsat":  # no sequence of rewrites: it extracts its graph from an e-graph
+                assert r["rules_applied"] == "" and t.rules_applied is None
+            else:
+                assert int(r["rules_applied"]) == t.rules_applied == greedy_trace.rules_applied
             assert float(r["optimisation_s"]) == pytest.approx(t.optimisation_s, rel=1e-5)
             rl = r["method"] in RL_METHODS
             assert (r["training_s"], r["real_interactions"]) == (("12.5", "107") if rl else ("", ""))
@@ -395,7 +405,7 @@ def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
     metrics = json.loads(out["metrics"].read_text())
     assert metrics["max_rel_diff"] == pytest.approx(max(float(r["max_rel_diff"]) for r in rows), rel=1e-5)
     assert set(metrics["too_noisy"]) == set(backends)
-    for m in ("original-aa", "taso", "greedy", "model_free", "rlflow"):
+    for m in ("original-aa", "taso", "greedy", "eqsat", "model_free", "rlflow"):
         for b in backends:
             got = metrics["ratio"][m][b]
             assert got["ratio"] == pytest.approx(float(by[(m, b)]["ratio"]), rel=1e-5)

@@ -63,8 +63,9 @@ def test_rule_all_builds_the_report_and_the_summary(tiny_repo):
     with open(root / "results/bert/evaluation.csv") as f:
         rows = list(csv.DictReader(f))
     pairs = {(r["method"], r["backend"]) for r in rows}
-    assert pairs == {(m, b) for m in ("original", "original-aa", "taso", "greedy", "model_free", "rlflow")
+    assert pairs == {(m, b) for m in ("original", "original-aa", "taso", "greedy", "eqsat", "model_free", "rlflow")
                      for b in ("ort", "torch", "tf", "tf-xla")}
+    assert '<section id="egraph">' in html and "stage search_eqsat has not run" not in html  # eqsat's e-graph figures
     assert all(r["status"] in ("ok", "unsupported") for r in rows)
     assert all(float(r["max_rel_diff"]) <= 1e-4 for r in rows if r["status"] == "ok")
     for r in rows:  # every timed row has its ratio to the original with an interval and a verdict

@@ -8,6 +8,7 @@ import csv
 import json
 import re
 import xml.etree.ElementTree as ET
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -25,23 +26,37 @@ LATENCY = {
     "original-aa": (12.5, 30.0, 20.0, 16.0),
     "taso": (12.0, 28.0, 18.5, 15.5),
     "greedy": (12.25, 29.0, 19.0, 15.75),
+    "eqsat": (12.0, 28.5, 18.8, 15.5),
     "model_free": (11.75, 27.0, 18.0, 15.0),
     "rlflow": (11.5, 26.0, 17.5, None),
 }
-ACTIVATION_MB = {"original": 8.0, "original-aa": 8.0, "taso": 7.5, "greedy": 8.0, "model_free": 7.0, "rlflow": 6.0}
-COST_MS = {"original": 10.0, "original-aa": 10.0, "taso": 9.5, "greedy": 9.75, "model_free": 9.25, "rlflow": 10.0}
-OPT_S = {"taso": 42.5, "greedy": 3.25, "model_free": 1.5, "rlflow": 0.75}
+ACTIVATION_MB = {"original": 8.0, "original-aa": 8.0, "taso": 7.5, "greedy": 8.0, "eqsat": 7.5, "model_free": 7.0,
+                 "rlflow": 6.0}
+COST_MS = {"original": 10.0, "original-aa": 10.0, "taso": 9.5, "greedy": 9.75, "eqsat": 9.4, "model_free": 9.25,
+           "rlflow": 10.0}
+OPT_S = {"taso": 42.5, "greedy": 3.25, "eqsat": 0.85, "model_free": 1.5, "rlflow": 0.75}
 TRAIN_S = {"model_free": 250.0, "rlflow": 125.0}
 INTERACTIONS = {"model_free": 2408, "rlflow": 608}
-STEPS = {"taso": ["conv-relu", "conv-relu", "matmul-merge"], "greedy": ["conv-relu"],
+STEPS = {"taso": ["conv-relu", "conv-relu", "matmul-merge"], "greedy": ["conv-relu"], "eqsat": [],
          "model_free": ["add-const-fold"], "rlflow": ["matmul-merge", "matmul-merge", "matmul-merge"]}
-FOLDER = {"taso": "taso", "greedy": "greedy", "model_free": "model_free", "rlflow": "controller"}
+FOLDER = {"taso": "taso", "greedy": "greedy", "eqsat": "eqsat", "model_free": "model_free", "rlflow": "controller"}
+#: eqsat's trace: its settings and e-graph statistics (as rlflow.search.eqsat.eqsat_search writes them)
+EQSAT_SETTINGS = {"node_limit": 50000, "iter_limit": 15, "time_limit_s": 60.0, "ilp_time_limit_s": 60.0,
+                  "multi_iterations": 1, "extraction": "ilp"}
+EQSAT_STATS = {"egraph_nodes_initial": 115, "egraph_classes_initial": 115, "egraph_nodes": 2513, "egraph_classes": 153,
+               "saturation_seconds": 0.25, "extraction_seconds": 0.5, "rules": 34, "rules_translated": 34,
+               "multi_pattern_rules": 5, "rules_skipped": 0, "iterations": 6, "matches": 178, "applied": 177,
+               "merges": 98, "match_cap_hits": 0, "rules_fired": {"add-commutativity": 42, "matmul-merge": 12},
+               "extraction": "ilp", "ilp_variables": 600, "ilp_constraints": 1009, "ilp_seconds": 0.25,
+               "ilp_status": 0, "ilp_message": "Optimization terminated successfully.", "ilp_optimal": True,
+               "extracted_cost_ms": 9.4, "kept_input": False}
 
 #: every graph's roofline lower bound (ms), at the device figures of metrics.json's roofline section
 ROOFLINE_MS = 10.0
 SECTION_TITLES = ("How to read this report", "Table 2", "Fig. 6", "Fig. 7", "Fig. 8", "Fig. 9", "Fig. 10",
-                  "Fig. 5", "Table 3", "Cost model vs end-to-end latency", "How far from the limit", "Sample efficiency", "Graph encoder",
-                  "Random rollouts", "Rule generation", "Config, versions and machine")
+                  "Equality saturation", "Fig. 5", "Table 3", "Cost model vs end-to-end latency",
+                  "How far from the limit", "Sample efficiency", "Graph encoder", "Random rollouts", "Rule generation",
+                  "Config, versions and machine")
 
 
 # -- a fake results folder ----------------------------------------------------------------------------------
@@ -80,7 +95,7 @@ def write_evaluation(folder: Path, model: str = "bert", methods=tuple(LATENCY), 
                         row.update(ratio=ratio, ci_low=lo, ci_high=hi, detectable_effect=0.02,
                                    verdict="faster" if hi < 1 else "slower" if lo > 1 else "no detectable difference")
                     if m not in ("original", "original-aa"):
-                        row.update(optimisation_s=OPT_S[m], rules_applied=len(STEPS[m]))
+                        row.update(optimisation_s=OPT_S[m], rules_applied=len(STEPS[m]) if m != "eqsat" else "")
                     if m in TRAIN_S:
                         row.update(training_s=TRAIN_S[m], real_interactions=INTERACTIONS[m])
                 w.writerow(row)
@@ -94,6 +109,8 @@ def trace(method: str) -> dict:
            "steps": [{"rule_id": f"r-{name}", "rule_name": name, "location": 0, "nodes": ["n"],
                       "cost_ms": COST_MS[method], "metrics": metrics} for name in STEPS[method]],
            "seconds": OPT_S[method]}
+    if method == "eqsat":
+        doc.update(settings=EQSAT_SETTINGS, stats=EQSAT_STATS, stop_reason="saturated")
     if method in TRAIN_S:
         doc.update(training_seconds=TRAIN_S[method], real_interactions={"total": INTERACTIONS[method]})
     return doc
@@ -178,8 +195,8 @@ def section(html: str, sid: str) -> str:
 
 
 def text(fragment: str) -> str:
-    """Visible text of an HTML fragment (tags dropped, entities for quotes undone)."""
-    return re.sub(r"<[^>]+>", " ", fragment).replace("&#x27;", "'").replace("&quot;", '"').replace("&amp;", "&")
+    """Visible text of an HTML fragment (tags dropped, entities undone)."""
+    return unescape(re.sub(r"<[^>]+>", " ", fragment))
 
 
 def assert_self_contained(html: str) -> None:
@@ -217,24 +234,41 @@ def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_p
     assert "20.000" in t2 and "17.500" in t2 and "+12.5% [+11.5%, +13.5%]" in t2
     assert "+42.5%" not in t2  # no cross-backend figure (RLFlow's graph on ort against the original on tf)
     assert "A/A control" in t2 and "+0.0% [-1.0%, +1.0%]" in t2
-    assert "faster than the original: TASO search, greedy, model-free PPO, RLFlow" in t2
+    assert "faster than the original: TASO search, greedy, equality saturation, model-free PPO, RLFlow" in t2
+    assert "+6.0% [+5.0%, +7.0%]" in t2  # eqsat's graph on tf: 18.8 / 20
     assert "TOO NOISY" not in t2
     assert "+25.0%" in t2  # activation memory 8 -> 6 MB
     assert "+32.4%" in t2 and "+4.5%" in t2  # RLFlow's Table 2, BERT-Base
     f6 = text(section(html, "fig6"))
     assert "11.500 (IQR 0.500); ratio 0.920 [0.910, 0.930], faster" in f6 and "unsupported" in f6  # rlflow on tf-xla
-    assert "On onnxruntime, faster than the original: TASO search, greedy, model-free PPO, RLFlow (95% intervals)." in f6
+    assert ("On onnxruntime, faster than the original: TASO search, greedy, equality saturation, model-free PPO, "
+            "RLFlow (95% intervals).") in f6
+    assert "18.800 (IQR 0.500); ratio 0.940 [0.930, 0.950], faster" in f6  # eqsat on TensorFlow
+    assert "up to 16% more speedup than TASO" in f6  # Tensat
     assert "A/A control (original re-exported)" in f6
     assert "2.98" in f6  # the paper's RLFlow latency for BERT-Base
     f7 = text(section(html, "fig7"))
     assert "42.50" in f7 and "125.00" in f7 and "10.8" in f7  # TASO's time, RLFlow's training, the paper's TASO
+    assert re.search(r"equality saturation\s+0\.85\s", f7)  # eqsat's optimisation time
+    assert "48x less optimisation time" in f7  # Tensat's claim, then this run's eqsat against TASO (the traces)
+    assert ("graph 9.4000 ms, TASO's 9.5000 ms (+1.05% against TASO's; positive: cheaper); it took 0.85 s, "
+            "TASO 42.50 s") in f7
     f8 = text(section(html, "fig8"))
     assert "-1.25" in f8 and "0.9688" in f8
     f9 = text(section(html, "fig9"))
     assert "+7.25%" in f9 and "+5.00%" in f9  # each agent's real improvement
     f10 = section(html, "fig10")
     assert "conv-relu" in f10 and "matmul-merge" in f10 and "add-const-fold" in f10
-    assert re.search(r"<td>matmul-merge</td><td>1</td><td>0</td><td>0</td><td>3</td>", f10)
+    assert re.search(r"<td>matmul-merge</td><td>1</td><td>0</td><td>0</td><td>3</td>", f10)  # no eqsat column
+    assert "equality saturation is not in this figure" in text(f10).lower()
+    eg = text(section(html, "egraph"))
+    assert "115 -> 2,513 (limit 50,000)" in eg and "115 -> 153" in eg and "6 (limit 15); stopped: saturated" in eg
+    assert "34 of 34 translated; 5 multi-pattern, run in the first 1 iteration(s)" in eg
+    assert "177 (98 unions; 0 rule iterations cut at the match cap)" in eg
+    assert "ilp (optimal; 600 variables, 1,009 constraints, 0.25 s)" in eg
+    assert "10.0000 -> 9.4000 -> 9.4000" in eg and "input was kept" not in eg
+    assert re.search(r"add-commutativity\s+42\s+matmul-merge\s+12", eg)
+    assert "node limit 50,000; iterations 15" in eg and "+1.05% against TASO's" in eg
     f5 = text(section(html, "fig5"))
     assert "weighted (main run)" in f5 and "delta" in f5 and "+4.75%" in f5
     t3 = text(section(html, "table3"))
@@ -247,7 +281,7 @@ def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_p
     roof = text(section(html, "roofline"))
     assert "GEMM 437 GFLOP/s, bandwidth 46 GB/s" in roof
     assert "20%" in roof and "13%" in roof  # the original: 1 - 10 / 12.5 on ort; RLFlow: 1 - 10 / 11.5 on ort
-    assert roof.count("10.00") == 5  # one bound per graph, the A/A control left out (it is the original)
+    assert roof.count("10.00") == 6  # one bound per graph (5 methods and the original), not the A/A control
     se = text(section(html, "sample"))
     assert "2,408" in se and "608" in se and "4,096" in se and "3.96x" in se
     assert "rollouts 600" in se
@@ -271,8 +305,9 @@ def test_report_says_which_stages_have_not_run(tmp_path, rlflow):
     assert_self_contained(html)
     for title in SECTION_TITLES:
         assert re.search(rf"<h2>{re.escape(title)}", html), title
-    assert ("Not evaluated: evaluation.csv has no row for A/A control (original re-exported), greedy, model-free PPO, "
-            "RLFlow") in text(section(html, "table2"))
+    assert ("Not evaluated: evaluation.csv has no row for A/A control (original re-exported), greedy, equality "
+            "saturation, model-free PPO, RLFlow") in text(section(html, "table2"))
+    assert "stage search_eqsat has not run" in text(section(html, "egraph"))
     assert "stage train_world_model has not run" in text(section(html, "fig8"))
     assert "stage train_controller has not run" in text(section(html, "fig9"))
     f10 = text(section(html, "fig10"))
@@ -374,6 +409,9 @@ def headline(model: str, rlflow_ms: float) -> dict:
                              "optimisation_s": None, "real_interactions": None},
                 "taso": {"backends": {"ort": cell(12.0, 0.96, "faster"), "tf": cell(18.5, 0.925, "faster", "too noisy")},
                          "optimisation_s": 42.5, "rules_applied": 3, "speed_check": "kept optimised"},
+                "eqsat": {"backends": {"ort": cell(11.75, 0.94, "faster"),
+                                       "tf": cell(18.0, 0.9, "faster", "too noisy")},
+                          "optimisation_s": 0.85, "rules_applied": None, "speed_check": "kept optimised"},
                 "rlflow": {"backends": {"ort": cell(rlflow_ms, rlflow_ms / 12.5, "faster"),
                                         "tf": cell(17.5, 0.875, "faster", "too noisy")},
                            "optimisation_s": 0.75, "real_interactions": 608, "speed_check": "kept original"},
@@ -391,7 +429,10 @@ def test_summary_over_two_models(tmp_path, rlflow):
     rows = list(csv.DictReader(csv_path.open()))
     assert "best_backend" not in rows[0]
     assert [(r["model"], r["method"], r["backend"]) for r in rows] == [
-        (m, x, b) for m in ("bert", "vit") for x in ("original", "taso", "rlflow") for b in ("ort", "tf")]
+        (m, x, b) for m in ("bert", "vit") for x in ("original", "taso", "eqsat", "rlflow") for b in ("ort", "tf")]
+    eq = {(r["model"], r["backend"]): r for r in rows if r["method"] == "eqsat"}
+    assert eq[("bert", "ort")]["ratio"] == "0.94" and eq[("bert", "ort")]["optimisation_s"] == "0.85"
+    assert eq[("bert", "ort")]["rules_applied"] == ""  # no sequence of rewrites: it extracts from an e-graph
     rl = {(r["model"], r["backend"]): r for r in rows if r["method"] == "rlflow"}
     assert rl[("bert", "ort")]["latency_ms"] == "11.5" and rl[("vit", "ort")]["latency_ms"] == "9.25"
     assert rl[("bert", "ort")]["ratio"] == "0.92" and rl[("bert", "ort")]["ci_low"] == "0.91"

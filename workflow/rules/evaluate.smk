@@ -1,5 +1,5 @@
-# Stage evaluate: the original graph and every method's optimised graph (taso, greedy, model_free, rlflow) on every
-# backend (onnxruntime, torch, TensorFlow, TensorFlow-XLA) -> results/<model>/evaluation.csv, metrics.json (DVC
+# Stage evaluate: the original graph and every method's optimised graph (taso, greedy, eqsat, model_free, rlflow) on
+# every backend (onnxruntime, torch, TensorFlow, TensorFlow-XLA) -> results/<model>/evaluation.csv, metrics.json (DVC
 # metrics) and results/summary/<model>.json. Fails, writing nothing, if any optimised graph's outputs differ.
 # Code: src/rlflow/stages/evaluate.py (and src/rlflow/evaluation/). Paths, command line and config keys:
 # STAGES["evaluate"] in src/rlflow/pipeline/registry.py.

@@ -5,7 +5,8 @@ Every method writes one: the searches (``rlflow.search.result.SearchResult.to_js
 
 * ``initial`` / ``final``: the cost model's estimate of the original / optimised graph (``nodes``, ``runtime_ms``,
   ``flops``, ``bytes``, ``launches``);
-* ``steps``: the rewrites applied (their number is ``rules_applied``);
+* ``steps``: the rewrites applied (their number is ``rules_applied``; none for eqsat, which applies rules to an
+  e-graph, not to the graph one step at a time: its trace's ``stats`` count the matches it applied);
 * ``seconds``: the optimisation time; ``training_seconds``, ``real_interactions``: only the RL methods.
 
 A missing, unreadable or malformed trace is a one-line :class:`rlflow.errors.RLFlowError` naming the file and key.
@@ -38,7 +39,8 @@ class TraceSummary:
     final: dict[str, float]
     """Cost estimate of the graph the method delivers: ``COST_KEYS`` of the trace's ``final``, or its ``initial``
     when the never-slower check kept the original (:attr:`speed_check`)."""
-    rules_applied: int
+    rules_applied: int | None
+    """Rewrites on the path to the result (``steps``); None for eqsat (no path: it extracts from an e-graph)."""
     optimisation_s: float
     training_s: float | None
     """RL methods: agent training time (absent for the searches)."""
@@ -95,13 +97,14 @@ def load_trace(path: str | Path) -> TraceSummary:
     if not isinstance(steps, list):
         raise RLFlowError(f"{path}: trace has no 'steps' list")
     training = doc.get("training_seconds")
+    method = doc.get("method") if isinstance(doc.get("method"), str) else None
     return TraceSummary(
         path=str(path),
-        method=doc.get("method") if isinstance(doc.get("method"), str) else None,
+        method=method,
         initial=_costs(doc, "initial", path),
         final=_costs(doc, "initial" if _speed_check(doc.get("speed_check"), path) == "kept original" else "final",
                      path),
-        rules_applied=len(steps),
+        rules_applied=None if method == "eqsat" else len(steps),
         optimisation_s=_number(doc, "seconds", path),
         training_s=None if training is None else _number(doc, "training_seconds", path),
         real_interactions=_interactions(doc.get("real_interactions"), path),

@@ -75,10 +75,10 @@ WILDCARD_CONFIG = {"model": "models", "shard": "rollouts.shards", "tau": "sweeps
 #: the reward classes a reward-sweep job may name (rlflow.env.rewards; the schema's env.reward.name enum)
 REWARD_NAMES = ("delta", "weighted", "normalised", "e2e")
 #: the config sections a model's report shows (all but ``models``, so adding a model reruns no other report)
-REPORTED_CONFIG = ("seed", "device", "export", "run", "timing", "cost", "search", "env", "rollouts", "encoder", "world_model",
-                   "ppo", "controller", "model_free", "rules", "sweeps", "evaluate")
+REPORTED_CONFIG = ("seed", "device", "export", "run", "timing", "cost", "search", "eqsat", "env", "rollouts", "encoder",
+                   "world_model", "ppo", "controller", "model_free", "rules", "sweeps", "evaluate")
 #: the methods the evaluate stage compares (besides the original graph): method -> its results folder
-METHODS = {"taso": "taso", "greedy": "greedy", "model_free": "model_free", "rlflow": "controller"}
+METHODS = {"taso": "taso", "greedy": "greedy", "eqsat": "eqsat", "model_free": "model_free", "rlflow": "controller"}
 
 
 class _Partial(dict):

@@ -15,7 +15,7 @@ Files read, relative to ``results/<model>`` (``--results``)::
     world_model/metrics.json, loss.csv   stage train_world_model
     controller/metrics.json              stage train_controller (RLFlow; the method "rlflow")
     model_free/metrics.json              stage train_model_free
-    <folder>/trace.json                  taso, greedy, model_free, controller: format rlflow.search-trace/1
+    <folder>/trace.json                  taso, greedy, eqsat, model_free, controller: format rlflow.search-trace/1
     controller/temperature-<tau>/        stage sweep_temperature (each tau of sweeps.temperatures)
     controller/reward-<name>/            stage sweep_reward (each name of sweeps.rewards)
 
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from rlflow.errors import RLFlowError
-from rlflow.pipeline.registry import METHODS, REPORTED_CONFIG
+from rlflow.pipeline.registry import METHODS, REPORTED_CONFIG, STAGES
 
 #: the columns of evaluation.csv, in order (stage evaluate)
 EVAL_COLUMNS = ("model", "method", "backend", "device", "latency_ms_median", "latency_ms_iqr", "ratio", "ci_low",
@@ -53,7 +53,7 @@ AA = "original-aa"
 #: every method in the report's order; "original" is the unoptimised graph
 METHOD_ORDER = ("original", AA, *METHODS)
 METHOD_LABEL = {"original": "original", AA: "A/A control (original re-exported)", "taso": "TASO search",
-                "greedy": "greedy", "model_free": "model-free PPO", "rlflow": "RLFlow"}
+                "greedy": "greedy", "eqsat": "equality saturation", "model_free": "model-free PPO", "rlflow": "RLFlow"}
 BACKEND_ORDER = ("ort", "torch", "tf", "tf-xla")
 BACKEND_LABEL = {"ort": "onnxruntime", "torch": "torch", "tf": "TensorFlow", "tf-xla": "TF-XLA"}
 #: the packages whose versions the report lists: label -> distribution names to try
@@ -316,8 +316,9 @@ def load_report_data(model: str, results: Path, rules_stats: Path, config: dict)
 
 
 def _trace_stage(method: str) -> str:
-    return {"taso": "search_taso", "greedy": "search_greedy", "model_free": "train_model_free",
-            "rlflow": "train_controller"}.get(method, method)
+    """The stage that writes the method's trace (the registry's, by its output path)."""
+    path = f"results/{{model}}/{METHODS[method]}/trace.json"
+    return next(s.name for s in STAGES.values() if path in s.outputs.values())
 
 
 def reported_config(config: dict, model: str) -> dict:

@@ -1,9 +1,10 @@
 """The published numbers the report shows beside this run's, each with its source.
 
-Transcribed from the papers of RLFlow (Parker, Alabed, Yoneki), X-RLflow (He, Parker, Yoneki, MLSys 2023) and
-TASO (Jia et al., SOSP 2019), as collected in the project's ``REFERENCES.md``. They are the only numbers in the
-report that do not come from this run's files. The papers measured on GPUs (RLFlow: RTX 2070; TASO: V100), so
-they are for orientation, not for a like-for-like comparison with a run on other hardware.
+Transcribed from the papers of RLFlow (Parker, Alabed, Yoneki), X-RLflow (He, Parker, Yoneki, MLSys 2023), TASO
+(Jia et al., SOSP 2019) and Tensat (Yang et al., MLSys 2021), as collected in the project's ``REFERENCES.md``.
+They are the only numbers in the report that do not come from this run's files. The papers measured on GPUs
+(RLFlow: RTX 2070; TASO: V100), so they are for orientation, not for a like-for-like comparison with a run on
+other hardware.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 RLFLOW = "RLFlow (Parker, Alabed, Yoneki)"
 X_RLFLOW = "X-RLflow (He, Parker, Yoneki, MLSys 2023)"
 TASO = "TASO (Jia et al., SOSP 2019)"
+TENSAT = "Tensat (Yang et al., MLSys 2021)"
 
 #: our zoo model -> the model's name in the RLFlow paper (only the models it measured)
 RLFLOW_MODEL = {"bert": "BERT-Base", "vit": "ViT-Base", "resnet18": "ResNet18", "resnet50": "ResNet50",
@@ -74,3 +76,13 @@ TASO_SPEEDUP_SOURCE = f"{TASO}, end-to-end speedup vs the best of TF / TF-XLA / 
 TASO_RULES = {"substitutions generated and verified (paper)": 743, "rules shipped in the repository": 133,
               "hand-written transforms": 18, "actions in the RL papers (133 + 18)": 151}
 TASO_RULES_SOURCE = f"{TASO}: ~5 min generation, ~10 min verification; repository rule file"
+
+#: Tensat (equality saturation over TASO's rules, ILP extraction) against TASO's search: up to this much more
+#: speedup (%), and on average this many times less optimisation time (the paper gives no per-model table here)
+TENSAT_MORE_SPEEDUP_PCT = 16
+TENSAT_TIME_FACTOR = 48
+TENSAT_VS_TASO_SOURCE = (f"{TENSAT}: up to {TENSAT_MORE_SPEEDUP_PCT}% more speedup than TASO, on average "
+                         f"{TENSAT_TIME_FACTOR}x less optimisation time")
+#: Tensat's saturation limits and rule set
+TENSAT_SETTINGS = {"node limit": 50_000, "iterations": 15, "single-pattern rules (TASO's)": 120,
+                   "multi-pattern rules": 13}

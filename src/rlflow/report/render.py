@@ -57,7 +57,10 @@ def how_to_read(d: ReportData) -> tuple[str, str, str]:
             "an input is missing.")
         + h.ul([
             "Methods: 'original' is the exported graph; 'TASO search' is TASO's cost-based backtracking search; "
-            "'greedy' applies the best cost-lowering rewrite until none is left; 'model-free PPO' is a PPO agent "
+            "'greedy' applies the best cost-lowering rewrite until none is left; 'equality saturation' (Tensat's "
+            "method) applies the same rules at every match at once to an e-graph, which holds every rewritten graph "
+            "together, until it saturates or reaches a limit, then extracts the cheapest graph it holds under the "
+            "same cost target with an integer linear program; 'model-free PPO' is a PPO agent "
             "trained on the real rewrite environment; 'RLFlow' is the controller trained only inside the learned "
             "world model (the 'dream') and then run once on the real environment.",
             "Backends: each graph is timed end to end with onnxruntime, torch (op by op), TensorFlow (a tf.function, "
@@ -215,6 +218,7 @@ def fig6(d: ReportData) -> tuple[str, str, str]:
     tm = paper.TASO_MODEL.get(d.model)
     if tm:
         parts.append(h.paper(f"{paper.TASO_SPEEDUP_SOURCE}: {tm} {paper.TASO_SPEEDUP[tm]}x."))
+    parts.append(h.paper(paper.TENSAT_VS_TASO_SOURCE + " (over TASO's rules, on GPUs)."))
     return "fig6", "Fig. 6: runtime of every method on each backend", "".join(parts)
 
 
@@ -225,14 +229,17 @@ def fig7(d: ReportData) -> tuple[str, str, str]:
     parts.append(h.table(["method", "optimisation (s)", "training (s)", "from"],
                          [(_m(r["method"]), h.num(r["optimisation_s"], 2), h.num(r["training_s"], 2), r["source"])
                           for r in rows]))
-    parts.append(h.p("Optimisation time: the search's run time (TASO, greedy), or the trained agent's run on the "
-                     "real environment (model-free, RLFlow); the agents' training is listed separately."))
+    parts.append(h.p("Optimisation time: the search's run time (TASO, greedy; equality saturation: saturating the "
+                     "e-graph and extracting from it), or the trained agent's run on the real environment (model-free, "
+                     "RLFlow); the agents' training is listed separately."))
     pm = _paper_model(d.model)
     if pm in paper.RLFLOW_OPT_TIME_S:
         a, b = paper.RLFLOW_OPT_TIME_S[pm]
         parts.append(h.paper(f"{paper.RLFLOW_OPT_TIME_SOURCE}, {pm}: TASO {a:g} s, RLFlow {b:g} s."))
     else:
         parts.append(h.paper(f"{paper.RLFLOW_OPT_TIME_SOURCE}: none for '{d.model}'."))
+    parts.append(h.paper(paper.TENSAT_VS_TASO_SOURCE + "."))
+    parts.append(_eqsat_vs_taso(_egraph(d)))
     return "fig7", "Fig. 7: optimisation time per method", "".join(parts)
 
 
@@ -290,8 +297,10 @@ def fig9(d: ReportData) -> tuple[str, str, str]:
 
 
 def fig10(d: ReportData) -> tuple[str, str, str]:
-    a = t.rules_applied(d.traces)
-    parts = []
+    a = t.rules_applied({m: tr for m, tr in d.traces.items() if m != "eqsat"})
+    parts = [h.p(f"{_m('eqsat')} is not in this figure: it applies every rule at every match to an e-graph and "
+                 "extracts a graph from it, so it has no sequence of rewrites; the section on the e-graph lists the "
+                 "rules whose matches changed it.")]
     for m, inp in a["missing"].items():
         parts.append(h.missing(f"{_m(m)}: {inp.why()}"))
     if a["methods"] and not a["rules"]:
@@ -308,6 +317,63 @@ def fig10(d: ReportData) -> tuple[str, str, str]:
     if totals:
         parts.append(h.p("Rewrites applied in all: " + ", ".join(f"{m} {n}" for m, n in totals) + "."))
     return "fig10", "Fig. 10: transformations applied by each method", "".join(parts)
+
+
+def _egraph(d: ReportData) -> dict | None:
+    """eqsat's e-graph figures (:func:`rlflow.report.tables.egraph`); None when its trace is absent."""
+    return t.egraph(d.traces["eqsat"], d.traces["taso"]) if d.traces["eqsat"].ok else None
+
+
+def _eqsat_vs_taso(e: dict | None) -> str:
+    """This run's eqsat against TASO on the cost target and in time (from their traces); empty without both."""
+    if e is None or e["final_ms"] is None or e["taso_final_ms"] is None:
+        return ""
+    cheaper = t.improvement_pct(e["taso_final_ms"], e["final_ms"])
+    took = (f"; it took {e['seconds']:.2f} s, TASO {e['taso_seconds']:.2f} s"
+            if e["seconds"] is not None and e["taso_seconds"] is not None else "")
+    return h.p(f"This run, on the cost target: {_m('eqsat')}'s graph {h.num(e['final_ms'], 4)} ms, TASO's "
+               f"{h.num(e['taso_final_ms'], 4)} ms ({h.pct(cheaper, 2)} against TASO's; positive: cheaper){took}.")
+
+
+def egraph(d: ReportData) -> tuple[str, str, str]:
+    title = "Equality saturation: e-graph size, saturation and extraction"
+    tensat = h.paper(f"{paper.TENSAT}'s settings: " + "; ".join(f"{k} {v:,}" for k, v in paper.TENSAT_SETTINGS.items())
+                     + f". {paper.TENSAT_VS_TASO_SOURCE}.")
+    e = _egraph(d)
+    if e is None:
+        return "egraph", title, h.missing(d.traces["eqsat"].why()) + tensat
+    c, cfg = e["counts"], e["settings"]
+    ilp = ""
+    if c["ilp_variables"] is not None:
+        ilp = (f" ({'optimal' if e['ilp_optimal'] else e['ilp_message'] or 'not optimal'}; "
+               f"{h.count(c['ilp_variables'])} variables, {h.count(c['ilp_constraints'])} constraints, "
+               f"{h.num(c['ilp_seconds'], 2)} s)")
+    rows = [
+        ("e-nodes before -> after saturation", f"{h.count(c['egraph_nodes_initial'])} -> {h.count(c['egraph_nodes'])}"
+                                               f" (limit {h.auto(cfg.get('node_limit'))})"),
+        ("e-classes before -> after", f"{h.count(c['egraph_classes_initial'])} -> {h.count(c['egraph_classes'])}"),
+        ("iterations", f"{h.count(c['iterations'])} (limit {h.auto(cfg.get('iter_limit'))}); stopped: "
+                       f"{e['stop'] or h.DASH}"),
+        ("rules", f"{h.count(c['rules_translated'])} of {h.count(c['rules'])} translated; "
+                  f"{h.count(c['multi_pattern_rules'])} multi-pattern, run in the first "
+                  f"{h.auto(cfg.get('multi_iterations'))} iteration(s)"),
+        ("matches applied", f"{h.count(c['applied'])} ({h.count(c['merges'])} unions; "
+                            f"{h.count(c['match_cap_hits'])} rule iterations cut at the match cap)"),
+        ("saturation (s)", h.num(c["saturation_seconds"], 2)),
+        ("extraction", f"{e['extraction'] or h.DASH}{ilp}"),
+        ("extraction (s)", h.num(c["extraction_seconds"], 2)),
+        ("cost estimate: original -> extracted -> result (ms)",
+         f"{h.num(e['initial_ms'], 4)} -> {h.num(c['extracted_cost_ms'], 4)} -> {h.num(e['final_ms'], 4)}"
+         + (" (the extraction cost more: the input was kept)" if e["kept_input"] else "")),
+    ]
+    parts = [h.p("Equality saturation's run (stage search_eqsat, from its trace): how far the e-graph grew, why "
+                 "saturation stopped, and how the graph was extracted from it."), _kv(rows)]
+    if e["rules_fired"]:
+        parts.append(h.details(f"Rules whose matches changed the e-graph ({len(e['rules_fired'])})",
+                               h.table(["rule", "matches that changed the e-graph"],
+                                       [(r, h.count(n)) for r, n in e["rules_fired"]])))
+    parts += [tensat, _eqsat_vs_taso(e)]
+    return "egraph", title, "".join(parts)
 
 
 def fig5(d: ReportData) -> tuple[str, str, str]:
@@ -486,8 +552,9 @@ def config_versions(d: ReportData) -> tuple[str, str, str]:
     return "config", "Config, versions and machine", "".join(parts)
 
 
-SECTIONS = (how_to_read, table2, fig6, fig7, fig8, fig9, fig10, fig5, table3, cost_vs_e2e, cost_target.section,
-            roofline.section, sample_efficiency, encoder, rollouts, rules, evaluation, xla_passes.section, config_versions)
+SECTIONS = (how_to_read, table2, fig6, fig7, fig8, fig9, fig10, egraph, fig5, table3, cost_vs_e2e, cost_target.section,
+            roofline.section, sample_efficiency, encoder, rollouts, rules, evaluation, xla_passes.section,
+            config_versions)
 
 
 def render_report(d: ReportData) -> str:

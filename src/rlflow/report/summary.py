@@ -117,7 +117,9 @@ def to_html(rows: list[dict], headlines: list[dict], out: Path, headline_dir: Pa
                  "backend, as the ratio of latencies (below 1: faster) with its 95% interval and the verdict; "
                  "'too noisy' where that backend's A/A control failed (no finding). Improvement vs TF is the "
                  "TensorFlow rows' ratio (RLFlow's Table 2 compares against TensorFlow running the original). "
-                 "Real interactions: steps in the real rewrite environment (RL agents only). Never-slower check: "
+                 "Real interactions: steps in the real rewrite environment (RL agents only). Rules applied: rewrites "
+                 "on the path to the method's graph (none for equality saturation, which extracts its graph from an "
+                 "e-graph). Never-slower check: "
                  "whether the method's stage kept its graph or the original. Click a model for its full report."),
              h.table(["model", "device", "method", "backend", "median latency (ms)", "ratio to original [95%]",
                       "verdict", "optimisation (s)", "real interactions", "rules applied", "never-slower check"],

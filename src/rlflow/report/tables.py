@@ -159,6 +159,40 @@ def rules_applied(traces: dict[str, Input]) -> dict:
             "counts": {(label[rid], m): n for (rid, m), n in counts.items()}, "missing": missing}
 
 
+# -- equality saturation ------------------------------------------------------------------------------------
+#: the figures of eqsat's trace ``stats`` the report shows (rlflow.search.eqsat.eqsat_search)
+EGRAPH_COUNTS = ("egraph_nodes_initial", "egraph_nodes", "egraph_classes_initial", "egraph_classes", "iterations",
+                 "rules", "rules_translated", "multi_pattern_rules", "matches", "applied", "merges", "match_cap_hits",
+                 "saturation_seconds", "extraction_seconds", "ilp_variables", "ilp_constraints", "ilp_seconds",
+                 "extracted_cost_ms")
+
+
+def egraph(eqsat: Input, taso: Input) -> dict:
+    """eqsat's e-graph and extraction from its trace: ``{"counts": {EGRAPH_COUNTS key: number or None},
+    "settings", "stop", "extraction", "ilp_optimal", "ilp_message", "kept_input", "rules_fired": [(rule, n)]
+    (most first), "initial_ms", "final_ms", "seconds"}``, plus TASO's ``taso_final_ms`` and ``taso_seconds`` from
+    its trace (None if absent): the run's own eqsat-vs-TASO comparison on the same cost target."""
+    doc = eqsat.data
+    stats = doc.get("stats") if isinstance(doc.get("stats"), dict) else {}
+    fired = stats.get("rules_fired") if isinstance(stats.get("rules_fired"), dict) else {}
+    tdoc = taso.data if taso.ok else {}
+    return {"counts": {k: _num(stats.get(k)) for k in EGRAPH_COUNTS},
+            "settings": doc.get("settings") if isinstance(doc.get("settings"), dict) else {},
+            "stop": doc.get("stop_reason"), "extraction": stats.get("extraction"),
+            "ilp_optimal": stats.get("ilp_optimal"), "ilp_message": stats.get("ilp_message"),
+            "kept_input": stats.get("kept_input"),
+            "rules_fired": sorted(((str(r), n) for r, n in fired.items() if _num(n) is not None),
+                                  key=lambda x: (-x[1], x[0])),
+            "initial_ms": _cost(doc, "initial"), "final_ms": _cost(doc, "final"), "seconds": _num(doc.get("seconds")),
+            "taso_final_ms": _cost(tdoc, "final"), "taso_seconds": _num(tdoc.get("seconds"))}
+
+
+def _cost(doc: dict, key: str) -> float | None:
+    """A trace's cost-model runtime of its ``initial`` or ``final`` graph."""
+    sub = doc.get(key)
+    return _num(sub.get("runtime_ms")) if isinstance(sub, dict) else None
+
+
 # -- cost model vs end to end -------------------------------------------------------------------------------
 def cost_discrepancy(rows: list[dict]) -> dict:
     """Per (method, backend) with both figures: cost-model estimate, measured latency and X-RLflow's
