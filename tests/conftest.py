@@ -29,13 +29,14 @@ def root() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_zoo(tmp_path_factory) -> dict:
-    """Every zoo model at its tiny size, exported once per test session: name -> ONNX path."""
+    """Every zoo model at its tiny size, exported once per test session (the default dynamo exporter, opset 18),
+    each in a folder of its own (tests/test_zoo.py checks the export leaves nothing beside it): name -> ONNX path.
+    Tests only read these files."""
     from rlflow.graph import zoo
 
-    folder = tmp_path_factory.mktemp("tiny-zoo")
     paths = {}
     for name in zoo.MODEL_NAMES:
-        paths[name] = folder / f"{name}.onnx"
+        paths[name] = tmp_path_factory.mktemp(f"tiny-zoo-{name}") / f"{name}.onnx"
         zoo.export_model(name, paths[name], zoo.TINY_SIZES[name])
     return paths
 
