@@ -58,14 +58,10 @@ def op_counts(path) -> collections.Counter:
 
 
 @pytest.fixture(scope="module")
-def dynamo_exports(tmp_path_factory) -> dict:
-    """Every tiny model exported once with the dynamo exporter at opset 18, each in its own directory."""
-    paths = {}
-    for name in zoo.MODEL_NAMES:
-        path = tmp_path_factory.mktemp(name.replace("-", "_")) / f"{name}.onnx"
-        zoo.export_model(name, path, zoo.TINY_SIZES[name])
-        paths[name] = path
-    return paths
+def dynamo_exports(tiny_zoo) -> dict:
+    """Every tiny model exported once with the dynamo exporter at opset 18, each in its own directory: the
+    session's tiny_zoo (conftest.py), which is exactly that."""
+    return tiny_zoo
 
 
 # ------------------------------------------------------------------------------------------ registry and sizes
