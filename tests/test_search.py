@@ -162,13 +162,12 @@ def test_optimize_end_to_end(tiny_zoo, rules_file, tmp_path, capsys):
     assert code == 0 and out.is_file() and trace.is_file()
     text = capsys.readouterr().out
     assert "taso: cost" in text and f"wrote {out}" in text
-    # the never-slower check on ort: one line; the file is the optimised graph only if it was called faster
+    # the never-slower check on ort, one line: tiny resnet18's rewrites are Conv+ReLU fusions only, which export
+    # back as Conv + Relu: the file would be the original's, so the original is kept without timing it
     check = json.loads(trace.read_text())["speed_check"]
-    assert check["line"] in text.splitlines() and check["backend"] == "ort" and check["sessions"] == 4
-    assert (check["kept"] == "optimised") == (check["verdict"] == "faster")
-    written = load_onnx(out).structural_hash()
-    assert written == load_onnx(src).structural_hash() if check["kept"] == "original" else written != \
-        load_onnx(src).structural_hash()
+    assert check["line"] in text.splitlines() and check["backend"] == "ort"
+    assert check["kept"] == "original" and check["verdict"] is None and "ONNX export" in check["line"]
+    assert load_onnx(out).structural_hash() == load_onnx(src).structural_hash()
     g = load_onnx(src)
     feeds = make_inputs(g)
     assert max_rel_diff(ort_outputs(src, feeds), ort_outputs(out, feeds)) <= 1e-4
