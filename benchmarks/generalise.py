@@ -14,8 +14,10 @@ improvement(training shape) (issue K's goal: >= 90% at bert seq 64 and 256).
   python benchmarks/generalise.py --agent results/bert/controller/controller.pt --model bert --variants seq=64 \\
       vit:image=224 --taso
 
-The cost target is the config's (``--config``, default config.yaml: ``cost.target: auto`` = sim-h100 on a CPU), the
-one the pipeline's agents trained on. Prints one row per graph and the last line
+The pipeline's stage ``generalise`` runs the same comparison (:func:`rlflow.stages.generalise.zero_shot`) for
+both agents of each model on ``generalise.variants``, and the report shows it. The cost target is the config's
+(``--config``, default config.yaml: ``cost.target: auto`` = sim-h100 on a CPU), the one the pipeline's agents
+trained on. Prints one row per graph and the last line
 ``generalise <agent>: kept <variant>=<x> ...``.
 """
 
@@ -24,29 +26,10 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-
-
-def parse_variant(text: str, model: str) -> tuple[str, dict]:
-    """``seq=64`` (the agent's model) or ``vit:image=384`` (another zoo model) -> (model, size overrides)."""
-    name, _, sizes = text.rpartition(":")
-    name = name or model
-    overrides = {}
-    for part in filter(None, sizes.split(",")):
-        key, eq, value = part.partition("=")
-        if not eq or not value.isdigit():
-            raise SystemExit(f"generalise: variant {text!r}: expected KEY=INT[,KEY=INT] (e.g. seq=64)")
-        overrides[key] = int(value)
-    return name, overrides
-
-
-def improvement(result) -> float:
-    a, b = result.initial.runtime_ms, result.final.runtime_ms
-    return (a - b) / a * 100 if a else 0.0
 
 
 def main() -> int:
@@ -56,7 +39,7 @@ def main() -> int:
     from rlflow.cost.targets import resolve_target
     from rlflow.graph import load_onnx, zoo
     from rlflow.rewrite import load_rules
-    from rlflow.search import greedy_search, taso_search
+    from rlflow.stages.generalise import parse_variant, zero_shot
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agent", type=Path, required=True, help="an agent checkpoint (model_free.pt or controller.pt)")
@@ -78,38 +61,27 @@ def main() -> int:
     rules = load_rules(a.rules)
     agent.check_rules(rules, str(a.rules))
     cost = make_cost_model(config, "cpu")
-    target = resolve_target(config)
-    variants = [(a.model, {})] + [parse_variant(v, a.model) for v in a.variants]
-    print(f"agent {a.agent} ({agent.method}, trained on {a.model}); cost target {target} ({cost.label}); "
-          f"{len(rules)} rules", flush=True)
-    head = f"{'graph':<28}{'nodes':>7}{'cost ms':>11}{'agent %':>9}{'greedy %':>10}" + (f"{'taso %':>8}" if a.taso
-                                                                                         else "") + f"{'kept':>7}{'s':>6}"
-    print(head, flush=True)
-    rows, base = [], None
+    variants = [parse_variant(v, a.model) for v in a.variants]
+    print(f"agent {a.agent} ({agent.method}, trained on {a.model}); cost target {resolve_target(config)} "
+          f"({cost.label}); {len(rules)} rules", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for name, overrides in variants:
-            sizes = {**config["zoo"][name], **overrides}
-            label = name + (" " + ",".join(f"{k}={v}" for k, v in overrides.items()) if overrides else " (trained)")
-            if name != a.model and not overrides:
-                label = name + " (other model)"
-            path = Path(tmp) / f"{name}-{len(rows)}.onnx"
-            zoo.export_model(name, path, sizes)
-            graph = load_onnx(path)
-            t0 = time.perf_counter()
-            result, _ = agent.optimise(graph, rules, cost)
-            mine = improvement(result)
-            if base is None:
-                base = mine
-            greedy = improvement(greedy_search(graph, rules, cost))
-            taso = improvement(taso_search(graph, rules, cost, alpha=get(config, "search.alpha"),
-                                           budget=get(config, "search.budget"))) if a.taso else None
-            kept = mine / base if base else None
-            rows.append((label, kept))
-            print(f"{label:<28}{len(graph.nodes):>7}{result.initial.runtime_ms:>11.4f}{mine:>9.3f}{greedy:>10.3f}"
-                  + (f"{taso:>8.3f}" if a.taso else "") + (f"{kept:>7.2f}" if kept is not None else f"{'n/a':>7}")
-                  + f"{time.perf_counter() - t0:>6.1f}", flush=True)
-    print("generalise " + str(a.agent) + ": kept " + " ".join(
-        f"{label.replace(' ', '_')}={'n/a' if k is None else f'{k:.3f}'}" for label, k in rows[1:]))
+        path = Path(tmp) / f"{a.model}.onnx"
+        zoo.export_model(a.model, path, config["zoo"][a.model], opset=get(config, "export.opset"),
+                         exporter=get(config, "export.exporter"), seed=get(config, "seed"))
+        rows = zero_shot({agent.method: agent}, a.model, load_onnx(path), variants, rules, cost, config,
+                         taso=a.taso, log=lambda line: print(line, flush=True))
+    head = f"{'graph':<28}{'nodes':>7}{'cost ms':>11}{'agent %':>9}{'greedy %':>10}" + \
+        (f"{'taso %':>8}" if a.taso else "") + f"{'kept':>7}{'s':>7}"
+    print(head)
+    for r in rows:
+        ag = r["agents"][agent.method]
+        kept = "n/a" if ag["kept"] is None else f"{ag['kept']:.2f}"
+        print(f"{r['graph']:<28}{r['nodes']:>7}{r['initial_ms']:>11.4f}{ag['improvement_pct']:>9.3f}"
+              f"{r['greedy_pct']:>10.3f}" + (f"{r['taso_pct']:>8.3f}" if a.taso else "") + f"{kept:>7}"
+              f"{ag['seconds']:>7.1f}")
+    kept = {r["graph"].replace(" ", "_"): r["agents"][agent.method]["kept"] for r in rows[1:]}
+    print(f"generalise {a.agent}: kept " + " ".join(f"{k}={'n/a' if v is None else format(v, '.3f')}"
+                                                    for k, v in kept.items()))
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import re
 import shutil
 
@@ -20,8 +21,8 @@ from test_pipeline import CONFIG, REPO, TINY, copy_workflow, job_counts, sh, too
 from rlflow.config import load_config
 
 #: the stages a reward parameter reaches (the sweeps are train_controller runs; summary reads evaluate's output)
-REWARD_STAGES = {"train_controller", "train_model_free", "sweep_temperature", "sweep_reward", "evaluate", "report",
-                 "summary"}
+REWARD_STAGES = {"train_controller", "train_model_free", "sweep_temperature", "sweep_reward", "generalise", "evaluate",
+                 "report", "summary"}
 
 
 def ran_dvc_stages(output: str) -> set[str]:
@@ -54,7 +55,7 @@ def tiny_repo(tmp_path_factory):
 def test_rule_all_builds_the_report_and_the_summary(tiny_repo):
     root, log = tiny_repo
     counts = job_counts(log)
-    for stage in ("evaluate", "report", "summary", "sweep_temperature", "sweep_reward"):
+    for stage in ("generalise", "evaluate", "report", "summary", "sweep_temperature", "sweep_reward"):
         assert counts.get(stage) == 1, counts
     html = (root / "results/bert/report.html").read_text()
     assert html.lstrip().lower().startswith("<!doctype html") and "</html>" in html
@@ -66,6 +67,10 @@ def test_rule_all_builds_the_report_and_the_summary(tiny_repo):
     assert pairs == {(m, b) for m in ("original", "original-aa", "taso", "greedy", "eqsat", "model_free", "rlflow")
                      for b in ("ort", "torch", "tf", "tf-xla")}
     assert '<section id="egraph">' in html and "stage search_eqsat has not run" not in html  # eqsat's e-graph figures
+    gen = json.loads((root / "results/bert/generalise.json").read_text())  # tiny.yaml: bert seq=4 and seq=16
+    assert [r["graph"] for r in gen["rows"]] == ["bert (trained)", "bert seq=4", "bert seq=16"]
+    assert all(set(r["agents"]) == {"model_free", "rlflow"} for r in gen["rows"])
+    assert "bert seq=16" in html and "stage generalise has not run" not in html
     assert all(r["status"] in ("ok", "unsupported") for r in rows)
     assert all(float(r["max_rel_diff"]) <= 1e-4 for r in rows if r["status"] == "ok")
     for r in rows:  # every timed row has its ratio to the original with an interval and a verdict

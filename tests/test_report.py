@@ -55,7 +55,7 @@ EQSAT_STATS = {"egraph_nodes_initial": 115, "egraph_classes_initial": 115, "egra
 ROOFLINE_MS = 10.0
 SECTION_TITLES = ("How to read this report", "Table 2", "Fig. 6", "Fig. 7", "Fig. 8", "Fig. 9", "Fig. 10",
                   "Equality saturation", "Fig. 5", "Table 3", "Cost model vs end-to-end latency",
-                  "How far from the limit", "Sample efficiency", "Graph encoder", "Random rollouts", "Rule generation",
+                  "How far from the limit", "Sample efficiency", "Generalisation", "Graph encoder", "Random rollouts", "Rule generation",
                   "Config, versions and machine")
 
 
@@ -121,7 +121,8 @@ def controller_metrics(improvement: float, rewards=(0.111, 0.222, 0.333), reward
             "real": {"initial": {"runtime_ms": 10.0}, "best": {"runtime_ms": 10.0 * (1 - improvement / 100)},
                      "best_step": 3, "steps": 8, "improvement_pct": improvement, "actions": [[1, 0]]},
             "real_interactions": {"rollouts": 600, "training": 0, "evaluation": 8, "total": INTERACTIONS["rlflow"]},
-            "curve": [{"update": i + 1, "mean_reward": r} for i, r in enumerate(rewards)], "seconds": 12.0}
+            "curve": [{"update": i + 1, "mean_reward": r, "disagreement": 0.5 / (i + 1)} for i, r in enumerate(rewards)],
+            "seconds": 12.0}
 
 
 def make_results(root: Path, model: str = "bert") -> Path:
@@ -138,7 +139,8 @@ def make_results(root: Path, model: str = "bert") -> Path:
                                     "baseline_mean_runtime_rel_err": 0.0456},
         "train_eval": {"graphs": 160, "runtime_rel_err": 0.0111}})
     write_json(res / "world_model" / "metrics.json", {"epochs": 3, "loglik_per_dim": -1.25, "mask_accuracy": 0.96875,
-                                                      "reward_corr": {"weighted": 0.625, "delta": 0.5}})
+                                                      "reward_corr": {"weighted": 0.625, "delta": 0.5},
+                                                      "reward_rmse": {"weighted": 0.0425}, "false_change_rate": 0.03125})
     (res / "world_model" / "loss.csv").write_text(
         "epoch,lr,train_loss,train_nll,heldout_loss,heldout_nll,seconds\n"
         "1,0.001,3.5,1.5,3.75,1.625,0.1\n2,0.0005,2.5,1.25,2.75,1.375,0.1\n3,0.0001,1.75,1.0,2.0,1.125,0.1\n")
@@ -150,6 +152,18 @@ def make_results(root: Path, model: str = "bert") -> Path:
         "real_interactions": {"training": 2400, "evaluation": 8, "total": INTERACTIONS["model_free"]},
         "curve": [{"update": 1, "interactions": 1200, "mean_reward": 0.05},
                   {"update": 2, "interactions": 2400, "mean_reward": 0.07}]})
+    write_json(res / "generalise.json", {
+        "format": "rlflow.generalise/1", "model": model, "cost_target": "sim-h100", "cost_label": "simulated H100",
+        "variants": ["bert seq=64", "bert seq=256"], "rows": [
+            {"graph": "bert (trained)", "trained": True, "nodes": 412, "initial_ms": 2.25, "greedy_pct": 1.5,
+             "agents": {"model_free": {"improvement_pct": 4.0, "kept": 1.0}, "rlflow": {"improvement_pct": 2.0,
+                                                                                     "kept": 1.0}}},
+            {"graph": "bert seq=64", "trained": False, "nodes": 412, "initial_ms": 1.5, "greedy_pct": 1.25,
+             "agents": {"model_free": {"improvement_pct": 3.8, "kept": 0.95}, "rlflow": {"improvement_pct": 1.0,
+                                                                                     "kept": 0.5}}},
+            {"graph": "bert seq=256", "trained": False, "nodes": 412, "initial_ms": 4.5, "greedy_pct": 1.75,
+             "agents": {"model_free": {"improvement_pct": 3.9, "kept": 0.975}, "rlflow": {"improvement_pct": 1.9,
+                                                                                      "kept": 0.95}}}]})
     write_json(res / "controller" / "temperature-0.5" / "metrics.json", controller_metrics(3.5))
     write_json(res / "controller" / "reward-delta" / "metrics.json",
                controller_metrics(4.75, rewards=(1.5, 2.5), reward="DeltaReward()"))
@@ -223,8 +237,8 @@ def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_p
     html = out.read_text()
     assert html.startswith("<!DOCTYPE html>")
     assert_self_contained(html)
-    # figures: 6, 7, 8, 9, 10, 5 (two) and the interactions bars
-    assert len(re.findall(r"<img ", html)) == 8
+    # figures: 6, 7, 8, 9 (two: rewards, the ensemble's disagreement), 10, 5 (two) and the interactions bars
+    assert len(re.findall(r"<img ", html)) == 9
     visible = text(html)
     for title in SECTION_TITLES:
         assert re.search(rf"<h2>{re.escape(title)}", html), title
@@ -255,7 +269,9 @@ def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_p
             "TASO 42.50 s") in f7
     f8 = text(section(html, "fig8"))
     assert "-1.25" in f8 and "0.9688" in f8
+    assert "0.0425" in f8 and "0.03125" in f8  # the held-out reward error and false-change rate
     f9 = text(section(html, "fig9"))
+    assert "ensemble's disagreement during the controller's training" in f9
     assert "+7.25%" in f9 and "+5.00%" in f9  # each agent's real improvement
     f10 = section(html, "fig10")
     assert "conv-relu" in f10 and "matmul-merge" in f10 and "add-const-fold" in f10
@@ -282,6 +298,10 @@ def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_p
     assert "GEMM 437 GFLOP/s, bandwidth 46 GB/s" in roof
     assert "20%" in roof and "13%" in roof  # the original: 1 - 10 / 12.5 on ort; RLFlow: 1 - 10 / 11.5 on ort
     assert roof.count("10.00") == 6  # one bound per graph (5 methods and the original), not the A/A control
+    gen = text(section(html, "generalise"))
+    assert "bert seq=64" in gen and "+3.80%" in gen and "0.95" in gen and "simulated H100" in gen
+    assert "model-free PPO: kept at least 90% of its improvement on every variant" in gen
+    assert "RLFlow: kept less than 90% of its improvement (or had none to keep) on: bert seq=64." in gen
     se = text(section(html, "sample"))
     assert "2,408" in se and "608" in se and "4,096" in se and "3.96x" in se
     assert "rollouts 600" in se
@@ -318,6 +338,7 @@ def test_report_says_which_stages_have_not_run(tmp_path, rlflow):
     assert "stage merge_rollouts has not run" in text(section(html, "rollouts"))
     assert "stage generate_rules has not run" in text(section(html, "rules"))
     assert "not run" in text(section(html, "sample"))
+    assert "stage generalise has not run" in text(section(html, "generalise"))
     # what evaluation.csv has is still reported: the original on TensorFlow and TASO's graph
     assert "20.000" in text(section(html, "table2")) and "18.500" in text(section(html, "table2"))
 

@@ -38,6 +38,7 @@ COMMAND_MODULES = [
     "rlflow.stages.train_world_model",
     "rlflow.stages.train_controller",
     "rlflow.stages.train_model_free",
+    "rlflow.stages.generalise",
     "rlflow.stages.evaluate",
     "rlflow.stages.report",
     "rlflow.stages.summary",

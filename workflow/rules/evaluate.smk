@@ -21,3 +21,26 @@ rule evaluate:
     threads: stage_threads("evaluate")
     shell:
         stage_shell("evaluate")
+
+
+# Stage generalise: each trained agent (model_free, the RLFlow controller) run zero-shot on the shapes in
+# generalise.variants.<model> -> results/<model>/generalise.json (improvement kept per variant; greedy beside).
+# Code: src/rlflow/stages/generalise.py. Paths, command line and config keys: STAGES["generalise"] in
+# src/rlflow/pipeline/registry.py.
+
+
+rule generalise:
+    input:
+        unpack(stage_input("generalise")),
+    output:
+        **stage_output("generalise"),
+    params:
+        **stage_params("generalise"),
+    log:
+        stage_log("generalise"),
+    benchmark:
+        stage_benchmark("generalise")
+    conda:
+        stage_conda("generalise")
+    shell:
+        stage_shell("generalise")

@@ -76,7 +76,7 @@ WILDCARD_CONFIG = {"model": "models", "shard": "rollouts.shards", "tau": "sweeps
 REWARD_NAMES = ("delta", "weighted", "normalised", "e2e")
 #: the config sections a model's report shows (all but ``models``, so adding a model reruns no other report)
 REPORTED_CONFIG = ("seed", "device", "export", "run", "timing", "cost", "search", "eqsat", "env", "rollouts", "encoder",
-                   "world_model", "ppo", "controller", "model_free", "rules", "sweeps", "evaluate")
+                   "world_model", "ppo", "controller", "model_free", "rules", "sweeps", "generalise", "evaluate")
 #: the methods the evaluate stage compares (besides the original graph): method -> its results folder
 METHODS = {"taso": "taso", "greedy": "greedy", "eqsat": "eqsat", "model_free": "model_free", "rlflow": "controller"}
 
@@ -324,6 +324,8 @@ FILE_HELP = {
     "of each model in xla.train_models)", "agents_dir": "folder of the agent-<variant>.pt checkpoints (one per "
     "xla.variants)", "passes": "per method: op counts and the paper's ratio (JSON)",
     "passes_csv": "per method: op counts and the paper's ratio (CSV)",
+    "model_free": "model-free agent checkpoint (train_model_free)", "controller": "controller checkpoint "
+    "(train_controller)", "generalise": "each agent's zero-shot improvement per variant (JSON)",
     **{f"{m}_onnx": f"{m}'s optimised model" for m in METHODS}, **{f"{m}_trace": f"{m}'s trace" for m in METHODS},
 }
 #: flags a command-line user may always leave out, and what leaving them out means
@@ -616,6 +618,17 @@ STAGES: dict[str, Stage] = {
             progress=True,
         ),
         Stage(
+            name="generalise",
+            doc="Run the trained agents zero-shot on other input shapes of the model (generalise.variants).",
+            inputs={**PROBLEM_INPUTS, "model_free": "results/{model}/model_free/model_free.pt",
+                    "controller": "results/{model}/controller/controller.pt"},
+            outputs={"generalise": "results/{model}/generalise.json"},
+            params={**SCORING_PARAMS, "export": "export", "zoo": "zoo", "generalise": "generalise"},
+            args=(*PROBLEM_ARGS, ("--model-free", "{input.model_free}"), ("--controller", "{input.controller}"),
+                  ("--out", "{output.generalise}")),
+            metrics=("generalise",),
+        ),
+        Stage(
             name="evaluate",
             doc="Run the original and every method's graph on every backend: latency, memory, cost, output check.",
             inputs={"onnx": "results/{model}/model.onnx", "costs": "results/costs/{device}/{model}.json",
@@ -643,6 +656,7 @@ STAGES: dict[str, Stage] = {
                     "wm_curve": "results/{model}/world_model/loss.csv",
                     "controller": "results/{model}/controller/metrics.json",
                     "model_free": "results/{model}/model_free/metrics.json",
+                    "generalise": "results/{model}/generalise.json",
                     **{f"{m}_trace": f"results/{{model}}/{d}/trace.json" for m, d in METHODS.items()},
                     "temperatures": "results/{model}/controller/temperature-{tau}/metrics.json",
                     "rewards": "results/{model}/controller/reward-{reward}/metrics.json"},

@@ -15,6 +15,7 @@ Files read, relative to ``results/<model>`` (``--results``)::
     world_model/metrics.json, loss.csv   stage train_world_model
     controller/metrics.json              stage train_controller (RLFlow; the method "rlflow")
     model_free/metrics.json              stage train_model_free
+    generalise.json                      stage generalise (the agents zero-shot on other shapes)
     <folder>/trace.json                  taso, greedy, eqsat, model_free, controller: format rlflow.search-trace/1
     controller/temperature-<tau>/        stage sweep_temperature (each tau of sweeps.temperatures)
     controller/reward-<name>/            stage sweep_reward (each name of sweeps.rewards)
@@ -104,6 +105,8 @@ class ReportData:
     model_free: Input
     traces: dict[str, Input]
     """method (``METHODS``) -> its trace."""
+    generalise: Input | None = None
+    """The agents' zero-shot runs on other shapes (stage generalise)."""
     temperatures: list[tuple[float, Input]] = field(default_factory=list)
     """(tau, controller metrics) for each configured sweeps.temperatures value."""
     rewards: list[tuple[str, Input]] = field(default_factory=list)
@@ -308,6 +311,7 @@ def load_report_data(model: str, results: Path, rules_stats: Path, config: dict)
         controller=read_json(results / "controller" / "metrics.json", "train_controller"),
         model_free=read_json(results / "model_free" / "metrics.json", "train_model_free"),
         traces=traces,
+        generalise=read_json(results / "generalise.json", "generalise"),
         temperatures=_temperature_runs(results, list(sweeps.get("temperatures") or [])),
         rewards=_reward_runs(results, list(sweeps.get("rewards") or [])),
         versions=package_versions(),

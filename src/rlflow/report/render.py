@@ -255,7 +255,8 @@ def fig8(d: ReportData) -> tuple[str, str, str]:
         w = d.world_model.data
         keys = ("epochs", "train_episodes", "heldout_episodes", "evaluated_on", "final_train_loss",
                 "final_train_nll", "final_heldout_nll", "loglik_per_dim", "reward_corr", "delta_rmse_ms",
-                "mask_accuracy", "mask_recall", "mask_precision", "done_accuracy", "train_seconds")
+                "reward_rmse", "unchanged_share", "change_accuracy", "false_change_rate", "mask_accuracy",
+                "mask_recall", "mask_precision", "done_accuracy", "train_seconds")
         parts.append(_kv([(k, v) for k, v in t.flatten({k: w[k] for k in keys if k in w})],
                          "World-model quality (on held-out episodes unless 'evaluated_on' says train)"))
     else:
@@ -278,6 +279,14 @@ def fig9(d: ReportData) -> tuple[str, str, str]:
         parts.append(h.figure(figures.reward_curves(series, "mean reward per step"), "reward per PPO update",
                               "Fig. 9: mean reward per PPO update: predicted by the world model while the controller "
                               "trains in the dream (and, for comparison, the model-free agent's real reward)."))
+    disagreement = t.reward_curve(d.controller, "disagreement")
+    if disagreement[0]:
+        parts.append(h.figure(figures.reward_curves([("world-model ensemble: reward disagreement", *disagreement)],
+                                                    "reward std across members"), "ensemble disagreement per update",
+                              "The world-model ensemble's disagreement during the controller's training: the mean, "
+                              "over the dream's moves of each PPO update, of the standard deviation of the members' "
+                              "predicted rewards (times controller.disagreement_penalty it is subtracted from the "
+                              "dream reward, so the controller is steered away from moves the members disagree on)."))
     rows = []
     for method, inp in (("rlflow", d.controller), ("model_free", d.model_free)):
         r = t.real_run(inp)
@@ -490,6 +499,41 @@ def sample_efficiency(d: ReportData) -> tuple[str, str, str]:
     return "sample", "Sample efficiency: real-environment interactions", "".join(parts)
 
 
+def generalisation(d: ReportData) -> tuple[str, str, str]:
+    g = d.generalise
+    title = "Generalisation: the agents zero-shot on other shapes"
+    if g is None or not g.ok:
+        return "generalise", title, h.missing(g.why() if g is not None else "Not run (stage generalise).")
+    rows = g.data.get("rows") or []
+    agents = [m for m in ("model_free", "rlflow") if any(m in (r.get("agents") or {}) for r in rows)]
+    body = []
+    for r in rows:
+        cells = [r.get("graph"), h.count(r.get("nodes")), h.num(r.get("initial_ms"), 4)]
+        for m in agents:
+            a = (r.get("agents") or {}).get(m) or {}
+            cells += [h.pct(a.get("improvement_pct"), 2), "trained" if r.get("trained") else h.num(a.get("kept"), 2)]
+        body.append((*cells, h.pct(r.get("greedy_pct"), 2)))
+    head = ["graph", "nodes", f"cost before (ms, {g.data.get('cost_label', 'cost target')})"]
+    for m in agents:
+        head += [f"{_m(m)}: improvement", f"{_m(m)}: kept"]
+    parts = [h.table([*head, "greedy: improvement"], body,
+                     "Each agent's improvement of the cost-target runtime on the shape it was trained on and, with "
+                     "no training, on each variant; kept = improvement on the variant / on the trained shape")]
+    for m in agents:
+        kept = [(r["graph"], r["agents"][m].get("kept")) for r in rows[1:] if m in (r.get("agents") or {})]
+        if not kept:
+            continue
+        low = [lab for lab, k in kept if k is None or k < 0.9]
+        parts.append(h.p(f"{_m(m)}: " + ("kept at least 90% of its improvement on every variant." if not low else
+                                         f"kept less than 90% of its improvement (or had none to keep) on: "
+                                         f"{', '.join(low)}.")))
+    if not rows[1:]:
+        parts.append(h.missing(f"No variants configured for {d.model} (generalise.variants.{d.model})."))
+    parts.append(h.paper(f"{paper.X_RLFLOW}: trained once, the agent generalises zero-shot to other input tensor "
+                         "shapes of the same model (the paper gives no per-shape figures we could set beside these)."))
+    return "generalise", title, "".join(parts)
+
+
 def encoder(d: ReportData) -> tuple[str, str, str]:
     if not d.encoder.ok:
         return "encoder", "Graph encoder: held-out prediction error", h.missing(d.encoder.why())
@@ -553,7 +597,7 @@ def config_versions(d: ReportData) -> tuple[str, str, str]:
 
 
 SECTIONS = (how_to_read, table2, fig6, fig7, fig8, fig9, fig10, egraph, fig5, table3, cost_vs_e2e, cost_target.section,
-            roofline.section, sample_efficiency, encoder, rollouts, rules, evaluation, xla_passes.section,
+            roofline.section, sample_efficiency, generalisation, encoder, rollouts, rules, evaluation, xla_passes.section,
             config_versions)
 
 

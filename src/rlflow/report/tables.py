@@ -242,14 +242,15 @@ def sample_efficiency(data: ReportData) -> list[dict]:
 
 
 # -- learning curves and sweeps -------------------------------------------------------------------------------
-def reward_curve(inp: Input) -> tuple[list[float], list[float]]:
-    """(update, mean_reward) per PPO update from an agent's metrics.json ``curve``."""
+def reward_curve(inp: Input, key: str = "mean_reward") -> tuple[list[float], list[float]]:
+    """(update, value of ``key``) per PPO update from an agent's metrics.json ``curve`` (updates without it are
+    left out): the mean reward, or e.g. the ensemble's ``disagreement``."""
     xs, ys = [], []
     if inp.ok and isinstance(inp.data.get("curve"), list):
         for i, c in enumerate(inp.data["curve"]):
-            if isinstance(c, dict) and _num(c.get("mean_reward")) is not None:
+            if isinstance(c, dict) and _num(c.get(key)) is not None:
                 xs.append(_num(c.get("update")) or i + 1)
-                ys.append(_num(c["mean_reward"]))
+                ys.append(_num(c[key]))
     return xs, ys
 
 
