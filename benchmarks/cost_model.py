@@ -15,7 +15,7 @@ model's list: every parallel Conv/MatMul merge applied until none is left (Incep
 them), all Conv+ReLU fusions, the first merge of each merge rule, one rewrite of each rule that matches, and
 seeded random rewrite walks of 2, 4, 8, 16 and 32 steps. Each graph is timed against its original on onnxruntime
 with issue G's protocol (:mod:`rlflow.evaluation.protocol`: fresh sessions, interleaved randomised rounds,
-hierarchical-bootstrap interval of the latency ratio; config section ``timing``, ``--budget-s`` seconds per
+Student-t interval over sessions of the round-paired latency ratio; config section ``timing``, ``--budget-s`` seconds per
 comparison), with the A/A control (the original re-imported) in the same comparison: a comparison whose A/A
 interval excludes 1 is too noisy and its verdict is not counted. For every pair the protocol calls significant
 (faster or slower), a target *hits* when its estimate moves the same way (lower for faster, higher for slower; an

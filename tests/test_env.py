@@ -274,7 +274,7 @@ def test_e2e_reward_measures_every_n_steps_with_the_protocol(bert, rules):
 
         return run
 
-    p = Protocol(sessions=3, warmup=0, budget_s=0.5, resamples=300)
+    p = Protocol(sessions=3, warmup=0, budget_s=0.5)
     meter = latency_meter(p, "ort", "cpu", make_runner=make_runner, clock=lambda: clock["now"])
     env = make(bert, rules, reward={"name": "e2e", "e2e_every": 2}, latency_meter=meter)
     actions = random_actions(make(bert, rules), 3, seed=4)

@@ -174,7 +174,7 @@ def _protocol(**kw):
     from rlflow.evaluation.protocol import Protocol
 
     return Protocol(**{"sessions": 2, "warmup": 1, "budget_s": 10.0, "min_rounds": 3, "max_rounds": 3,
-                       "resamples": 200, **kw})
+                       **kw})
 
 
 def test_timing_is_interleaved_in_random_rounds_over_fresh_sessions(monkeypatch):

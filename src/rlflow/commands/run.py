@@ -6,7 +6,7 @@ tf (a tf.function built op by op; Grappler on) and tf-xla (the same, compiled wi
 With --compare [REF.onnx], also compare it with REF (default: the model itself, exported and imported again
 through the IR: an A/A test of the machine's noise) under the measurement protocol (rlflow.evaluation.protocol:
 config section timing, --budget seconds): the latency ratio model / REF on the backend with its 95% interval
-(hierarchical bootstrap over several fresh sessions per graph, randomised interleaved rounds), the verdict
+(paired by round; Student's t over several fresh sessions per graph, randomised interleaved rounds), the verdict
 (faster / slower / no detectable difference) and the smallest effect the comparison could detect; and the
 largest output difference from onnxruntime running REF's file.
 

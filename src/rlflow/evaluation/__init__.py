@@ -5,7 +5,7 @@ and headline row.
 - :mod:`rlflow.evaluation.memory`  the activation-memory estimate (liveness over the node order)
 - :mod:`rlflow.evaluation.traces`  reading a method's ``trace.json`` (cost estimate, rules, seconds, interactions)
 - :mod:`rlflow.evaluation.protocol` the measurement protocol: interleaved randomised rounds over several fresh
-  sessions per graph, the ratio's hierarchical-bootstrap interval, verdict, A/A control, the never-slower check
+  sessions per graph, the ratio paired by round with its Student-t interval over the sessions, verdict, A/A control, the never-slower check
 - :mod:`rlflow.evaluation.runs`    the output check and the protocol's comparisons per backend
 - :mod:`rlflow.evaluation.tables`  ``evaluation.csv`` (its columns), ``metrics.json``, ``summary/<model>.json`` (pandas)
 """

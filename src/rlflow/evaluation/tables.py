@@ -13,7 +13,7 @@ latency_ms_median      median wall-clock latency of one inference over all timed
 latency_ms_iqr         its interquartile range (ms)
 ratio                  latency / the original's on the same backend under the measurement protocol
                        (:mod:`rlflow.evaluation.protocol`; < 1: faster); 1 for the original
-ci_low, ci_high        its 95% interval (hierarchical bootstrap over sessions, then runs); empty for the original
+ci_low, ci_high        its 95% interval (paired by round; Student's t over sessions); empty for the original
 verdict                ``faster`` | ``slower`` | ``no detectable difference`` (the interval below / above / around
                        1); ``reference`` for the original
 detectable_effect      the smallest relative change the comparison could detect (80% power; 0.02 = 2%)

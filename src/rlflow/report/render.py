@@ -67,7 +67,7 @@ def how_to_read(d: ReportData) -> tuple[str, str, str]:
             "Grappler on) and TF-XLA. Latency is the median of the timed runs; the IQR shows their spread.",
             "Speed is only ever compared on the same backend, under one measurement protocol: every graph runs in "
             "several freshly built sessions, interleaved in rounds of random order; the ratio of its latency to "
-            "the original's comes with a 95% interval (a bootstrap over sessions, then runs) and a verdict: "
+            "the original's (paired round by round) comes with a 95% interval over the sessions and a verdict: "
             "faster or slower only when the whole interval is below or above 1, else 'no detectable "
             "difference'. 'Smallest detectable' is the change the comparison could have detected (80% power).",
             "The A/A control is the original graph exported and imported again, timed as a method of its own: it "

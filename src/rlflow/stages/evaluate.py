@@ -7,7 +7,7 @@ device: build the runner, run it once on the same seeded random inputs and compa
 graph run by onnxruntime; then, one backend at a time, the measurement protocol (rlflow.evaluation.protocol,
 config section timing): every graph in timing.sessions freshly built runners, timed interleaved in rounds of
 random order within timing.budget_s per backend; per graph the latency ratio to the original with its 95%
-interval (hierarchical bootstrap over sessions, then runs) and a verdict (faster / slower / no detectable
+interval (paired by round; Student's t over the sessions) and a verdict (faster / slower / no detectable
 difference). When the A/A control's interval excludes 1.0 the backend is marked too noisy: its verdicts are no
 findings. Methods that found the same graph share one estimate (a method that kept the original shares the A/A
 control's: it is that comparison); when the runners would not fit in half the
