@@ -17,6 +17,10 @@ jobs starting and stopping in the middle of a comparison.
 
   python benchmarks/aa_test.py                                   # bert and resnet18, 20 A/A each, 60 s each (~45 min)
   python benchmarks/aa_test.py --power                           # InceptionV3 merged vs original, 20 x 60 s (~25 min)
+  python benchmarks/aa_test.py --set timing.sessions=8           # the figures: 8 sessions per graph, 60 s
+
+The config's default (timing.sessions 4, the pipeline's, where every session of every graph builds a TensorFlow
+runner too) detects about 3% on paper-size bert in 60 s; 8 sessions of the same 60 s about 1.5-2%.
   python benchmarks/aa_test.py --short                           # a check that it works: tiny sizes, 2 x 3 s each
   python benchmarks/aa_test.py --models bert --repeats 5 --budget 30 --set timing.sessions=6
 
