@@ -97,6 +97,13 @@ def test_default_config_is_valid_and_complete():
     assert load_config(None) == raw  # the schema defaults are the same values
 
 
+@pytest.mark.parametrize("extra", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_merges_over_the_default_and_validates(extra):
+    """configs/*.yaml are what the README tells users to run (--configfile): each must pass the schema."""
+    cfg = load_config([CONFIG, extra])
+    assert cfg != load_config(CONFIG)  # it changes something
+
+
 @pytest.mark.parametrize(
     ("override", "key"),
     [
