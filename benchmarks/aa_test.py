@@ -18,6 +18,7 @@ jobs starting and stopping in the middle of a comparison.
   python benchmarks/aa_test.py                                   # bert and resnet18, 20 A/A each, 60 s each (~45 min)
   python benchmarks/aa_test.py --power                           # InceptionV3 merged vs original, 20 x 60 s (~25 min)
   python benchmarks/aa_test.py --set timing.sessions=8           # the figures: 8 sessions per graph, 60 s
+  python benchmarks/aa_test.py --copy same                       # A side = the same graph (identical ONNX bytes)
 
 The config's default (timing.sessions 4, the pipeline's, where every session of every graph builds a TensorFlow
 runner too) detects about 3% on paper-size bert in 60 s; 8 sessions of the same 60 s about 1.5-2%.
@@ -100,6 +101,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=20, help="independent comparisons per model (default 20)")
     ap.add_argument("--budget", type=float, default=60.0, help="seconds per comparison (default 60)")
     ap.add_argument("--backend", default="ort", help="backend (default ort)")
+    ap.add_argument("--copy", choices=("ir", "same"), default="ir",
+                    help="the A side: ir = the graph exported and imported again through the IR (the evaluation's "
+                         "A/A control; its ONNX file differs in initializer names), same = the same graph (each "
+                         "runner built from identical bytes: the protocol's false-positive rate alone)")
     ap.add_argument("--power", action="store_true", help="also the power test (merged InceptionV3 vs original)")
     ap.add_argument("--power-only", action="store_true", help="only the power test")
     ap.add_argument("--short", action="store_true",
@@ -129,13 +134,15 @@ def main() -> int:
             for name in a.models:
                 g = export(name, sizes(name), Path(tmp))
                 check_memory(g, name)
-                est = run_comparisons(name, g, aa_copy(g), "A/A", a.repeats, base, a.backend, device,
+                other = aa_copy(g) if a.copy == "ir" else g
+                est = run_comparisons(name, g, other, "A/A", a.repeats, base, a.backend, device,
                                       make_inputs(g, base.seed))
                 fp = sum(e.verdict in (FASTER, SLOWER) for e in est)
                 det = statistics.median(e.detectable for e in est)
                 summary.append(f"A/A {name} on {a.backend}: false positives {fp}/{len(est)} = "
                                f"{100 * fp / len(est):.1f}%, median smallest detectable effect {100 * det:.2f}% "
-                               f"({a.budget:g} s per comparison, {base.sessions} sessions per graph)")
+                               f"({a.budget:g} s per comparison, {base.sessions} sessions per graph, A side: "
+                               f"{'IR round trip' if a.copy == 'ir' else 'the same graph'})")
         if a.power or a.power_only:
             g = export("inceptionv3", sizes("inceptionv3"), Path(tmp))
             merged, applied = merge_all(g)
