@@ -196,10 +196,9 @@ def ratio_interval(reference: Sequence[Sequence[float]], other: Sequence[Sequenc
                             for r, o in zip(reference, other)])
     mean = float(per_session.mean())
     se = float(per_session.std(ddof=1) / math.sqrt(len(per_session)))
-    df = len(per_session) - 1
-    half = float(t.ppf(0.5 + confidence / 2, df)) * se
-    detectable = math.expm1((float(t.ppf(0.5 + confidence / 2, df)) + float(t.ppf(POWER, df))) * se)
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half), detectable
+    q = float(t.ppf(0.5 + confidence / 2, len(per_session) - 1))
+    detectable = math.expm1((q + float(t.ppf(POWER, len(per_session) - 1))) * se)
+    return math.exp(mean), math.exp(mean - q * se), math.exp(mean + q * se), detectable
 
 
 def _collect() -> None:
