@@ -162,6 +162,19 @@ def test_building_runners_is_not_counted_against_the_budget():
     assert 50 <= sum(c.rounds) <= 52 and c.seconds == pytest.approx(c.timing_s + 2 * 2 * 2.0)
 
 
+def test_runners_are_built_in_a_random_order_per_block():
+    """Built always first, the reference ran 0.16% slower than identical bytes on onnxruntime (aa_test --copy
+    same): no graph may get the first build of every block."""
+    clock = Clock()
+    make = fake_runners(clock)
+    graphs = [("original", FakeGraph(1)), ("b", FakeGraph(1)), ("c", FakeGraph(1))]
+    compare(graphs, {}, proto(sessions=12, budget_s=0.1), make, clock=clock)
+    blocks = [make.built[k:k + 3] for k in range(0, len(make.built), 3)]
+    assert len(blocks) == 12 and all({id(g) for g in b} == {id(g) for _, g in graphs} for b in blocks)
+    firsts = {id(b[0]) for b in blocks}
+    assert len(firsts) == 3  # every graph was built first in some block
+
+
 def test_min_and_max_rounds_hold_whatever_the_budget():
     clock = Clock()
     c = compare([("original", FakeGraph(1000)), ("b", FakeGraph(1000))], {}, proto(budget_s=0.5, min_rounds=4),

@@ -8,9 +8,11 @@ Design (why). On a shared CPU, two onnxruntime sessions of the *same* file diffe
 per graph and resampling its runs calls identical graphs "significantly" different. So:
 
 1. **Sessions.** Each graph is run in ``sessions`` independently created runners (``make_runner`` is called
-   afresh for every one), one block after another. In block ``s`` every graph gets a fresh runner, ``warmup``
-   untimed calls each, then timed **rounds**: every graph called once per round, in an order drawn at random each
-   round (seeded), so drift and cache effects hit every graph alike. The block's runners are released before the
+   afresh for every one), one block after another. In block ``s`` every graph gets a fresh runner, built in an
+   order drawn at random per block (built always first, the reference ran 0.16% slower than identical bytes:
+   ``benchmarks/aa_test.py --copy same``), ``warmup`` untimed calls each, then timed **rounds**: every graph
+   called once per round, in an order drawn at random each round (seeded), so drift and cache effects hit
+   every graph alike. The block's runners are released before the
    next block (one runner per graph alive at a time).
 2. **Budget.** ``budget_s`` (from the config) is the comparison's seconds of timing -- warm-up and timed rounds,
    shared out evenly: block ``s`` runs rounds until the timing spent reaches ``budget_s (s + 1) / sessions`` (at
@@ -221,12 +223,15 @@ def compare(graphs: Sequence[tuple[str, Any]], feeds: dict, protocol: Protocol, 
         raise RLFlowError(f"compare: need a reference and at least one other graph, names unique (got {names})")
     p = protocol
     rng = np.random.default_rng(p.seed)
+    build_rng = np.random.default_rng((p.seed, 1))  # its own stream: the rounds' orders do not depend on it
     times: list[list[list[float]]] = [[] for _ in graphs]
     rounds: list[int] = []
     start, timing = clock(), 0.0
     try:
         for s in range(p.sessions):
-            runners = [make_runner(g) for _, g in graphs]
+            runners: list[Runner | None] = [None] * len(graphs)
+            for i in build_rng.permutation(len(graphs)):  # built in random order: no graph always gets the
+                runners[i] = make_runner(graphs[i][1])     # first (or last) memory of each block
             block = clock()
             for _ in range(p.warmup):
                 for i in rng.permutation(len(runners)):

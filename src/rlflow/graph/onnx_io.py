@@ -602,7 +602,10 @@ class _Emitter:
         self.graph = graph
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[TensorProto] = []
-        self.used = set(graph.types)
+        # the names the exported graph holds: a fresh name never takes one. Not ``graph.types``: it also keeps the
+        # types of values that are gone (an imported shape initializer folded into its Reshape), and avoiding those
+        # renamed an IR round trip's helper initializers (``node_view_shape`` -> ``node_view_shape_1``)
+        self.used = {*graph.inputs, *graph.constants, *(v for n in graph.nodes for v in n.outputs)}
 
     def fresh(self, base: str) -> str:
         name, k = base, 0
