@@ -20,7 +20,7 @@ run: $(STAMP)
 	$(BIN)/snakemake --cores 8
 
 test: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto --dist loadfile
 
 setup: $(STAMP)
 

@@ -25,18 +25,22 @@ runner too) detects about 3% on paper-size bert in 60 s; 8 sessions of the same 
   python benchmarks/aa_test.py --short                           # a check that it works: tiny sizes, 2 x 3 s each
   python benchmarks/aa_test.py --models bert --repeats 5 --budget 30 --set timing.sessions=6
 
-The last lines: per model ``A/A <model> on <backend>: false positives k/N = x%, median smallest detectable effect
+The last lines: per model ``A/A <model> on <backend>: false positives k/N = x% (its 95% Clopper-Pearson interval:
+with 20 comparisons a protocol at exactly 5% calls 2 or more in 26% of runs), median smallest detectable effect
 y%`` and, with --power, ``power inceptionv3 ...: called slower in k/N, median ratio r``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from scipy.stats import binomtest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -73,18 +77,19 @@ def merge_all(graph):
 
 
 def run_comparisons(name: str, reference, other, label: str, repeats: int, base, backend: str, device: str,
-                    feeds) -> list:
+                    feeds, first: int = 0) -> list:
+    """``repeats`` comparisons, the k-th (from ``first``) with protocol seed ``base.seed + 1000 k``."""
+    from dataclasses import replace
+
     from rlflow.evaluation.protocol import backend_runner, compare
 
     out = []
-    for k in range(repeats):
-        from dataclasses import replace
-
+    for k in range(first, first + repeats):
         p = replace(base, seed=base.seed + 1000 * k)
         c = compare([("original", reference), (label, other)], feeds, p, backend_runner(backend, device))
         e = c[label]
         out.append(e)
-        print(f"{name} {label} {k + 1}/{repeats}: ratio {e.interval()} -> {e.verdict}; smallest detectable "
+        print(f"{name} {label} {k + 1}/{first + repeats}: ratio {e.interval()} -> {e.verdict}; smallest detectable "
               f"{100 * e.detectable:.2f}%; {e.runs} runs, {c.timing_s:.1f} s timing, {c.seconds:.1f} s wall",
               flush=True)
     return out
@@ -100,6 +105,9 @@ def main() -> int:
     ap.add_argument("--models", nargs="+", default=["bert", "resnet18"], help="A/A models (default: bert resnet18)")
     ap.add_argument("--repeats", type=int, default=20, help="independent comparisons per model (default 20)")
     ap.add_argument("--budget", type=float, default=60.0, help="seconds per comparison (default 60)")
+    ap.add_argument("--first", type=int, default=0,
+                    help="index of the first comparison (its seed): --first 20 runs 20 more, independent of the "
+                         "default 20 (default 0)")
     ap.add_argument("--backend", default="ort", help="backend (default ort)")
     ap.add_argument("--copy", choices=("ir", "same"), default="ir",
                     help="the A side: ir = the graph exported and imported again through the IR (the evaluation's "
@@ -136,11 +144,17 @@ def main() -> int:
                 check_memory(g, name)
                 other = aa_copy(g) if a.copy == "ir" else g
                 est = run_comparisons(name, g, other, "A/A", a.repeats, base, a.backend, device,
-                                      make_inputs(g, base.seed))
+                                      make_inputs(g, base.seed), a.first)
                 fp = sum(e.verdict in (FASTER, SLOWER) for e in est)
                 det = statistics.median(e.detectable for e in est)
+                ci = binomtest(fp, len(est)).proportion_ci(0.95)  # Clopper-Pearson
+                logs = [math.log(e.ratio) for e in est]
                 summary.append(f"A/A {name} on {a.backend}: false positives {fp}/{len(est)} = "
-                               f"{100 * fp / len(est):.1f}%, median smallest detectable effect {100 * det:.2f}% "
+                               f"{100 * fp / len(est):.1f}% (95% CI {100 * ci.low:.1f}-{100 * ci.high:.1f}%; "
+                               f"{sum(e.verdict == FASTER for e in est)} faster, "
+                               f"{sum(e.verdict == SLOWER for e in est)} slower; geometric mean ratio "
+                               f"{math.exp(statistics.fmean(logs)):.4f}), median smallest detectable effect "
+                               f"{100 * det:.2f}% "
                                f"({a.budget:g} s per comparison, {base.sessions} sessions per graph, A side: "
                                f"{'IR round trip' if a.copy == 'ir' else 'the same graph'})")
         if a.power or a.power_only:
@@ -153,7 +167,7 @@ def main() -> int:
                 print("aa_test: no merge applies to this InceptionV3: nothing to compare", file=sys.stderr)
                 return 1
             est = run_comparisons("inceptionv3", g, merged, "merged", a.repeats, base, a.backend, device,
-                                  make_inputs(g, base.seed))
+                                  make_inputs(g, base.seed), a.first)
             slower = sum(e.verdict == SLOWER for e in est)
             faster = sum(e.verdict == FASTER for e in est)
             mid = statistics.median(e.ratio for e in est)
