@@ -4,9 +4,9 @@
 #
 # Setup: python3 -m venv .venv, then torch==2.13.0 FIRST in its own pip call (an unpinned torch, or one pulled
 # in by another package, would be the multi-GB CUDA build), then the requirements, then rlflow itself without
-# dependencies. A stamp file makes later runs skip the installs until a requirements file changes. --no-compile:
-# pip would byte-compile every module of TensorFlow, torch, jax...; Python compiles the ones imported on first use
-# (setup took 1.5 min instead of 2.6 here).
+# dependencies. A stamp file makes later runs skip the installs until a requirements file changes. (pip's
+# --no-compile made setup 1 min shorter but moved the byte-compiling into the pipeline's first imports, several
+# jobs at once: the fresh-clone make run was no shorter.)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -28,9 +28,9 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py envs/requirements.txt envs/requirements-test.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --no-compile torch==2.13.0
-	$(BIN)/python -m pip install --no-compile -r envs/requirements.txt -r envs/requirements-test.txt
-	$(BIN)/python -m pip install --no-compile --no-deps -e .
+	$(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -m pip install -r envs/requirements.txt -r envs/requirements-test.txt
+	$(BIN)/python -m pip install --no-deps -e .
 	touch $@
 
 # snakemake's linter (also a test)
