@@ -63,8 +63,9 @@ def how_to_read(d: ReportData) -> tuple[str, str, str]:
             "same cost target with an integer linear program; 'model-free PPO' is a PPO agent "
             "trained on the real rewrite environment; 'RLFlow' is the controller trained only inside the learned "
             "world model (the 'dream') and then run once on the real environment.",
-            "Backends: each graph is timed end to end with onnxruntime, torch (op by op), TensorFlow (a tf.function, "
-            "Grappler on) and TF-XLA. Latency is the median of the timed runs; the IQR shows their spread.",
+            "Backends: each graph is timed end to end on the backends of evaluate.backends: onnxruntime, torch (op "
+            "by op), TensorFlow (a tf.function, Grappler on) and, where listed, TF-XLA (configs/paper.yaml; the "
+            "quick default leaves it out). Latency is the median of the timed runs; the IQR shows their spread.",
             "Speed is only ever compared on the same backend, under one measurement protocol: every graph runs in "
             "several freshly built sessions, interleaved in rounds of random order; the ratio of its latency to "
             "the original's (paired round by round) comes with a 95% interval over the sessions and a verdict: "
