@@ -19,7 +19,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 .PHONY: run test setup lint dvc-yaml clean
 
 run: $(STAMP)
-	$(BIN)/snakemake --cores 8
+	$(BIN)/snakemake --cores all
 
 test: $(STAMP)
 	$(BIN)/pytest -q -n auto --dist loadfile

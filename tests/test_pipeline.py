@@ -250,6 +250,21 @@ def test_snakemake_dry_run_is_exactly_the_export_job():
     assert "--set export.opset=18 --set export.exporter=dynamo" in r.stdout
 
 
+
+def test_snakemake_starts_the_longest_chain_first():
+    """The rollouts -> encoder -> world model -> controller chain has priority 1 (registry), every other job 0, so
+    on a small machine (`make run`: --cores all) the searches wait for a core the chain leaves idle."""
+    r = sh(tool("snakemake"), "-n", "-F", "--cores", "2", "results/bert/report.html")
+    assert r.returncode == 0, r.stdout + r.stderr
+    jobs = re.findall(r"^(?:local)?rule (\w+):\n(.*?)(?=\n\n|\Z)", r.stdout, re.M | re.S)
+    got = {name: int(m.group(1)) if (m := re.search(r"^\s+priority: (\d+)$", body, re.M)) else 0
+           for name, body in jobs}
+    want = {name: registry.stage(name).priority for name in got if name in registry.STAGES}
+    assert {k for k, v in want.items() if v} == {"collect_rollouts", "merge_rollouts", "train_encoder",
+                                                 "train_world_model", "train_controller"}
+    assert {k: got[k] for k in want} == want
+
+
 def test_snakemake_passes_the_merged_tiny_config_to_the_job():
     r = sh(tool("snakemake"), "results/vit/model.onnx", "-n", "-F", "-p", "--configfile", TINY, "--config", "seed=7")
     assert r.returncode == 0, r.stdout + r.stderr

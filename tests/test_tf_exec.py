@@ -153,6 +153,29 @@ def test_conv_chain_keeps_nhwc():
     assert max_rel_diff(get_runner(g, "torch")(feeds), run(feeds)) < TOL
 
 
+
+@pytest.mark.parametrize("backend", ["tf", "tf-xla"])
+def test_large_weights_are_captured_small_constants_embedded(backend):
+    """A weight (>= CAPTURE_MIN_ELEMENTS elements) reaches the function as a captured input, never a Const node
+    (Grappler would copy and scan it on the first call); a small constant stays a Const that TF can fold."""
+    from rlflow.graph.exec.tf_exec import CAPTURE_MIN_ELEMENTS
+
+    b, _w = GraphBuilder("capture"), _weights(3)
+    n = CAPTURE_MIN_ELEMENTS // 16
+    x = b.input("x", (2, 16))
+    y = b.op("MatMul", [x, b.const("big", _w(16, n))])  # 16 * n = CAPTURE_MIN_ELEMENTS elements: captured
+    y = b.op("Add", [y, b.const("small", _w(n))])        # n elements: embedded
+    g = b.build([y])
+    run = get_runner(g, backend)
+    consts = [op for op in run._fn.graph.get_operations() if op.type == "Const"]
+    sizes = [int(np.prod(op.get_attr("value").tensor_shape.dim and
+                         [d.size for d in op.get_attr("value").tensor_shape.dim] or [1])) for op in consts]
+    assert max(sizes) < CAPTURE_MIN_ELEMENTS and n in sizes, sizes
+    assert len(run._fn.captured_inputs) == 1 and tuple(run._fn.captured_inputs[0].shape) == (16, n)
+    feeds = make_inputs(g)
+    assert max_rel_diff(get_runner(g, "torch")(feeds), run(feeds)) < TOL
+
+
 def _opaque_graph() -> Graph:
     types = {"x": TensorType((2, 3)), "e": TensorType((2, 3)), "y": TensorType((2, 3))}
     nodes = [Node("elu", "Opaque", ("x",), ("e",), {"op_type": "Elu", "domain": "", "attributes": ()}),

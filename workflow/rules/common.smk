@@ -64,6 +64,10 @@ def stage_benchmark(name):
     return registry.stage(name).benchmark
 
 
+def stage_priority(name):
+    return registry.stage(name).priority
+
+
 def stage_conda(name):
     """The env file, relative to this rules folder (Snakemake resolves `conda:` relative to the rule file)."""
     return str(Path("../..") / registry.stage(name).conda)

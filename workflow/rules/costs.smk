@@ -16,6 +16,7 @@ rule measure_costs:
         stage_log("measure_costs"),
     benchmark:
         stage_benchmark("measure_costs")
+    priority: stage_priority("measure_costs")
     conda:
         stage_conda("measure_costs")
     shell:

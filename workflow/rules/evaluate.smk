@@ -16,6 +16,7 @@ rule evaluate:
         stage_log("evaluate"),
     benchmark:
         stage_benchmark("evaluate")
+    priority: stage_priority("evaluate")
     conda:
         stage_conda("evaluate")
     threads: stage_threads("evaluate")
@@ -40,6 +41,7 @@ rule generalise:
         stage_log("generalise"),
     benchmark:
         stage_benchmark("generalise")
+    priority: stage_priority("generalise")
     conda:
         stage_conda("generalise")
     shell:

@@ -14,6 +14,7 @@ rule export_model:
         stage_log("export_model"),
     benchmark:
         stage_benchmark("export_model")
+    priority: stage_priority("export_model")
     conda:
         stage_conda("export_model")
     shell:

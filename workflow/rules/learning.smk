@@ -16,6 +16,7 @@ rule train_encoder:
         stage_log("train_encoder"),
     benchmark:
         stage_benchmark("train_encoder")
+    priority: stage_priority("train_encoder")
     conda:
         stage_conda("train_encoder")
     shell:
@@ -33,6 +34,7 @@ rule train_world_model:
         stage_log("train_world_model"),
     benchmark:
         stage_benchmark("train_world_model")
+    priority: stage_priority("train_world_model")
     conda:
         stage_conda("train_world_model")
     shell:
@@ -55,6 +57,7 @@ rule train_controller:
         stage_log("train_controller"),
     benchmark:
         stage_benchmark("train_controller")
+    priority: stage_priority("train_controller")
     conda:
         stage_conda("train_controller")
     shell:
@@ -72,6 +75,7 @@ rule train_model_free:
         stage_log("train_model_free"),
     benchmark:
         stage_benchmark("train_model_free")
+    priority: stage_priority("train_model_free")
     conda:
         stage_conda("train_model_free")
     shell:
@@ -94,6 +98,7 @@ rule sweep_temperature:
         stage_log("sweep_temperature"),
     benchmark:
         stage_benchmark("sweep_temperature")
+    priority: stage_priority("sweep_temperature")
     conda:
         stage_conda("sweep_temperature")
     shell:
@@ -111,6 +116,7 @@ rule sweep_reward:
         stage_log("sweep_reward"),
     benchmark:
         stage_benchmark("sweep_reward")
+    priority: stage_priority("sweep_reward")
     conda:
         stage_conda("sweep_reward")
     shell:

@@ -15,6 +15,7 @@ rule report:
         stage_log("report"),
     benchmark:
         stage_benchmark("report")
+    priority: stage_priority("report")
     conda:
         stage_conda("report")
     shell:
@@ -32,6 +33,7 @@ rule summary:
         stage_log("summary"),
     benchmark:
         stage_benchmark("summary")
+    priority: stage_priority("summary")
     conda:
         stage_conda("summary")
     shell:

@@ -16,6 +16,7 @@ rule collect_rollouts:
         stage_log("collect_rollouts"),
     benchmark:
         stage_benchmark("collect_rollouts")
+    priority: stage_priority("collect_rollouts")
     conda:
         stage_conda("collect_rollouts")
     shell:
@@ -33,6 +34,7 @@ rule merge_rollouts:
         stage_log("merge_rollouts"),
     benchmark:
         stage_benchmark("merge_rollouts")
+    priority: stage_priority("merge_rollouts")
     conda:
         stage_conda("merge_rollouts")
     shell:

@@ -15,6 +15,7 @@ rule generate_rules:
         stage_log("generate_rules"),
     benchmark:
         stage_benchmark("generate_rules")
+    priority: stage_priority("generate_rules")
     conda:
         stage_conda("generate_rules")
     shell:

@@ -16,6 +16,7 @@ rule search_taso:
         stage_log("search_taso"),
     benchmark:
         stage_benchmark("search_taso")
+    priority: stage_priority("search_taso")
     conda:
         stage_conda("search_taso")
     shell:
@@ -33,6 +34,7 @@ rule search_greedy:
         stage_log("search_greedy"),
     benchmark:
         stage_benchmark("search_greedy")
+    priority: stage_priority("search_greedy")
     conda:
         stage_conda("search_greedy")
     shell:
@@ -50,6 +52,7 @@ rule search_eqsat:
         stage_log("search_eqsat"),
     benchmark:
         stage_benchmark("search_eqsat")
+    priority: stage_priority("search_eqsat")
     conda:
         stage_conda("search_eqsat")
     shell:

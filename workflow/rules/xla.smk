@@ -21,6 +21,7 @@ rule export_hlo:
         stage_log("export_hlo"),
     benchmark:
         stage_benchmark("export_hlo")
+    priority: stage_priority("export_hlo")
     conda:
         stage_conda("export_hlo")
     shell:
@@ -38,6 +39,7 @@ rule train_pass_agent:
         stage_log("train_pass_agent"),
     benchmark:
         stage_benchmark("train_pass_agent")
+    priority: stage_priority("train_pass_agent")
     conda:
         stage_conda("train_pass_agent")
     shell:
@@ -55,6 +57,7 @@ rule evaluate_passes:
         stage_log("evaluate_passes"),
     benchmark:
         stage_benchmark("evaluate_passes")
+    priority: stage_priority("evaluate_passes")
     conda:
         stage_conda("evaluate_passes")
     shell:

@@ -117,6 +117,10 @@ class Stage:
     """Conda env file (repository-relative) for ``snakemake --use-conda``."""
     all_cores: bool = False
     """The stage times things: Snakemake gives it every core, so no other job runs beside it and skews them."""
+    priority: int = 0
+    """Snakemake starts ready jobs of higher priority first. The stages on the pipeline's longest chain (rollouts ->
+    encoder -> world model -> controller) have 1, so with ``--cores all`` on a small machine the searches fill the
+    cores those leave idle instead of slowing them down (DVC runs stages one at a time and has no priorities)."""
     folders: tuple[str, ...] = ()
     """Outputs (by name) that are folders, e.g. a dvclive log folder (Snakemake ``directory()``)."""
     sets: tuple[tuple[str, str], ...] = ()
@@ -379,6 +383,7 @@ XLA_ENV_PARAMS = {"seed": "seed", "max_steps": "xla.max_steps", "reward_scale": 
 #: RLFlow's controller (trained in the dream only); the sweep stages run the same code with one key fixed
 CONTROLLER = Stage(
     name="train_controller",
+    priority=1,
     doc="Train the controller in the dream (world model only); run it in the real env; its best graph.",
     inputs={**PROBLEM_INPUTS, "encoder": "results/{model}/encoder/encoder.pt",
             "latents": "results/{model}/encoder/latents.npz",
@@ -506,6 +511,7 @@ STAGES: dict[str, Stage] = {
         ),
         Stage(
             name="collect_rollouts",
+            priority=1,
             doc="One shard of random-agent episodes in the rewrite environment (actions, metrics, location counts).",
             inputs=PROBLEM_INPUTS,
             outputs={"episodes": "results/{model}/rollouts/shard-{shard}.json"},
@@ -523,6 +529,7 @@ STAGES: dict[str, Stage] = {
         ),
         Stage(
             name="merge_rollouts",
+            priority=1,
             doc="Join a model's rollout shards into one file (episodes in shard order) with summary statistics.",
             inputs={"shards": "results/{model}/rollouts/shard-{shard}.json"},
             outputs={"rollouts": "results/{model}/rollouts.json"},
@@ -532,6 +539,7 @@ STAGES: dict[str, Stage] = {
         ),
         Stage(
             name="train_encoder",
+            priority=1,
             doc="Train the graph encoder on the rollouts' graphs; write it and the z of every rollout step.",
             inputs={**PROBLEM_INPUTS, "rollouts": "results/{model}/rollouts.json"},
             outputs={"checkpoint": "results/{model}/encoder/encoder.pt",
@@ -552,6 +560,7 @@ STAGES: dict[str, Stage] = {
         ),
         Stage(
             name="train_world_model",
+            priority=1,
             doc="Train the MDN-RNN world model on the encoder's z sequences; its loss curve and held-out quality.",
             inputs={"latents": "results/{model}/encoder/latents.npz"},
             outputs={"checkpoint": "results/{model}/world_model/world_model.pt",

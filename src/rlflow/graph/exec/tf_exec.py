@@ -1,9 +1,14 @@
 """TensorFlow backends ``tf`` and ``tf-xla``: the IR lowered op by op into ONE ``tf.function``.
 
 The function has an input signature built from the graph's input types and is traced once, at construction. Grappler
-runs as TF's default; ``xla=True`` compiles the function with ``jit_compile=True``. Weights are embedded as graph
-constants when the function is traced (once, never per call), so Grappler and XLA fold anything computed from them
-alone (weight transposes, Enlarge, BatchNormalization's scale and shift).
+runs as TF's default; ``xla=True`` compiles the function with ``jit_compile=True``.
+
+Weights. A constant of at least :data:`CAPTURE_MIN_ELEMENTS` elements (a weight) is made once, eagerly, and captured
+by the function, as a Keras model's variables are: it reaches the graph as an input, not as a ``Const`` node, so
+Grappler does not copy and scan hundreds of MB of weights on the first call (paper-size BERT: 0.4 s first call
+instead of 12-16 s; steady-state latency the same). Layout conversions of weights (conv OIHW -> HWIO, broadcast
+operands to NHWC) are done in numpy before capture. Smaller constants (shapes, scalars, axes) are embedded as
+``Const`` nodes, so Grappler and XLA still see and fold them.
 
 Each op's lowering is its OpDef's ``tf`` facet (:mod:`rlflow.graph.ops`); this module holds the machinery.
 
@@ -34,6 +39,8 @@ from rlflow.graph.ir import Graph, Node
 from rlflow.graph.ops import OPS
 
 _TO_NHWC, _TO_NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
+#: constants with at least this many elements are captured by the function instead of embedded (module doc)
+CAPTURE_MIN_ELEMENTS = 1024
 _NHWC_AXIS = (0, 3, 1, 2)  # _NHWC_AXIS[nchw_axis] = the same axis's position in NHWC order
 
 
@@ -99,8 +106,8 @@ def _convert(lib, x, form: str):
 
 class _Values:
     """The tensors computed so far, each held in one or more forms: ``ir`` (IR layout), ``nhwc`` (rank-4 values),
-    and the derived ``nhwc_bcast``/``hwio``. A conversion is made once and cached; a constant is embedded on first
-    use, converted in numpy."""
+    and the derived ``nhwc_bcast``/``hwio``. A conversion is made once and cached; a constant is made on first use
+    (embedded, or captured when large: see the module doc), converted in numpy."""
 
     def __init__(self, tf, graph: Graph, feeds: dict[str, Any]):
         self.tf, self.graph = tf, graph
@@ -118,7 +125,11 @@ class _Values:
             const = self.graph.constants.get(v)
             if const is not None:
                 arr = const.array if form == "ir" else _convert(np, const.array, form)
-                held[form] = self.tf.constant(arr)
+                if arr.size >= CAPTURE_MIN_ELEMENTS:  # a weight: made eagerly, captured (see the module doc)
+                    with self.tf.init_scope():
+                        held[form] = self.tf.constant(arr)
+                else:
+                    held[form] = self.tf.constant(arr)
             else:
                 if "ir" not in held:
                     held["ir"] = self.tf.transpose(held["nhwc"], _TO_NCHW)
