@@ -113,9 +113,10 @@ class Protocol:
         return cls(seed=int(config.get("seed", 0)), **fields)
 
     def describe(self) -> str:
-        return (f"{self.sessions} sessions per graph, {self.warmup} warm-up calls each, randomised rounds within "
-                f"{self.budget_s:g} s per comparison ({self.min_rounds}-{self.max_rounds} rounds per session), "
-                f"{self.confidence:.0%} interval paired by round, Student's t over the sessions")
+        return (f"{self.sessions} sessions per graph, {self.warmup} warm-up calls each, randomised rounds in "
+                f"mirrored pairs within {self.budget_s:g} s per comparison ({self.min_rounds}-{self.max_rounds} "
+                f"rounds per session), {self.confidence:.0%} interval paired by round (a {TRIM:.0%}-trimmed mean "
+                f"per session), Student's t over the sessions")
 
 
 @dataclass

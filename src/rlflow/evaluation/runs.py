@@ -21,7 +21,7 @@ Order of work, one backend at a time:
    within ``protocol.budget_s``; per graph the latency ratio to the original with its interval and verdict. Methods
    with the same graph share one estimate (their rows are equal); a method whose graph is the original's (it kept
    the original) shares the A/A control's, which is exactly that comparison. This keeps the number of runners
-   built down: a TensorFlow runner of paper-size BERT takes 10-60 s to build and trace on this 2-core machine. The A/A control's interval must contain 1.0;
+   built down: a TensorFlow runner of paper-size BERT takes 2-6 s to build, trace and call once on this 2-core machine. The A/A control's interval must contain 1.0;
    when it does not, every row of that backend is marked ``too_noisy``.
 
 Memory. A runner can hold several copies of the weights (paper-size BERT on the CPU: onnxruntime about 1 GB per
