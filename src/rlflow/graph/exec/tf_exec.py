@@ -6,9 +6,9 @@ runs as TF's default; ``xla=True`` compiles the function with ``jit_compile=True
 Weights. A constant of at least :data:`CAPTURE_MIN_ELEMENTS` elements (a weight) is made once, eagerly, and captured
 by the function, as a Keras model's variables are: it reaches the graph as an input, not as a ``Const`` node, so
 Grappler does not copy and scan hundreds of MB of weights on the first call (paper-size BERT: 0.4 s first call
-instead of 12-16 s, single runs; steady-state latency not compared under the protocol). Layout conversions of weights (conv OIHW -> HWIO, broadcast
-operands to NHWC) are done in numpy before capture. Smaller constants (shapes, scalars, axes) are embedded as
-``Const`` nodes, so Grappler and XLA still see and fold them.
+instead of 12-16 s, single runs; steady-state latency not compared under the protocol). Layout conversions of
+weights (conv OIHW -> HWIO, broadcast operands to NHWC) are done in numpy before capture. Smaller constants
+(shapes, scalars, axes) are embedded as ``Const`` nodes, so Grappler and XLA still see and fold them.
 
 Each op's lowering is its OpDef's ``tf`` facet (:mod:`rlflow.graph.ops`); this module holds the machinery.
 
