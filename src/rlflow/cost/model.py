@@ -246,7 +246,8 @@ def _check_entries(p: Path, section: str, entries, key: str) -> None:
 
 def read_cache(path: str | Path, device: str) -> dict | None:
     """A cost cache's content, checked (None when the file does not exist): ``ops`` (torch-eager / cuda op
-    table), ``kernels`` and ``fusion`` (ort-cpu), ``calibration`` (per backend), each optional."""
+    table), ``kernels``, ``fusion``, ``layout``,
+    ``context`` and ``reorder`` (ort-cpu), ``calibration`` (per backend), each optional."""
     p = Path(path)
     if not p.exists():
         return None
@@ -266,6 +267,19 @@ def read_cache(path: str | Path, device: str) -> dict | None:
             isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and x >= 0 for x in v)
             for v in fusion.values()):
         raise RLFlowError(f"{p}: 'fusion' must map 'Producer>Consumer' to [fused, seen] counts")
+    layout = data.setdefault("layout", {})
+    if not isinstance(layout, dict) or not all(
+            isinstance(v, list) and len(v) == 3 and all(isinstance(x, int) and x >= 0 for x in v)
+            for v in layout.values()):
+        raise RLFlowError(f"{p}: 'layout' must map a kernel pattern to [blocked, pass-through, seen] counts")
+    context = data.setdefault("context", {})
+    if not isinstance(context, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in context.values()):
+        raise RLFlowError(f"{p}: 'context' must map kernel signatures to times in ms (>= 0)")
+    reorder = data.setdefault("reorder", [0.0, 0.0])
+    if not (isinstance(reorder, list) and len(reorder) == 2 and
+            all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in reorder)):
+        raise RLFlowError(f"{p}: 'reorder' must be [ms, bytes] (>= 0) of the layout reorders seen")
     if data.get("device") != device:
         raise RLFlowError(f"{p}: measured on '{data.get('device')}', but the device is '{device}' "
                           f"(re-run `rlflow measure-costs` on this device)")

@@ -94,4 +94,5 @@ def make_cost_model(config: Mapping, device: str, costs_path: str | Path | None 
 
     data = data or {}
     return OrtCpuCost(peak, cals.get("ort"), data.get("kernels"), data.get("fusion"), warmup, repeats,
-                      hardware=data.get("hardware"))
+                      hardware=data.get("hardware"), layout=data.get("layout"), context=data.get("context"),
+                      reorder=data.get("reorder"))
