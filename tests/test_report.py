@@ -490,8 +490,10 @@ def test_report_estimate_on_the_target_beside_end_to_end(tmp_path, rlflow, targe
     sec = text(section(html, "target"))
     label = "simulated H100" if target == "sim-h100" else "ort-cpu"
     assert f"estimate, {label} (ms)" in sec
-    # TASO: estimate 9.5 / 10 = 0.950; onnxruntime 12.0 / 12.5 = 0.960; RLFlow on TF-XLA unsupported
-    assert "0.950" in sec and "0.960" in sec and "n/a" in sec
+    # TASO: estimate 9.5 / 10 = 0.950 beside the protocol's onnxruntime ratio 12.0 / 12.5 = 0.960 with its
+    # interval and verdict; RLFlow on TF-XLA unsupported
+    assert "0.950" in sec and "0.960 [0.950, 0.970] faster" in sec and "n/a" in sec
+    assert "1 (reference)" in sec and "ratio [95% CI], verdict" in sec
     assert "BERT: cost model 1.0453 ms, end to end 1.1264 ms, difference 7.8%" in sec  # X-RLflow's line
     if target == "sim-h100":
         assert "no GPU ran it" in sec and "This run, the original graph" not in sec

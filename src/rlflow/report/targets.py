@@ -1,6 +1,7 @@
 """Report section "Estimate on the cost target vs end to end" (issue 13, item 4): per method, what the searches
 and agents optimised (the estimate on the run's cost target, ``cost_ms`` of ``evaluation.csv``) beside what the
-graph measured end to end on each local backend, both as a ratio to the original; and X-RLflow's estimate-vs-E2E
+graph measured end to end on each local backend under the measurement protocol (the latency ratio to the original
+with its 95% interval and the verdict, issue G), side by side; and X-RLflow's estimate-vs-E2E
 line for the model. A simulated target (``sim-*``) is labelled "simulated <GPU>": no GPU ran it, and its
 estimate is not comparable in milliseconds with the CPU latencies, only in direction."""
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 from rlflow.report import html as h
 from rlflow.report import paper
 from rlflow.report.data import BACKEND_LABEL, METHOD_LABEL, ReportData
-from rlflow.report.tables import backends, methods, ok_cell
+from rlflow.report.tables import backends, finding, methods, ok_cell
 
 
 def target_label(d: ReportData) -> tuple[str, str]:
@@ -24,18 +25,21 @@ def target_label(d: ReportData) -> tuple[str, str]:
 
 
 def rows(d: ReportData) -> list[dict]:
-    """Per method with a cost estimate: the estimate, and per backend the median end-to-end latency; each with
-    its ratio to the original's (None where the original lacks the figure)."""
+    """Per method with a cost estimate: the estimate and its ratio to the original's; per backend the median
+    end-to-end latency, the protocol's latency ratio to the original with its 95% interval (``ci``: (low, high)
+    or None) and the verdict (:func:`rlflow.report.tables.finding`). Ratios are None where a figure is missing."""
     bs = backends(d.evaluation)
     orig_cost = next((r["cost_ms"] for r in d.evaluation if r["method"] == "original" and r["cost_ms"]), None)
-    orig_e2e = {b: (ok_cell(d.evaluation, "original", b) or {}).get("latency_ms_median") for b in bs}
     out = []
     for m in methods(d.evaluation):
         cost = next((r["cost_ms"] for r in d.evaluation if r["method"] == m and r["cost_ms"] is not None), None)
-        e2e = {b: (ok_cell(d.evaluation, m, b) or {}).get("latency_ms_median") for b in bs}
+        cells = {b: ok_cell(d.evaluation, m, b) or {} for b in bs}
+        ci = {b: (c["ci_low"], c["ci_high"]) if c.get("ci_low") is not None and c.get("ci_high") is not None
+              else None for b, c in cells.items()}
         out.append({"method": m, "cost_ms": cost, "cost_ratio": cost / orig_cost if cost and orig_cost else None,
-                    "e2e_ms": e2e, "e2e_ratio": {b: e2e[b] / orig_e2e[b] if e2e[b] and orig_e2e[b] else None
-                                                 for b in bs}})
+                    "e2e_ms": {b: c.get("latency_ms_median") for b, c in cells.items()},
+                    "e2e_ratio": {b: c.get("ratio") for b, c in cells.items()}, "ci": ci,
+                    "verdict": {b: finding(c) if c else "" for b, c in cells.items()}})
     return out
 
 
@@ -43,11 +47,23 @@ def _ratio(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}"
 
 
+def _verdict(r: dict, b: str) -> str:
+    """``0.960 [0.950, 0.970] faster``: the protocol's ratio, interval and verdict on backend ``b``."""
+    if r["e2e_ratio"][b] is None:
+        return "n/a"
+    if r["method"] == "original":
+        return "1 (reference)"
+    ci = r["ci"][b]
+    return f"{r['e2e_ratio'][b]:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "") + \
+        (f" {r['verdict'][b]}" if r["verdict"][b] else "")
+
+
 def section(d: ReportData) -> tuple[str, str, str]:
     target, label = target_label(d)
     simulated = target.startswith("sim-")
     parts = [h.p(f"What each method optimised -- its estimate on the cost target ({label}) -- beside its measured "
-                 "end-to-end latency on each local backend; ratios are to the original graph (< 1: lower). "
+                 "end-to-end latency on each local backend, with the measurement protocol's latency ratio to the "
+                 "original, its 95% interval and verdict; ratios are to the original graph (< 1: lower). "
                  + ("The target is a simulated GPU: no GPU ran it, so compare directions, not milliseconds."
                     if simulated else ""))]
     rs = rows(d)
@@ -57,12 +73,12 @@ def section(d: ReportData) -> tuple[str, str, str]:
     else:
         head = ["method", f"estimate, {label} (ms)", "estimate ratio"]
         for b in bs:
-            head += [f"{BACKEND_LABEL.get(b, b)} E2E (ms)", f"{BACKEND_LABEL.get(b, b)} ratio"]
+            head += [f"{BACKEND_LABEL.get(b, b)} E2E (ms)", f"{BACKEND_LABEL.get(b, b)} ratio [95% CI], verdict"]
         body = []
         for r in rs:
             cells = [METHOD_LABEL.get(r["method"], r["method"]), h.num(r["cost_ms"], 4), _ratio(r["cost_ratio"])]
             for b in bs:
-                cells += [h.num(r["e2e_ms"][b]), _ratio(r["e2e_ratio"][b])]
+                cells += [h.num(r["e2e_ms"][b]), _verdict(r, b)]
             body.append(cells)
         parts.append(h.table(head, body, f"This run (cost target {target})", cls="left1"))
     xm = paper.X_RLFLOW_MODEL.get(d.model)
