@@ -45,12 +45,15 @@ def qkv_sequence(tmp_path_factory):
     return seq
 
 
-def test_qkv_merge_lowers_sim_h100_and_adds_ort_cpu_kernels(qkv_sequence, config):
+def test_qkv_merge_lowers_sim_h100_but_not_ort_cpu(qkv_sequence, config):
+    """Issue H: the Q/K/V merge sequence of one BERT layer pays on the simulated H100 (fewer launches, better SM
+    occupancy) but not on what onnxruntime runs here (three fused MatMul+bias Gemms become one MatMul, a Split
+    and three unfused Adds)."""
     from rlflow.cost.calibration import measure
 
     sim = make_cost_model(config, "cpu", kind="sim-h100")
     s = [sim.graph_metrics(g).runtime_ms for g in qkv_sequence]
-    assert s[2] < s[1] < s[0]  # fewer launches and better SM occupancy on the simulated H100
+    assert s[2] < s[1] < s[0] and s[2] < 0.96 * s[0]
     assert sim.graph_metrics(qkv_sequence[2]).launches == sim.graph_metrics(qkv_sequence[0]).launches - 2
 
     ort = make_cost_model(config, "cpu", kind="ort-cpu")
@@ -61,9 +64,11 @@ def test_qkv_merge_lowers_sim_h100_and_adds_ort_cpu_kernels(qkv_sequence, config
     ort.measure(qkv_sequence)
     k = [ort.graph_metrics(g).launches for g in qkv_sequence]
     assert k[2] > k[0]  # Split + three unfused bias Adds replace three fused Gemms
-    # The ort-cpu RUNTIME estimate is not asserted: its kernel times are measured, and the one merged MatMul
-    # against three fused Gemms came out 1% dearer in one run and 9% cheaper in another (2-core CPU, loaded);
-    # what the target knows for certain is the kernel count above.
+    o = [ort.graph_metrics(g).runtime_ms for g in qkv_sequence]
+    # Each kernel is timed inside its whole model (fastest of 3 sessions): quiet, the merged graphs came out
+    # 0.7-3.3% dearer in three runs; 2% is the tolerance for a loaded test machine. The earlier model, which timed
+    # each kernel on its own, called the merge 9% cheaper in one run.
+    assert min(o[1], o[2]) >= 0.98 * o[0], o
 
 
 def test_sim_gpu_quantisation_and_free_data_movement(config):
