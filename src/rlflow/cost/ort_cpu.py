@@ -38,6 +38,7 @@ import json
 import statistics
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -110,14 +111,39 @@ def kernel_groups(graph: Graph, fusable: frozenset[tuple[str, str]], flags: list
 def group_signature(graph: Graph, members: list[int]) -> str:
     """What a kernel's runtime depends on: its nodes' signatures in order and how they are wired (a member's
     input from an earlier member is ``@k.j``, the j-th output of member k; external inputs ``$i`` in order)."""
-    nodes = [graph.nodes[i] for i in members]
+    return _wired_signature([graph.nodes[i] for i in members], graph.types)
+
+
+def _wired_signature(nodes: list[Node], types: Mapping) -> str:
     made = {v: f"@{k}.{j}" for k, n in enumerate(nodes) for j, v in enumerate(n.outputs)}
     ext: dict[str, str] = {}
     parts = []
     for n in nodes:
         wires = ",".join(made.get(v) or ext.setdefault(v, f"${len(ext)}") if v else "-" for v in n.inputs)
-        parts.append(f"{signature(n, [graph.types[v] for v in n.inputs if v])}<{wires}>")
+        parts.append(f"{signature(n, [types[v] for v in n.inputs if v])}<{wires}>")
     return " ; ".join(parts)
+
+
+def kernel_pattern(graph: Graph, members: list[int]) -> str:
+    """A kernel's op pattern (``MatMul+Add``); a lone ``Conv[relu]`` is onnxruntime's own ``Conv+Relu``."""
+    if unfused_signature(graph, members) is not None:
+        return "Conv+Relu"
+    return "+".join(label(graph.nodes[i]) for i in members)
+
+
+def unfused_signature(graph: Graph, members: list[int]) -> str | None:
+    """The signature of the kernel group onnxruntime makes of a Conv with a fused ReLU: a lone ``Conv[relu]``
+    node is the same kernel as the group Conv + Relu that onnxruntime fuses itself, so it is known by that
+    group's timings. None for any other group."""
+    if len(members) != 1:
+        return None
+    n = graph.nodes[members[0]]
+    if n.op != "Conv" or n.attrs.get("activation") != "relu":
+        return None
+    pre = f"{n.outputs[0]}_preact"
+    conv = replace(n, attrs={**n.attrs, "activation": "none"}, outputs=(pre,))
+    relu = Node(name=f"{n.name}_relu", op="Relu", inputs=(pre,), outputs=n.outputs[:1], attrs={})
+    return _wired_signature([conv, relu], {**graph.types, pre: graph.types[n.outputs[0]]})
 
 
 def group_graph(graph: Graph, members: list[int], static: set[str]) -> Graph:
@@ -204,7 +230,7 @@ def group_layout(graph: Graph, groups: list[list[int]], layout: Mapping[str, str
     blocked_value: dict[str, bool] = {}
     out = []
     for members in groups:
-        kind = layout.get("+".join(label(graph.nodes[i]) for i in members))
+        kind = layout.get(kernel_pattern(graph, members))
         if kind == "pass":
             inside = {v for i in members for v in graph.nodes[i].outputs}
             reads = [v for i in members for v in graph.nodes[i].inputs if v and v not in inside]
@@ -444,14 +470,17 @@ class OrtCpuCost(CostModel):
         """A kernel's time: inside the model where a learning graph ran it, else timed on its own (or its
         roofline estimate) scaled by its pattern's inside/alone ratio; plus the per-kernel overhead."""
         sig = group_signature(graph, members)
-        ctx = self.context.get(sig)
-        if ctx is not None:
-            return ctx + self.overhead_ms, sig
-        pattern = "+".join(label(graph.nodes[i]) for i in members)
+        pattern = kernel_pattern(graph, members)
+        alt = unfused_signature(graph, members)  # a fused Conv[relu] is onnxruntime's own Conv + Relu kernel
+        keys = ([alt] if alt else []) + [sig]
         scale = self.context_ratio.get(pattern, self.default_context_ratio)
-        e = self.kernels.get(sig)
-        if e is not None:
-            return e["runtime_ms"] * scale + self.overhead_ms, sig
+        for key in keys:
+            if key in self.context:
+                return self.context[key] + self.overhead_ms, sig
+        for key in keys:
+            e = self.kernels.get(key)
+            if e is not None:
+                return e["runtime_ms"] * scale + self.overhead_ms, sig
         flops = sum(base[i][1] for i in members)
         nbytes = sum(base[i][2] for i in members)
         est = self._estimate(flops, nbytes, True)
@@ -474,7 +503,7 @@ class OrtCpuCost(CostModel):
             groups = kernel_groups(g, self.fusable, flags)
             for members in groups:
                 outs = {v for i in members for v in g.nodes[i].outputs}
-                key = "+".join(label(g.nodes[i]) for i in members)
+                key = kernel_pattern(g, members)
                 b, ps, seen = self.layout.get(key, [0, 0, 0])
                 self.layout[key] = [b + bool(outs & blocked), ps + bool(outs & passing), seen + 1]
             times, _, (reorder_ms, reorder_bytes) = profile_in_context(g, groups, self.warmup, self.repeats,
@@ -518,7 +547,7 @@ class OrtCpuCost(CostModel):
                 ins, outs = [g.types[v] for v in n.inputs if v], [g.types[v] for v in n.outputs]
                 flops += node_flops(n, ins, outs)
                 nbytes += node_bytes(n, ins, outs)
-            self.kernels[sig] = {"pattern": "+".join(label(g.nodes[i]) for i in members),
+            self.kernels[sig] = {"pattern": kernel_pattern(g, members),
                                  "runtime_ms": time_kernel(kernel, self.warmup, self.repeats, self.threads),
                                  "flops": float(flops), "bytes": float(nbytes)}
         if want:
