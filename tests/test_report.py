@@ -481,7 +481,11 @@ def test_summary_without_headlines_is_one_line_exit_2(tmp_path, rlflow):
 
 @pytest.mark.parametrize("target", ["sim-h100", "ort-cpu"])
 def test_report_estimate_on_the_target_beside_end_to_end(tmp_path, rlflow, target):
-    make_results(tmp_path)
+    res = make_results(tmp_path)
+    doc = trace("taso")  # TASO's stage kept the original: its found graph was slower on onnxruntime
+    doc["speed_check"] = {"backend": "ort", "ratio": 1.097, "ci_low": 1.012, "ci_high": 1.189, "verdict": "slower",
+                          "kept": "original"}
+    write_json(res / "taso" / "trace.json", doc)
     out = tmp_path / "results" / "bert" / "report.html"
     code, err = rlflow(*report_args(tmp_path, out, f"cost.target={target}"))
     assert code == 0, err
@@ -494,6 +498,7 @@ def test_report_estimate_on_the_target_beside_end_to_end(tmp_path, rlflow, targe
     # interval and verdict; RLFlow on TF-XLA unsupported
     assert "0.950" in sec and "0.960 [0.950, 0.970] faster" in sec and "n/a" in sec
     assert "1 (reference)" in sec and "ratio [95% CI], verdict" in sec
+    assert "1.097 [1.012, 1.189] slower on onnxruntime; kept the original" in sec  # the found graph's own verdict
     assert "BERT: cost model 1.0453 ms, end to end 1.1264 ms, difference 7.8%" in sec  # X-RLflow's line
     if target == "sim-h100":
         assert "no GPU ran it" in sec and "This run, the original graph" not in sec

@@ -25,19 +25,27 @@ def target_label(d: ReportData) -> tuple[str, str]:
 
 
 def rows(d: ReportData) -> list[dict]:
-    """Per method with a cost estimate: the estimate and its ratio to the original's; per backend the median
-    end-to-end latency, the protocol's latency ratio to the original with its 95% interval (``ci``: (low, high)
-    or None) and the verdict (:func:`rlflow.report.tables.finding`). Ratios are None where a figure is missing."""
+    """Per method with a cost estimate: the estimate of the graph the method found (its trace's final cost, else
+    ``cost_ms`` of ``evaluation.csv``) and its ratio to the original's; the stage's never-slower check of that
+    graph (``check``: the trace's ``speed_check``, or None); and per backend, for the graph evaluate measured (the
+    found graph, or the original where the check kept it), the median end-to-end latency, the protocol's latency
+    ratio to the original with its 95% interval (``ci``: (low, high) or None) and the verdict
+    (:func:`rlflow.report.tables.finding`). Ratios are None where a figure is missing."""
     bs = backends(d.evaluation)
     orig_cost = next((r["cost_ms"] for r in d.evaluation if r["method"] == "original" and r["cost_ms"]), None)
     out = []
     for m in methods(d.evaluation):
-        cost = next((r["cost_ms"] for r in d.evaluation if r["method"] == m and r["cost_ms"] is not None), None)
+        tr = d.traces.get(m)
+        trace = tr.data if tr is not None and tr.ok and isinstance(tr.data, dict) else {}
+        final = (trace.get("final") or {}).get("runtime_ms") if isinstance(trace.get("final"), dict) else None
+        cost = final if isinstance(final, (int, float)) else next(
+            (r["cost_ms"] for r in d.evaluation if r["method"] == m and r["cost_ms"] is not None), None)
+        check = trace.get("speed_check") if isinstance(trace.get("speed_check"), dict) else None
         cells = {b: ok_cell(d.evaluation, m, b) or {} for b in bs}
         ci = {b: (c["ci_low"], c["ci_high"]) if c.get("ci_low") is not None and c.get("ci_high") is not None
               else None for b, c in cells.items()}
         out.append({"method": m, "cost_ms": cost, "cost_ratio": cost / orig_cost if cost and orig_cost else None,
-                    "e2e_ms": {b: c.get("latency_ms_median") for b, c in cells.items()},
+                    "check": check, "e2e_ms": {b: c.get("latency_ms_median") for b, c in cells.items()},
                     "e2e_ratio": {b: c.get("ratio") for b, c in cells.items()}, "ci": ci,
                     "verdict": {b: finding(c) if c else "" for b, c in cells.items()}})
     return out
@@ -58,12 +66,25 @@ def _verdict(r: dict, b: str) -> str:
         (f" {r['verdict'][b]}" if r["verdict"][b] else "")
 
 
+def _check(c: dict | None) -> str:
+    """The never-slower check of the found graph: ``1.097 [1.012, 1.189] slower on ort; kept the original``."""
+    if not c or not isinstance(c.get("ratio"), (int, float)):
+        return h.DASH
+    ci = f" [{c['ci_low']:.3f}, {c['ci_high']:.3f}]" if isinstance(c.get("ci_low"), (int, float)) and \
+        isinstance(c.get("ci_high"), (int, float)) else ""
+    kept = "kept the original" if c.get("kept") == "original" else "kept"
+    return f"{c['ratio']:.3f}{ci} {c.get('verdict', '')} on {BACKEND_LABEL.get(c.get('backend'), c.get('backend'))}; {kept}"
+
+
 def section(d: ReportData) -> tuple[str, str, str]:
     target, label = target_label(d)
     simulated = target.startswith("sim-")
-    parts = [h.p(f"What each method optimised -- its estimate on the cost target ({label}) -- beside its measured "
-                 "end-to-end latency on each local backend, with the measurement protocol's latency ratio to the "
-                 "original, its 95% interval and verdict; ratios are to the original graph (< 1: lower). "
+    parts = [h.p(f"What each method found -- the estimate of its graph on the cost target ({label}) -- beside "
+                 "what that graph did end to end: its stage's never-slower check (the found graph against the "
+                 "original under the measurement protocol; a graph not significantly faster is replaced by the "
+                 "original), then the graph evaluate measured on each local backend (the found graph, or the "
+                 "original where the check kept it), with the protocol's latency ratio to the original, its 95% "
+                 "interval and verdict. Ratios are to the original graph (< 1: lower). "
                  + ("The target is a simulated GPU: no GPU ran it, so compare directions, not milliseconds."
                     if simulated else ""))]
     rs = rows(d)
@@ -71,12 +92,13 @@ def section(d: ReportData) -> tuple[str, str, str]:
     if not any(r["cost_ms"] is not None for r in rs):
         parts.append(h.missing("No row of evaluation.csv has a cost estimate."))
     else:
-        head = ["method", f"estimate, {label} (ms)", "estimate ratio"]
+        head = ["method", f"estimate, {label} (ms)", "estimate ratio", "found graph end to end (never-slower check)"]
         for b in bs:
-            head += [f"{BACKEND_LABEL.get(b, b)} E2E (ms)", f"{BACKEND_LABEL.get(b, b)} ratio [95% CI], verdict"]
+            head += [f"{BACKEND_LABEL.get(b, b)} E2E (ms)", f"{BACKEND_LABEL.get(b, b)} ratio [95% CI], verdict (graph evaluated)"]
         body = []
         for r in rs:
-            cells = [METHOD_LABEL.get(r["method"], r["method"]), h.num(r["cost_ms"], 4), _ratio(r["cost_ratio"])]
+            cells = [METHOD_LABEL.get(r["method"], r["method"]), h.num(r["cost_ms"], 4), _ratio(r["cost_ratio"]),
+                     _check(r["check"])]
             for b in bs:
                 cells += [h.num(r["e2e_ms"][b]), _verdict(r, b)]
             body.append(cells)

@@ -24,8 +24,8 @@ grow with the square of the graph). Saturation stops at a fixpoint or at the nod
 instance costs its ``cost_model.node_cost`` (weight-only instances are free, as the searches count them), paid
 once however many of its outputs are used. An integer linear program (HiGHS through ``scipy.optimize.milp``)
 chooses e-nodes: each output class picks one, a chosen e-node's children pick one each, and Tensat's acyclicity
-constraint (a real-valued topological order per e-class, big-M) excludes cyclic choices. If the ILP is not solved
-to optimality within ``ilp_time_limit_s`` its best feasible answer is used, and if it has none, a greedy
+constraint is enforced lazily (a cut per cycle found in an answer, then solved again; see :func:`ilp_extract`). If
+the ILP is not solved to optimality within ``ilp_time_limit_s`` its best feasible acyclic answer is used, and if it has none, a greedy
 extraction (Knuth's generalisation of Dijkstra: acyclic by construction) is. The result is folded; if it costs
 more than the input under the cost model (extraction sums per-op costs; a target's graph-level fusions can
 differ) the input is returned instead, so eqsat never returns a costlier graph.
@@ -490,22 +490,51 @@ def greedy_extract(eg: EGraph, costs: _Costs) -> dict[int, Key]:
     return choice
 
 
+def find_cycle(eg: EGraph, roots: Sequence[int], choice: dict[int, Key]) -> list[Key] | None:
+    """The e-nodes of one cycle among the choices reachable from ``roots`` (following each class's chosen
+    e-node to its children), or None when that choice is acyclic (iterative depth-first search)."""
+    state: dict[int, int] = {}  # 1: on the stack, 2: done
+    for r in set(roots):
+        if state.get(r):
+            continue
+        stack = [(r, iter(sorted({k for k in choice[r][4] if k >= 0})))]
+        path = [r]
+        state[r] = 1
+        while stack:
+            c, kids = stack[-1]
+            d = next(kids, None)
+            if d is None:
+                state[c] = 2
+                stack.pop()
+                path.pop()
+            elif state.get(d) == 1:
+                return [choice[x] for x in path[path.index(d):]]
+            elif not state.get(d):
+                state[d] = 1
+                path.append(d)
+                stack.append((d, iter(sorted({k for k in choice[d][4] if k >= 0}))))
+    return None
+
+
 def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: float
                 ) -> tuple[dict[int, Key] | None, dict[str, Any]]:
-    """Tensat's ILP: binary x per e-node, binary y per op instance (its cost), real order t per class.
-    Returns (class -> chosen e-node, or None if no feasible answer; statistics)."""
+    """Tensat's ILP: binary x per e-node, binary y per op instance (its cost); each output class picks one
+    e-node, a picked e-node's children pick one each. Acyclicity is enforced lazily: the ILP is solved without
+    it, and while the answer has a cycle, a cut forbidding that cycle's e-nodes together (their sum <= length - 1)
+    is added and the ILP solved again, within ``time_limit_s`` in all. (Tensat's own big-M order variables per
+    class made HiGHS miss optimality in 30 s on 553-e-node e-graphs; their LP relaxation is weak.) An acyclic
+    answer optimal for the ILP with the cuts is optimal with Tensat's constraint too.
+    Returns (class -> chosen e-node, or None if no feasible acyclic answer in time; statistics)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_array
 
     classes = eg.classes()
     cids = sorted(classes)
-    cpos = {c: i for i, c in enumerate(cids)}
     keys = [k for c in cids for k in classes[c]]
     kpos = {k: i for i, k in enumerate(keys)}
     insts = sorted({_inst(k) for k in keys if k not in eg.leaves}, key=repr)
     ipos = {s: i for i, s in enumerate(insts)}
-    nx, ny, nt = len(keys), len(insts), len(cids)
-    big = float(nt + 1)
+    nx, ny = len(keys), len(insts)
     rows: list[int] = []
     cols: list[int] = []
     vals: list[float] = []
@@ -526,8 +555,7 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
     for c in cids:        # at most one e-node per class
         if len(classes[c]) > 1:
             row([(kpos[k], 1.0) for k in classes[c]], 0.0, 1.0)
-    upper = np.ones(nx + ny + nt)
-    upper[nx + ny:] = nt
+    upper = np.ones(nx + ny)
     for k in keys:
         if k in eg.leaves:
             continue
@@ -541,27 +569,38 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
                 upper[x] = 0.0                                          # reads its own class: never
                 continue
             row([(kpos[m], 1.0) for m in classes[d]] + [(x, -1.0)], 0.0, np.inf)   # a child picks one
-            row([(nx + ny + cpos[c], 1.0), (nx + ny + cpos[d], -1.0), (x, -big)], 1.0 - big, np.inf)  # order
-    cvec = np.zeros(nx + ny + nt)
+    cvec = np.zeros(nx + ny)
     for s, i in ipos.items():
         cvec[nx + i] = costs.of(s)
-    integrality = np.zeros(nx + ny + nt)
-    integrality[:nx + ny] = 1
-    a = coo_array((vals, (rows, cols)), shape=(len(lo), nx + ny + nt)).tocsr()
+    integrality = np.ones(nx + ny)
     t0 = time.perf_counter()
-    res = milp(cvec, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
-               bounds=Bounds(np.zeros(nx + ny + nt), upper),
-               options={"time_limit": max(time_limit_s, 0.1), "disp": False})
-    stats = {"ilp_variables": nx + ny + nt, "ilp_constraints": len(lo), "ilp_seconds": time.perf_counter() - t0,
-             "ilp_status": int(res.status), "ilp_message": str(res.message),
-             "ilp_optimal": res.status == 0}
-    if res.x is None:
-        return None, stats
-    choice: dict[int, Key] = {}
-    for c in cids:
-        picked = [k for k in classes[c] if res.x[kpos[k]] > 0.5]
-        if picked:
-            choice[c] = picked[0]
+    stats: dict[str, Any] = {"ilp_variables": nx + ny, "ilp_cycle_cuts": 0, "ilp_solves": 0}
+    choice: dict[int, Key] | None = None
+    while True:
+        left = time_limit_s - (time.perf_counter() - t0)
+        a = coo_array((vals, (rows, cols)), shape=(len(lo), nx + ny)).tocsr()
+        res = milp(cvec, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
+                   bounds=Bounds(np.zeros(nx + ny), upper), options={"time_limit": max(left, 0.1), "disp": False})
+        stats.update(ilp_constraints=len(lo), ilp_status=int(res.status), ilp_message=str(res.message),
+                     ilp_optimal=res.status == 0, ilp_solves=stats["ilp_solves"] + 1)
+        if res.x is None:
+            choice = None
+            break
+        choice = {}
+        for c in cids:
+            picked = [k for k in classes[c] if res.x[kpos[k]] > 0.5]
+            if picked:
+                choice[c] = picked[0]
+        cycle = find_cycle(eg, roots, choice)
+        if cycle is None:
+            break
+        stats["ilp_cycle_cuts"] += 1
+        row([(kpos[k], 1.0) for k in cycle], 0.0, len(cycle) - 1.0)
+        if time.perf_counter() - t0 >= time_limit_s:
+            choice = None
+            stats.update(ilp_optimal=False, ilp_message="time limit reached with a cyclic answer")
+            break
+    stats["ilp_seconds"] = time.perf_counter() - t0
     return choice, stats
 
 
