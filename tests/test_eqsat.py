@@ -135,3 +135,28 @@ def test_optimize_and_stage_eqsat(tmp_path, rules_file):
                  "--set", "cost.target=analytic", "--set", "eqsat.iter_limit=4",
                  "--out", str(out2), "--trace", str(trace2), "--no-progress"]) == 0
     assert json.loads(trace2.read_text())["final"]["runtime_ms"] == pytest.approx(doc["final"]["runtime_ms"])
+
+
+def test_ilp_excludes_a_cheaper_cycle_by_a_cut():
+    """The ILP without Tensat's acyclicity constraint would take the cycle R = Transpose(S), S = Transpose(R)
+    (two cheap transposes) instead of R's real definition MatMul(x, W): the lazy cut must forbid it."""
+    from rlflow.graph.ir import Constant
+    from rlflow.graph.types import TensorType
+    from rlflow.search.eqsat import EGraph, _Costs, find_cycle, ilp_extract
+
+    eg = EGraph()
+    x = eg.add_input("x", TensorType((256, 256)))
+    w = eg.add_const(Constant(np.ones((256, 256), np.float32)))
+    r = eg.add_op("MatMul", {}, [x, w])[0]
+    s = eg.add_op("Transpose", {"perm": (1, 0)}, [r])[0]
+    back = eg.add_op("Transpose", {"perm": (1, 0)}, [s])[0]
+    eg.union(r, back)
+    eg.rebuild()
+    r = eg.find(r)
+    keys = {k[0]: k for k in eg.classes()[r]}
+    assert set(keys) == {"MatMul", "Transpose"}
+    cycle = {r: keys["Transpose"], eg.find(s): eg.classes()[eg.find(s)][0]}
+    assert find_cycle(eg, [r], cycle) is not None
+    choice, stats = ilp_extract(eg, [r], _Costs(eg, AnalyticCost("cpu")), 10.0)
+    assert choice[r][0] == "MatMul" and find_cycle(eg, [r], choice) is None
+    assert stats["ilp_cycle_cuts"] >= 1 and stats["ilp_optimal"]
