@@ -137,26 +137,49 @@ def test_optimize_and_stage_eqsat(tmp_path, rules_file):
     assert json.loads(trace2.read_text())["final"]["runtime_ms"] == pytest.approx(doc["final"]["runtime_ms"])
 
 
-def test_ilp_excludes_a_cheaper_cycle_by_a_cut():
-    """The ILP without Tensat's acyclicity constraint would take the cycle R = Transpose(S), S = Transpose(R)
-    (two cheap transposes) instead of R's real definition MatMul(x, W): the lazy cut must forbid it."""
+def test_ilp_excludes_cheaper_cycles():
+    """R = MatMul(x, W) is also R = T(T(T(R))) (a rank-3 transpose whose perm has order 3), and the transposes
+    cost less than the MatMul: without Tensat's acyclicity constraint the ILP would take the cycle. A lazy cut must
+    forbid it. A two-cycle R = T2(S), S = T2(R) (perm of order 2) is never offered to the ILP at all."""
     from rlflow.graph.ir import Constant
     from rlflow.graph.types import TensorType
-    from rlflow.search.eqsat import EGraph, _Costs, find_cycle, ilp_extract
+    from rlflow.search.eqsat import EGraph, _Costs, find_cycles, ilp_extract
 
-    eg = EGraph()
-    x = eg.add_input("x", TensorType((256, 256)))
-    w = eg.add_const(Constant(np.ones((256, 256), np.float32)))
-    r = eg.add_op("MatMul", {}, [x, w])[0]
-    s = eg.add_op("Transpose", {"perm": (1, 0)}, [r])[0]
-    back = eg.add_op("Transpose", {"perm": (1, 0)}, [s])[0]
-    eg.union(r, back)
-    eg.rebuild()
-    r = eg.find(r)
-    keys = {k[0]: k for k in eg.classes()[r]}
-    assert set(keys) == {"MatMul", "Transpose"}
-    cycle = {r: keys["Transpose"], eg.find(s): eg.classes()[eg.find(s)][0]}
-    assert find_cycle(eg, [r], cycle) is not None
-    choice, stats = ilp_extract(eg, [r], _Costs(eg, AnalyticCost("cpu")), 10.0)
-    assert choice[r][0] == "MatMul" and find_cycle(eg, [r], choice) is None
-    assert stats["ilp_cycle_cuts"] >= 1 and stats["ilp_optimal"]
+    for order, perm in ((3, (1, 2, 0)), (2, (1, 0, 2))):
+        eg = EGraph()
+        x = eg.add_input("x", TensorType((64, 64, 1024)))
+        w = eg.add_const(Constant(np.ones((1024, 64), np.float32)))
+        r = eg.add_op("MatMul", {}, [x, w])[0]
+        chain = [r]
+        for _ in range(order):
+            chain.append(eg.add_op("Transpose", {"perm": perm}, [chain[-1]])[0])
+        eg.union(r, chain[-1])
+        eg.rebuild()
+        r = eg.find(r)
+        keys = {k[0]: k for k in eg.classes()[r]}
+        assert set(keys) == {"MatMul", "Transpose"}
+        cycle = {eg.find(c): eg.classes()[eg.find(c)][0] for c in chain[1:-1]} | {r: keys["Transpose"]}
+        assert find_cycles(eg, [r], cycle)
+        choice, stats = ilp_extract(eg, [r], _Costs(eg, AnalyticCost("cpu")), 10.0)
+        assert choice[r][0] == "MatMul" and not find_cycles(eg, [r], choice)
+        assert stats["ilp_optimal"] and (stats["ilp_cycle_cuts"] >= 1 if order == 3 else stats["ilp_cycle_cuts"] == 0)
+
+
+def test_backoff_scheduler_bans_rules_that_match_too_often(monkeypatch):
+    """A rule over the match limit applies nothing in that iteration and is banned for a while; banned rules run
+    once nothing else matches, so saturation still ends at a fixpoint with the same result."""
+    import rlflow.search.eqsat as eqsat
+
+    rng = np.random.default_rng(2)
+    b = GraphBuilder("adds")
+    h = b.input("x", (4, 8))
+    for k in range(4):  # add-commutativity and add-associativity match at several places
+        h = b.op("Add", [h, b.input(f"a{k}", (4, 8))])
+    g = b.build([b.op("MatMul", [h, b.const("w", rng.standard_normal((8, 8)).astype(np.float32))])])
+    cost = AnalyticCost("cpu")
+    free = eqsat_search(g, BUILTIN, cost)
+    monkeypatch.setattr(eqsat, "RULE_MATCH_LIMIT", 1)
+    r = eqsat_search(g, BUILTIN, cost)
+    assert free.stats["match_cap_hits"] == 0 and r.stats["match_cap_hits"] >= 1
+    assert r.final.runtime_ms == pytest.approx(free.final.runtime_ms)
+    assert check_equal(g, r.graph) <= 1e-5

@@ -280,7 +280,7 @@ def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_p
     eg = text(section(html, "egraph"))
     assert "115 -> 2,513 (limit 50,000)" in eg and "115 -> 153" in eg and "6 (limit 15); stopped: saturated" in eg
     assert "34 of 34 translated; 5 multi-pattern, run in the first 1 iteration(s)" in eg
-    assert "177 (98 unions; 0 rule iterations cut at the match cap)" in eg
+    assert "177 (98 unions; 0 rule bans by the backoff scheduler)" in eg
     assert "ilp (optimal; 600 variables, 1,009 constraints, 0.25 s)" in eg
     assert "10.0000 -> 9.4000 -> 9.4000" in eg and "input was kept" not in eg
     assert re.search(r"add-commutativity\s+42\s+matmul-merge\s+12", eg)

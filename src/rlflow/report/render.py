@@ -368,7 +368,7 @@ def egraph(d: ReportData) -> tuple[str, str, str]:
                   f"{h.count(c['multi_pattern_rules'])} multi-pattern, run in the first "
                   f"{h.auto(cfg.get('multi_iterations'))} iteration(s)"),
         ("matches applied", f"{h.count(c['applied'])} ({h.count(c['merges'])} unions; "
-                            f"{h.count(c['match_cap_hits'])} rule iterations cut at the match cap)"),
+                            f"{h.count(c['match_cap_hits'])} rule bans by the backoff scheduler)"),
         ("saturation (s)", h.num(c["saturation_seconds"], 2)),
         ("extraction", f"{e['extraction'] or h.DASH}{ilp}"),
         ("extraction (s)", h.num(c["extraction_seconds"], 2)),
