@@ -278,6 +278,19 @@ def reorders(graph: Graph, groups: list[list[int]], blocked: list[bool], static:
 KERNEL_SESSIONS = 3
 
 
+def _profiled_runs(model: bytes, feeds: dict, warmup: int, repeats: int, threads: int
+                   ) -> tuple[list[dict], list[float]]:
+    """One fresh onnxruntime session of ``model`` run ``warmup + repeats`` times under its profiler: (the
+    kernel-time events of its nodes, the start times of its runs in order)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        s = _session(model, threads, profile_prefix=str(Path(tmp) / "p"))
+        for _ in range(warmup + repeats):
+            s.run(None, feeds)
+        events = json.loads(Path(s.end_profiling()).read_text())
+    starts = sorted(e["ts"] for e in events if e.get("name") == "model_run")
+    return [e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")], starts
+
+
 def time_kernel(kernel: Graph, warmup: int, repeats: int, threads: int = 0, sessions: int = KERNEL_SESSIONS
                 ) -> float:
     """The kernel times of ``kernel`` (ms) from onnxruntime's profiler: per session the median over ``repeats``
@@ -292,16 +305,10 @@ def time_kernel(kernel: Graph, warmup: int, repeats: int, threads: int = 0, sess
     model = to_onnx(kernel).SerializeToString()
     best = float("inf")
     for _ in range(max(1, sessions)):
-        with tempfile.TemporaryDirectory() as tmp:
-            s = _session(model, threads, profile_prefix=str(Path(tmp) / "p"))
-            for _ in range(warmup + repeats):
-                s.run(None, feeds)
-            events = json.loads(Path(s.end_profiling()).read_text())
-        starts = sorted(e["ts"] for e in events if e.get("name") == "model_run")
+        events, starts = _profiled_runs(model, feeds, warmup, repeats, threads)
         per_run = [0.0] * len(starts)
         for e in events:  # a reorder of the kernel's own inputs / outputs is charged where the layout changes
-            if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time") and \
-                    not str((e.get("args") or {}).get("op_name", "")).startswith("Reorder"):
+            if not str((e.get("args") or {}).get("op_name", "")).startswith("Reorder"):
                 k = bisect.bisect_right(starts, e["ts"]) - 1
                 if k >= 0:
                     per_run[k] += e["dur"] / 1e3
@@ -336,19 +343,12 @@ def profile_in_context(graph: Graph, groups: list[list[int]], warmup: int, repea
     feeds = make_inputs(graph)
     best: tuple[list[float], float, tuple[float, float]] | None = None
     for _ in range(max(1, sessions)):
-        with tempfile.TemporaryDirectory() as tmp:
-            s = _session(model, threads, profile_prefix=str(Path(tmp) / "p"))
-            for _ in range(warmup + repeats):
-                s.run(None, feeds)
-            events = json.loads(Path(s.end_profiling()).read_text())
-        starts = sorted(e["ts"] for e in events if e.get("name") == "model_run")
+        events, starts = _profiled_runs(model, feeds, warmup, repeats, threads)
         first = starts[min(warmup, len(starts) - 1)] if starts else 0
         per = [[0.0] * len(starts) for _ in range(len(groups) + 1)]
         reorder = [0.0, 0.0]
         for e in events:
-            name = str(e.get("name", ""))
-            if e.get("cat") != "Node" or not name.endswith("_kernel_time"):
-                continue
+            name = str(e["name"])
             args = e.get("args") or {}
             if str(args.get("op_name", "")).startswith("Reorder") and e["ts"] >= first:
                 reorder[0] += e["dur"] / 1e3
