@@ -124,9 +124,17 @@ def _wired_signature(nodes: list[Node], types: Mapping) -> str:
     return " ; ".join(parts)
 
 
+def _fused_relu(graph: Graph, members: list[int]) -> Node | None:
+    """The node of a kernel group that is a lone ``Conv[relu]`` (a Conv with a fused ReLU), else None."""
+    if len(members) != 1:
+        return None
+    n = graph.nodes[members[0]]
+    return n if n.op == "Conv" and n.attrs.get("activation") == "relu" else None
+
+
 def kernel_pattern(graph: Graph, members: list[int]) -> str:
     """A kernel's op pattern (``MatMul+Add``); a lone ``Conv[relu]`` is onnxruntime's own ``Conv+Relu``."""
-    if unfused_signature(graph, members) is not None:
+    if _fused_relu(graph, members) is not None:
         return "Conv+Relu"
     return "+".join(label(graph.nodes[i]) for i in members)
 
@@ -135,15 +143,15 @@ def unfused_signature(graph: Graph, members: list[int]) -> str | None:
     """The signature of the kernel group onnxruntime makes of a Conv with a fused ReLU: a lone ``Conv[relu]``
     node is the same kernel as the group Conv + Relu that onnxruntime fuses itself, so it is known by that
     group's timings. None for any other group."""
-    if len(members) != 1:
-        return None
-    n = graph.nodes[members[0]]
-    if n.op != "Conv" or n.attrs.get("activation") != "relu":
+    n = _fused_relu(graph, members)
+    if n is None:
         return None
     pre = f"{n.outputs[0]}_preact"
     conv = replace(n, attrs={**n.attrs, "activation": "none"}, outputs=(pre,))
     relu = Node(name=f"{n.name}_relu", op="Relu", inputs=(pre,), outputs=n.outputs[:1], attrs={})
-    return _wired_signature([conv, relu], {**graph.types, pre: graph.types[n.outputs[0]]})
+    types = {v: graph.types[v] for v in n.inputs if v}
+    types[pre] = graph.types[n.outputs[0]]
+    return _wired_signature([conv, relu], types)
 
 
 def group_graph(graph: Graph, members: list[int], static: set[str]) -> Graph:
