@@ -9,11 +9,15 @@ comes last.
 With --eqsat, equality saturation (rlflow.search.eqsat, the config's eqsat section) runs on the same graph
 with the same cost model; its final cost and optimisation time are printed beside TASO's (a second table).
 --target picks the cost target (sim-h100, ...; default: the measured per-op torch cost on this CPU).
+With --eqsat --time-pairs K, both searches run K more times per model, interleaved (TASO first in even pairs,
+eqsat first in odd ones), and eqsat's optimisation time over TASO's is printed as a ratio with its 95% interval
+(Student's t over the pairs, as the measurement protocol's ``ratio_interval``).
 
   python benchmarks/optimize.py --sizes tiny                       # quick check, all 8 models
   python benchmarks/optimize.py --models bert resnet18 squeezenet  # paper sizes, budget 1000
   python benchmarks/optimize.py --short                            # eqsat vs TASO: tiny bert and resnet18, sim-h100
   python benchmarks/optimize.py --eqsat --target sim-h100          # eqsat vs TASO, every model at paper size
+  python benchmarks/optimize.py --eqsat --target sim-h100 --models bert inceptionv3 resnext50 --time-pairs 5
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from rlflow.config import load_config  # noqa: E402
 from rlflow.cost import MeasuredCost, make_cost_model  # noqa: E402
+from rlflow.evaluation.protocol import ratio_interval  # noqa: E402
 from rlflow.graph import load_onnx, zoo  # noqa: E402
 from rlflow.graph.exec import get_runner, make_inputs, time_runner  # noqa: E402
 from rlflow.graph.exec.check import check_equal  # noqa: E402
@@ -79,7 +84,17 @@ def bench_model(name: str, path: Path, rules, args, cfg) -> dict:
               "eqsat_extraction": st["extraction"], "eqsat_ilp_optimal": st.get("ilp_optimal"),
               "eqsat_saturation_s": st["saturation_seconds"], "eqsat_extraction_s": st["extraction_seconds"],
               "eqsat_max_rel_diff": check_equal(g, e.graph)}
-    return {**eq,"model": name, "nodes_before": r.nodes_before, "nodes_after": r.nodes_after,
+    if args.eqsat and args.time_pairs >= 2:
+        taso_s, eqsat_s = [], []
+        for k in range(args.time_pairs):
+            runs = [("taso", lambda: taso_search(g, rules, cost, alpha=args.alpha, budget=args.budget,
+                                                  time_limit_s=args.time_limit).seconds),
+                    ("eqsat", lambda: eqsat_search(g, rules, cost, **eqsat_settings(cfg)).seconds)]
+            for which, run in runs if k % 2 == 0 else runs[::-1]:
+                (taso_s if which == "taso" else eqsat_s).append(run())
+        ratio, lo, hi, _ = ratio_interval([[t] for t in taso_s], [[e] for e in eqsat_s])
+        eq.update(time_pairs={"taso_s": taso_s, "eqsat_s": eqsat_s, "ratio": ratio, "ci": [lo, hi]})
+    return {**eq, "model": name, "nodes_before": r.nodes_before, "nodes_after": r.nodes_after,
             "cost_before_ms": r.initial.runtime_ms, "cost_after_ms": r.final.runtime_ms,
             "ort_before_ms": before, "ort_after_ms": after, "rules_applied": len(r.trace),
             "rules": [s.rule_name for s in r.trace], "expansions": r.expansions, "generated": r.generated,
@@ -104,6 +119,9 @@ def main() -> None:
     ap.add_argument("--progress", action="store_true", help="search progress bar on stderr")
     ap.add_argument("--target", help="cost target (sim-h100, analytic, ...; default: measured per op on the CPU)")
     ap.add_argument("--eqsat", action="store_true", help="also run equality saturation (config section eqsat)")
+    ap.add_argument("--time-pairs", type=int, default=0, metavar="K",
+                    help="with --eqsat: K more interleaved TASO/eqsat runs per model, for eqsat's time ratio "
+                         "with a 95%% interval (K >= 2)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="config override, e.g. eqsat.node_limit=20000")
     ap.add_argument("--short", action="store_true",
@@ -155,6 +173,15 @@ def main() -> None:
                   f"{r['eqsat_cost_ms'] / r['cost_after_ms']:>11.4f}{r['search_s']:>8.1f}{r['eqsat_s']:>8.1f}"
                   f"{r['eqsat_s'] / max(r['search_s'], 1e-9):>11.3f}{r['eqsat_enodes']:>8}{r['eqsat_iterations']:>6}  "
                   f"{r['eqsat_stop']} / {r['eqsat_extraction']}{' (optimal)' if r['eqsat_ilp_optimal'] else ''}")
+        paired = [r for r in rows if r.get("time_pairs")]
+        if paired:
+            print(f"\neqsat / taso optimisation time, {args.time_pairs} interleaved pairs per model "
+                  "(ratio, 95% interval: Student's t over the pairs)")
+            for r in paired:
+                tp = r["time_pairs"]
+                print(f"{r['model']:<12} {tp['ratio']:.3f} [{tp['ci'][0]:.3f}, {tp['ci'][1]:.3f}]  "
+                      f"(taso median {statistics.median(tp['taso_s']):.1f} s, eqsat median "
+                      f"{statistics.median(tp['eqsat_s']):.1f} s)")
 
 
 if __name__ == "__main__":
