@@ -65,10 +65,11 @@ def test_qkv_merge_lowers_sim_h100_but_not_ort_cpu(qkv_sequence, config):
     k = [ort.graph_metrics(g).launches for g in qkv_sequence]
     assert k[2] > k[0]  # Split + three unfused bias Adds replace three fused Gemms
     o = [ort.graph_metrics(g).runtime_ms for g in qkv_sequence]
-    # Each kernel is timed inside its whole model (fastest of 3 sessions): quiet, the merged graphs came out
-    # 0.7-3.3% dearer in three runs; 2% is the tolerance for a loaded test machine. The earlier model, which timed
-    # each kernel on its own, called the merge 9% cheaper in one run.
-    assert min(o[1], o[2]) >= 0.98 * o[0], o
+    # Each kernel is timed inside its whole model (fastest of 3 sessions, interleaved over the three graphs):
+    # quiet, the merged graphs came out 0.7-3.3% dearer in three runs. 5% is the tolerance for a test machine
+    # running other tests (a CI run with sequential sessions saw 0.944). The earlier model, which timed each
+    # kernel on its own, called the merge 9% cheaper in one run.
+    assert min(o[1], o[2]) >= 0.95 * o[0], o
 
 
 def test_sim_gpu_quantisation_and_free_data_movement(config):
