@@ -4,7 +4,7 @@ Methods:
   taso    TASO's cost-based backtracking search (--alpha, --budget)
   greedy  apply the best cost-lowering rewrite until none lowers the cost
   eqsat   equality saturation over the rules (Tensat), then the cheapest graph the e-graph holds, extracted by
-          an ILP (HiGHS) with acyclicity constraints (config section eqsat: node_limit, iter_limit, time_limit_s,
+          an ILP (HiGHS), cycles filtered out during saturation (config section eqsat: node_limit, iter_limit, time_limit_s,
           multi_iterations, extraction, ilp_time_limit_s; set them with --set eqsat.node_limit=...)
   rlflow  a trained agent (--agent CKPT) chooses the rewrites in the rewrite environment, from your graph, for
           at most the horizon it was trained with, keeping the cheapest graph seen: the model-free agent one

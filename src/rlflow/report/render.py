@@ -369,6 +369,8 @@ def egraph(d: ReportData) -> tuple[str, str, str]:
                   f"{h.auto(cfg.get('multi_iterations'))} iteration(s)"),
         ("matches applied", f"{h.count(c['applied'])} ({h.count(c['merges'])} unions; "
                             f"{h.count(c['match_cap_hits'])} rule bans by the backoff scheduler)"),
+        ("cycle filtering", f"{h.count(c['cycle_enodes_removed'])} e-nodes removed; {h.count(c['filtered'])} "
+                            "matches not applied (their target needs a removed e-node)"),
         ("saturation (s)", h.num(c["saturation_seconds"], 2)),
         ("extraction", f"{e['extraction'] or h.DASH}{ilp}"),
         ("extraction (s)", h.num(c["extraction_seconds"], 2)),

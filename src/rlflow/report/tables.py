@@ -163,6 +163,7 @@ def rules_applied(traces: dict[str, Input]) -> dict:
 #: the figures of eqsat's trace ``stats`` the report shows (rlflow.search.eqsat.eqsat_search)
 EGRAPH_COUNTS = ("egraph_nodes_initial", "egraph_nodes", "egraph_classes_initial", "egraph_classes", "iterations",
                  "rules", "rules_translated", "multi_pattern_rules", "matches", "applied", "merges", "match_cap_hits",
+                 "cycle_enodes_removed", "filtered",
                  "saturation_seconds", "extraction_seconds", "ilp_variables", "ilp_constraints", "ilp_seconds",
                  "extracted_cost_ms")
 
