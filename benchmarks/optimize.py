@@ -8,7 +8,9 @@ comes last.
 
 With --eqsat, equality saturation (rlflow.search.eqsat, the config's eqsat section) runs on the same graph
 with the same cost model; its final cost and optimisation time are printed beside TASO's (a second table).
---target picks the cost target (sim-h100, ...; default: the measured per-op torch cost on this CPU).
+--target picks the cost target (sim-h100, ...; default: the measured per-op torch cost on this CPU); a measured
+target (ort-cpu: this machine's onnxruntime) is prepared per model by `rlflow measure-costs` first, as in the
+pipeline (a few minutes per model; --costs-dir keeps the caches for the next run).
 With --eqsat --time-pairs K, both searches run K more times per model, interleaved (TASO first in even pairs,
 eqsat first in odd ones), and eqsat's optimisation time over TASO's is printed as a ratio with its 95% interval
 (Student's t over the pairs, as the measurement protocol's ``ratio_interval``).
@@ -17,6 +19,7 @@ eqsat first in odd ones), and eqsat's optimisation time over TASO's is printed a
   python benchmarks/optimize.py --models bert resnet18 squeezenet  # paper sizes, budget 1000
   python benchmarks/optimize.py --short                            # eqsat vs TASO: tiny bert and resnet18, sim-h100
   python benchmarks/optimize.py --eqsat --target sim-h100          # eqsat vs TASO, every model at paper size
+  python benchmarks/optimize.py --eqsat --target ort-cpu --costs-dir /tmp/costs   # ... on this machine's target
   python benchmarks/optimize.py --eqsat --target sim-h100 --models bert inceptionv3 resnext50 --time-pairs 5
 """
 
@@ -36,7 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from rlflow.config import load_config  # noqa: E402
+from rlflow.cli import main as cli_main  # noqa: E402
 from rlflow.cost import MeasuredCost, make_cost_model  # noqa: E402
+from rlflow.cost.targets import MEASURED  # noqa: E402
 from rlflow.evaluation.protocol import ratio_interval  # noqa: E402
 from rlflow.graph import load_onnx, zoo  # noqa: E402
 from rlflow.graph.exec import get_runner, make_inputs, time_runner  # noqa: E402
@@ -47,14 +52,31 @@ from rlflow.search.eqsat import eqsat_search  # noqa: E402
 from rlflow.stages.search_common import eqsat_settings  # noqa: E402
 
 
-def bench_model(name: str, path: Path, rules, args, cfg) -> dict:
+def measured_cost(name: str, path: Path, args, folder: Path):
+    """A measured target's cost model as the pipeline prepares it: `rlflow measure-costs` (calibration, and for
+    ort-cpu onnxruntime's fusions learned and the kernels of the model and its neighbours timed) writes the cost
+    cache FOLDER/<model>.<target>.json once; later runs with the same --costs-dir reuse it."""
+    cache = folder / f"{name}.{args.target}.json"
+    if not cache.is_file():
+        code = cli_main(["measure-costs", "--model", name, "--onnx", str(path), "--rules", str(args.rules),
+                         "--out", str(cache), "--no-progress", "--set", f"cost.target={args.target}",
+                         *(x for o in args.overrides for x in ("--set", o))])
+        if code:
+            raise SystemExit(f"measure-costs failed for {name} (exit {code})")
+    return make_cost_model(load_config(None, [*args.overrides, f"cost.target={args.target}"]), "cpu", cache,
+                           args.target)
+
+
+def bench_model(name: str, path: Path, rules, args, cfg, folder: Path) -> dict:
     g = load_onnx(path)
+    t0 = time.perf_counter()
     if args.target is None:
         cost = MeasuredCost("cpu", cfg["cost"]["peak"]["cpu"], warmup=cfg["cost"]["warmup"],
                             repeats=cfg["cost"]["repeats"])
+    elif args.target in MEASURED:
+        cost = measured_cost(name, path, args, folder)
     else:
         cost = make_cost_model(cfg, "cpu", kind=args.target)
-    t0 = time.perf_counter()
     if not isinstance(cost, MeasuredCost):
         measured = 0
     elif args.explore is None:
@@ -63,7 +85,7 @@ def bench_model(name: str, path: Path, rules, args, cfg) -> dict:
         from rlflow.stages.measure_costs import explore
 
         measured = cost.measure(explore(g, rules, args.explore, cfg["seed"]))
-    t_measure = time.perf_counter() - t0
+    t_measure = time.perf_counter() - t0  # (a cost cache reused from --costs-dir: nothing measured now)
     r = taso_search(g, rules, cost, alpha=args.alpha, budget=args.budget, time_limit_s=args.time_limit,
                     progress=args.progress)
     diff = check_equal(g, r.graph)
@@ -117,7 +139,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3,
                     help="latency rounds, original and optimised alternating (median of the rounds' medians)")
     ap.add_argument("--progress", action="store_true", help="search progress bar on stderr")
-    ap.add_argument("--target", help="cost target (sim-h100, analytic, ...; default: measured per op on the CPU)")
+    ap.add_argument("--target", help="cost target (sim-h100, ort-cpu, analytic, ...; default: measured per op on the "
+                                     "CPU)")
+    ap.add_argument("--costs-dir", type=Path, metavar="DIR",
+                    help="with a measured --target (ort-cpu, torch-eager): keep each model's cost cache here "
+                         "(made by rlflow measure-costs, as the pipeline does, on first use; default: a temporary "
+                         "folder)")
     ap.add_argument("--eqsat", action="store_true", help="also run equality saturation (config section eqsat)")
     ap.add_argument("--time-pairs", type=int, default=0, metavar="K",
                     help="with --eqsat: K more interleaved TASO/eqsat runs per model, for eqsat's time ratio "
@@ -142,7 +169,9 @@ def main() -> None:
             else:
                 path = Path(tmp) / f"{name}.onnx"
                 zoo.export_model(name, path, zoo.TINY_SIZES[name] if args.sizes == "tiny" else None)
-            row = bench_model(name, path, rules, args, cfg)
+            if args.costs_dir:
+                args.costs_dir.mkdir(parents=True, exist_ok=True)
+            row = bench_model(name, path, rules, args, cfg, args.costs_dir or Path(tmp))
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.json:

@@ -166,3 +166,7 @@ def test_ort_cpu_fused_conv_relu_is_onnxruntimes_own_conv_relu_kernel(config):
     ort.learn([g])  # the Conv + Relu groups timed inside the model
     assert ("Conv", "Relu") in ort.fusable
     assert ort.graph_metrics(fused).runtime_ms == pytest.approx(ort.graph_metrics(g).runtime_ms, rel=1e-9)
+    # eqsat's extraction sums per-op costs: the fused Conv costs its in-model Conv + Relu kernel there too
+    sig = group_signature(g, [k, k + 1])
+    assert sig in ort.context
+    assert ort.alone_ms(fused.nodes[kf], fused.types) == pytest.approx(ort.context[sig] + ort.overhead_ms)

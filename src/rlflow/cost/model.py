@@ -94,6 +94,11 @@ class CostModel:
         self._by_node[id(node)] = (node, cost)
         return cost
 
+    def alone_ms(self, node: Node, types: Mapping[str, TensorType]) -> float:
+        """The runtime (ms) of ``node`` computed on its own: what an additive search (eqsat's extraction) sums
+        per op. Here the node's own runtime; a target that groups nodes into kernels times it as one kernel."""
+        return self.node_cost(node, types)[0]
+
     # ------------------------------------------------------------------ per graph
     def node_costs(self, graph: Graph) -> list[NodeCost]:
         """Per node, in graph order; weight-only nodes (folded before running) cost nothing."""

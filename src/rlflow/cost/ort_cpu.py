@@ -467,6 +467,14 @@ class OrtCpuCost(CostModel):
                 out[last] = (rt + self.reorder_ms(types[v].nbytes), f, b, n + 1)
         return out
 
+    def alone_ms(self, node: Node, types: Mapping) -> float:
+        """``node`` as a kernel of its own (its in-model or lone timing, else its scaled estimate, plus the
+        per-kernel overhead), without layout reorders: what an additive search sums per op."""
+        ins = list(dict.fromkeys(v for v in node.inputs if v))
+        g = Graph(inputs=ins, outputs=list(node.outputs), nodes=[node],
+                  types={v: types[v] for v in (*ins, *node.outputs)})
+        return self._group_runtime(g, [0], [self.node_cost(node, types)])[0]
+
     def reorder_ms(self, nbytes: float) -> float:
         """One layout reorder of a tensor of ``nbytes``: at the rate the learning graphs' reorders ran, else its
         bytes read and written at the calibrated bandwidth; plus the per-kernel overhead."""

@@ -27,7 +27,7 @@ Tensat's cycle filtering removes the newest e-node of every cycle among the e-cl
 changed, no rule banned) or at the node, iteration or time limit.
 
 **Extraction.** The cheapest graph the e-graph represents under the cost model every search uses: each op
-instance costs its ``cost_model.node_cost`` (weight-only instances are free, as the searches count them), paid
+instance costs its ``cost_model.alone_ms`` (weight-only instances are free, as the searches count them), paid
 once however many of its outputs are used. An integer linear program (HiGHS through ``scipy.optimize.milp``)
 chooses op instances: each output class has a chosen one, and so has every class a chosen one reads. Classes
 holding a graph input or a weight, and weight-only classes (folded after extraction anyway), are left out of it
@@ -328,7 +328,7 @@ class _Index:
     """Per iteration: op instances by op, e-nodes by class, and instances by (op, input position, class)."""
 
     def __init__(self, eg: EGraph):
-        self.by_op: dict[str, list[tuple]] = {}
+        self.by_op: dict[str, dict[str, list[tuple]]] = {}  # op -> attribute key -> instances
         self.in_class: dict[int, list[Key]] = {}
         self.uses: dict[tuple[str, int, int], list[tuple]] = {}
         self.cls: dict[Key, int] = {}
@@ -341,15 +341,15 @@ class _Index:
                     self.parents.setdefault(k, set()).add(c)
             if key[3] == 0 and key[0] not in (_INPUT, _CONST):
                 inst = (key[0], key[1], key[2], key[4])
-                self.by_op.setdefault(key[0], []).append(inst)
+                self.by_op.setdefault(key[0], {}).setdefault(key[1], []).append(inst)
                 for pos, k in enumerate(key[4]):
                     self.uses.setdefault((key[0], pos, k), []).append(inst)
 
     def out_class(self, inst: tuple, j: int) -> int:
         return self.cls[(inst[0], inst[1], inst[2], j, inst[3])]
 
-    def near(self, changed: set[int], depth: int) -> list[dict[str, list[tuple]]]:
-        """Per depth d <= ``depth``: by op, the op instances with an output class within d parent steps of a
+    def near(self, changed: set[int], depth: int) -> list[dict[str, dict[str, list[tuple]]]]:
+        """Per depth d <= ``depth``: by op and attribute key, the op instances with an output class within d parent steps of a
         class in ``changed``."""
         out = []
         ring, seen = set(changed), set(changed)
@@ -359,26 +359,31 @@ class _Index:
                 seen |= ring
             insts = {(k[0], k[1], k[2], k[4]) for c in seen for k in self.in_class.get(c, ()) if k[4]}
             ops = {inst[0] for inst in insts}  # (in by_op's order: matches are applied in the same order)
-            out.append({op: [inst for inst in self.by_op[op] if inst in insts] for op in ops})
+            out.append({op: {a: kept for a, group in self.by_op[op].items()
+                             if (kept := [inst for inst in group if inst in insts])} for op in ops})
         return out
 
 
-def _matches(eg: EGraph, ix: _Index, p: _Pattern, first: dict[str, list[tuple]] | None = None
+def _matches(eg: EGraph, ix: _Index, p: _Pattern, first: dict[str, dict[str, list[tuple]]] | None = None
              ) -> Iterator[_State]:
     """Every binding of ``p``'s source pattern to op instances of the e-graph (before the whole-match checks);
-    ``first``, if given, holds by op the only instances the first root may bind."""
+    ``first``, if given, holds (as ``ix.by_op``) the only instances the first root may bind."""
     src = p.src
+
+    def literal_ok(k: int, op: str, akey: str) -> bool:
+        ok = p.literal_ok.get((k, akey))
+        if ok is None:  # an attribute key's attributes never change: checked once per pattern node
+            attrs = eg.attrs[(op, akey)]
+            ok = p.literal_ok[(k, akey)] = all(attr_equal(attrs[a], v) for a, v in p.literal[k].items())
+        return ok
 
     def fit(k: int, inst: tuple, st: _State) -> _State | None:
         pn = src[k]
         if inst[0] != pn.op or inst[2] != pn.n_outputs or len(inst[3]) != len(pn.inputs) or inst in st.nodes.values():
             return None
-        attrs = eg.attrs[(inst[0], inst[1])]
-        ok = p.literal_ok.get((k, inst[1]))
-        if ok is None:  # an attribute key's attributes never change: checked once per pattern node
-            ok = p.literal_ok[(k, inst[1])] = all(attr_equal(attrs[a], v) for a, v in p.literal[k].items())
-        if not ok:
+        if not literal_ok(k, inst[0], inst[1]):
             return None
+        attrs = eg.attrs[(inst[0], inst[1])]
         params = st.params
         for a, name in p.param[k].items():
             if name in params:
@@ -434,8 +439,11 @@ def _matches(eg: EGraph, ix: _Index, p: _Pattern, first: dict[str, list[tuple]] 
             if ref[0] == "var" and ref[1] in st.vars:
                 cands = ix.uses.get((src[k].op, pos, st.vars[ref[1]]), ())
                 break
-        pool = first if i == 0 and first is not None else ix.by_op
-        for inst in (pool.get(src[k].op, ()) if cands is None else cands):
+        if cands is None:  # every instance of the op whose literal attributes match
+            op = src[k].op
+            groups = (first if i == 0 and first is not None else ix.by_op).get(op, {})
+            cands = [inst for akey, group in groups.items() if literal_ok(k, op, akey) for inst in group]
+        for inst in cands:
             s2 = fit(k, inst, st)
             if s2 is not None:
                 for s3 in below(k, s2):
@@ -590,7 +598,8 @@ def saturate(eg: EGraph, rules: Sequence[Rule], node_limit: int, iter_limit: int
 
 # ============================================================================================ extraction
 class _Costs:
-    """Per op instance: its cost (ms) under the cost model; weight-only instances are free."""
+    """Per op instance: its cost (ms) under the cost model (``alone_ms``: a kernel of its own on a target that
+    groups nodes into kernels); weight-only instances are free."""
 
     def __init__(self, eg: EGraph, cost: CostModel):
         self.eg, self.cost = eg, cost
@@ -610,7 +619,7 @@ class _Costs:
             types = {f"c{k}": eg.type[k] for k in kids if k >= 0}
             for j in range(n):
                 types[f"o{j}"] = eg.type[eg.memo[(op, akey, n, j, kids)]]
-            c = float(self.cost.node_cost(node, types)[0])
+            c = float(self.cost.alone_ms(node, types))
         self._memo[inst] = c
         return c
 
