@@ -179,7 +179,7 @@ def main() -> None:
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()}-core CPU ({platform.processor() or 'cpu'}), "
           f"python {platform.python_version()}; {len(rules)} rules; sizes: {args.sizes}; taso alpha {args.alpha}, "
           f"budget {args.budget}; cost: {args.target or 'measured per op on the CPU'} "
-          f"({'model ops only' if args.explore is None else f'model + neighbours + {args.explore} walk steps'}); "
+          f"({'rlflow measure-costs per model' if args.target in MEASURED else 'model ops only' if args.explore is None else f'model + neighbours + {args.explore} walk steps'}); "
           f"ort latency: median of {args.rounds} "
           f"alternating rounds, each the median of {cfg['run']['repeats']} runs")
     head = (f"{'model':<12}{'nodes':>11}{'cost ms':>20}{'ort ms':>18}{'rules':>6}{'exp.':>6}{'search s':>9}"

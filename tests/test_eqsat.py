@@ -229,3 +229,41 @@ def test_semi_naive_matching_saturates_to_the_same_egraph(tiny_zoo, rules, model
                     stats["rules_fired"], round(ilp["ilp_objective"], 9)))
     assert out[0] == out[1]
     assert out[0][2]["applied"] > 0
+
+
+def test_on_a_fusing_target_the_ilp_costs_seen_ops_in_context():
+    """On a target that groups nodes into kernels (ort-cpu) an op costs less fused with its producer, which an
+    additive extraction cannot see. The ILP then costs the input's ops (and each extracted graph's) as they cost
+    inside that graph: the input's ILP cost is its cost on the target, and extraction runs more than once."""
+    import time
+
+    from rlflow.search.eqsat import _Costs, graph_instances, saturate
+
+    class Fusing(AnalyticCost):
+        """An Add right after a MatMul runs inside the MatMul's kernel for free."""
+
+        def node_costs(self, graph):
+            out = super().node_costs(graph)
+            made = {v: n.op for n in graph.nodes for v in n.outputs}
+            return [(0.0, *c[1:]) if n.op == "Add" and made.get(n.inputs[0]) == "MatMul" else c
+                    for n, c in zip(graph.nodes, out)]
+
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("mm-add")
+    x = b.input("x", (16, 64))
+    h = b.op("Add", [b.op("MatMul", [x, b.const("w", rng.standard_normal((64, 64)).astype(np.float32))]),
+                     b.const("b", rng.standard_normal((64,)).astype(np.float32))])
+    g = b.build([b.op("Relu", [h])])
+    cost = Fusing("cpu")
+    eg, _ = graph_to_egraph(g)
+    saturate(eg, BUILTIN, 10_000, 8, time.perf_counter() + 60, 2)
+    costs = _Costs(eg, cost)
+    costs.seen_in(g)
+    insts = graph_instances(eg, g)
+    assert None not in insts
+    assert sum(costs.of(i) for i in insts) == pytest.approx(cost.graph_metrics(g).runtime_ms)
+    assert costs.of(insts[1]) == 0.0 < AnalyticCost("cpu").node_cost(g.nodes[1], g.types)[0]
+    r = eqsat_search(g, BUILTIN, cost)
+    assert r.stats["extraction_rounds"] >= 2 and eqsat_search(g, BUILTIN, AnalyticCost("cpu")).stats[
+        "extraction_rounds"] == 1
+    assert r.final.runtime_ms <= r.initial.runtime_ms and check_equal(g, r.graph) <= 1e-5

@@ -599,14 +599,24 @@ def saturate(eg: EGraph, rules: Sequence[Rule], node_limit: int, iter_limit: int
 # ============================================================================================ extraction
 class _Costs:
     """Per op instance: its cost (ms) under the cost model (``alone_ms``: a kernel of its own on a target that
-    groups nodes into kernels); weight-only instances are free."""
+    groups nodes into kernels), or its cost inside a graph already seen (``context``, see
+    :func:`eqsat_search`); weight-only instances are free."""
 
     def __init__(self, eg: EGraph, cost: CostModel):
         self.eg, self.cost = eg, cost
         self._memo: dict[tuple, float] = {}
+        self.context: dict[tuple, float] = {}
+
+    def seen_in(self, graph: Graph) -> None:
+        """Cost each op instance of ``graph`` (whose ops the e-graph holds) as it costs inside that graph."""
+        for inst, c in zip(graph_instances(self.eg, graph), self.cost.node_costs(graph)):
+            if inst is not None:
+                self.context[inst] = float(c[0])
 
     def of(self, inst: tuple) -> float:
-        hit = self._memo.get(inst)
+        hit = self.context.get(inst)
+        if hit is None:
+            hit = self._memo.get(inst)
         if hit is not None:
             return hit
         op, akey, n, kids = inst
@@ -626,6 +636,30 @@ class _Costs:
 
 def _inst(key: Key) -> tuple:
     return (key[0], key[1], key[2], key[4])
+
+
+def graph_instances(eg: EGraph, graph: Graph) -> list[tuple | None]:
+    """Per node of ``graph`` (the input, or a graph extracted from ``eg``), its op instance in the e-graph as it
+    is now; None where the e-graph no longer holds it (cycle filtering)."""
+    cls: dict[str, int | None] = {"": -1}
+    for v in graph.inputs:
+        c = eg.memo.get((_INPUT, v, 1, 0, ()))
+        cls[v] = None if c is None else eg.find(c)
+    for v, k in graph.constants.items():
+        c = eg.memo.get((_CONST, k.digest.hex(), 1, 0, ()))
+        cls[v] = None if c is None else eg.find(c)
+    out: list[tuple | None] = []
+    for n in graph.nodes:
+        kids = tuple(cls.get(v) for v in n.inputs)
+        inst = None
+        if None not in kids:
+            inst = (n.op, Node("n", n.op, (), (), n.attrs).attr_key(), len(n.outputs), kids)
+            outs = [eg.memo.get(inst[:3] + (j, kids)) for j in range(len(n.outputs))]
+            inst = None if None in outs else inst
+        for j, v in enumerate(n.outputs):
+            cls[v] = None if inst is None else eg.find(eg.memo[inst[:3] + (j, kids)])
+        out.append(inst)
+    return out
 
 
 def greedy_extract(eg: EGraph, costs: _Costs) -> dict[int, Key]:
@@ -664,6 +698,8 @@ def greedy_extract(eg: EGraph, costs: _Costs) -> dict[int, Key]:
 #: GPU): a free instance would tie with its class's leaf, and the ILP could pick free cycles such as
 #: Transpose(Transpose(x)) at no cost; 1e-6 ms breaks the tie towards fewer ops without moving any real choice
 TIE_COST_MS = 1e-6
+#: extractions at most on a target that fuses kernels (see eqsat_search)
+EXTRACTION_ROUNDS = 4
 
 
 def find_cycles(eg: EGraph, roots: Sequence[int], choice: dict[int, Key]) -> list[list[Key]]:
@@ -929,16 +965,38 @@ def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, nod
     t_sat = time.perf_counter() - t0
     roots = [eg.find(c) for c in roots]
     costs = _Costs(eg, cost_model)
-    ext: dict[str, Any] = {"extraction": extraction}
-    choice = None
-    if extraction == "ilp":
-        choice, ilp = ilp_extract(eg, roots, costs, ilp_time_limit_s)
-        ext.update(ilp)
+    # a target that groups nodes into kernels (ort-cpu) is not additive: an op costs less fused with its
+    # neighbours. The ILP then costs the ops of the input, and of each graph it extracts, as they cost inside
+    # that graph, and extracts again, up to EXTRACTION_ROUNDS times; the graph cheapest in the target is kept.
+    fuses = type(cost_model).node_costs is not CostModel.node_costs
+    if fuses:
+        costs.seen_in(graph)
+    ext: dict[str, Any] = {"extraction": extraction, "extraction_rounds": 0}
+    extracted, extracted_ms, tried = None, float("inf"), set()
+    t_ilp = time.perf_counter()
+    while True:
+        choice = None
+        if extraction == "ilp":
+            choice, ilp = ilp_extract(eg, roots, costs, max(ilp_time_limit_s - (time.perf_counter() - t_ilp), 0.1))
+            if extracted is None or choice is not None:
+                ext.update(ilp)
+            if choice is None and extracted is None:
+                ext["extraction"] = "greedy (the ILP found no solution in its time limit)"
+        if choice is None and extracted is None:
+            choice = greedy_extract(eg, costs)
+        ext["extraction_rounds"] += 1
         if choice is None:
-            ext["extraction"] = "greedy (the ILP found no solution in its time limit)"
-    if choice is None:
-        choice = greedy_extract(eg, costs)
-    extracted = to_graph(eg, roots, choice, graph)
+            break
+        g = to_graph(eg, roots, choice, graph)
+        ms = cost_model.graph_metrics(g).runtime_ms
+        if ms < extracted_ms:
+            extracted, extracted_ms = g, ms
+        key = frozenset(choice.items())
+        if not fuses or key in tried or ext["extraction_rounds"] >= EXTRACTION_ROUNDS or \
+                time.perf_counter() - t_ilp >= ilp_time_limit_s:
+            break
+        tried.add(key)
+        costs.seen_in(g)
     t_ext = time.perf_counter() - t0 - t_sat
     final_graph, final = finish(extracted, cost_model)
     kept_input = False
@@ -949,7 +1007,7 @@ def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, nod
              "egraph_classes": len(eg.classes()), "saturation_seconds": t_sat, "extraction_seconds": t_ext,
              "rules": len(rules), "rules_translated": len(rules), "multi_pattern_rules": multi,
              "rules_skipped": 0, **{k: v for k, v in sat.items() if k != "stop"}, **ext,
-             "extracted_cost_ms": cost_model.graph_metrics(extracted).runtime_ms, "kept_input": kept_input}
+             "extracted_cost_ms": extracted_ms, "kept_input": kept_input}
     return SearchResult(
         method="eqsat", graph=final_graph, initial=initial, final=final, trace=[], expansions=sat["iterations"],
         seconds=time.perf_counter() - t0, generated=sat["matches"], kept=sat["applied"], stop_reason=sat["stop"],
