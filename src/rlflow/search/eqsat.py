@@ -966,11 +966,10 @@ def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, nod
     roots = [eg.find(c) for c in roots]
     costs = _Costs(eg, cost_model)
     # a target that groups nodes into kernels (ort-cpu) is not additive: an op costs less fused with its
-    # neighbours. The ILP then costs the ops of the input, and of each graph it extracts, as they cost inside
-    # that graph, and extracts again, up to EXTRACTION_ROUNDS times; the graph cheapest in the target is kept.
+    # neighbours. After the first extraction (each op on its own, as Tensat), the ILP costs the input's ops as
+    # they cost inside the input and extracts again; then, in turn, the ops of each graph extracted since as
+    # they cost inside it; EXTRACTION_ROUNDS extractions at most; the graph cheapest on the target is kept.
     fuses = type(cost_model).node_costs is not CostModel.node_costs
-    if fuses:
-        costs.seen_in(graph)
     ext: dict[str, Any] = {"extraction": extraction, "extraction_rounds": 0}
     extracted, extracted_ms, tried = None, float("inf"), set()
     t_ilp = time.perf_counter()
@@ -996,7 +995,7 @@ def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, nod
                 time.perf_counter() - t_ilp >= ilp_time_limit_s:
             break
         tried.add(key)
-        costs.seen_in(g)
+        costs.seen_in(graph if ext["extraction_rounds"] == 1 else g)
     t_ext = time.perf_counter() - t0 - t_sat
     final_graph, final = finish(extracted, cost_model)
     kept_input = False
