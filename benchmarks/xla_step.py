@@ -3,8 +3,9 @@
 The model (a zoo model, exported to a temporary ONNX file, or results/<model>/model.onnx when present at paper
 size) is lowered to HLO through the JAX lowering of the IR; the env then runs --steps random passes (uniform over
 the target-independent passes, never the stop action), restarting the episode at the horizon. Each step is one
-real XLA compile in the crash-isolated worker. Also printed: the module's op count and the op count after XLA's
-own target-independent pipeline (its compile dumped just before layout assignment).
+real XLA compile in the crash-isolated worker (the env's transition cache is switched off here). Also printed:
+the module's op count and the op count after XLA's own target-independent pipeline (its compile dumped just
+before layout assignment).
 
   python benchmarks/xla_step.py                          # bert at the paper size
   python benchmarks/xla_step.py --sizes tiny --steps 20  # a quick check
@@ -49,6 +50,7 @@ def main() -> None:
             zoo.export_model(args.model, onnx_path, sizes)
         hlo_path = Path(tmp) / f"{args.model}.hlo"
         hlo_path.write_text(hlo_text(load_onnx(onnx_path), config["xla"]["weights"]))
+        config["xla"]["cache_size"] = 0  # every step a real XLA compile: the env's transition cache is off
         env = make_xla_env(config, [hlo_path])
         try:
             rng = np.random.default_rng(args.seed)

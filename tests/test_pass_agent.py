@@ -57,6 +57,25 @@ def test_ppo_trains_saves_and_runs(env, variant, tmp_path):
     assert out.ops <= env.op_count(env.start) and out.text.startswith("HloModule")
 
 
+def test_policy_never_picks_a_spent_pass(env):
+    from rlflow.agents.pass_agent import PassPolicy
+    from rlflow.xla.hlo import COST_FEATURES
+
+    n_op, n_pass = len(env.opcodes), len(env.passes)
+    torch.manual_seed(0)
+    policy = PassPolicy(n_op, len(COST_FEATURES), n_pass + 1, hidden=8)
+    obs = torch.rand(2, n_op + n_pass + 1 + len(COST_FEATURES))
+    obs[:, n_op:n_op + n_pass] = 0.0
+    obs[0, n_op:n_op + n_pass] = 1.0          # every pass spent: only stop is left
+    obs[1, n_op + 3] = obs[1, n_op + 5] = 1.0  # passes 3 and 5 spent
+    with torch.no_grad():
+        dist, value = policy(obs)
+    assert value.shape == (2,)
+    assert dist.probs[0, -1] == pytest.approx(1.0)
+    assert dist.probs[1, 3] == 0.0 and dist.probs[1, 5] == 0.0 and dist.probs[1, -1] > 0.0
+    assert torch.isfinite(dist.entropy()).all()
+
+
 def test_bad_variant_and_checkpoint(env, tmp_path):
     with pytest.raises(RLFlowError, match="unknown variant"):
         train_ppo(env, "nope", PPOConfig(), 1)

@@ -35,7 +35,7 @@ ENTRY main {
 
 @pytest.fixture(scope="module")
 def env():
-    e = XlaPassOrderEnv(max_steps=4)
+    e = XlaPassOrderEnv(max_steps=4, cache_size=0)  # every step a real compile: the worker tests need that
     yield e
     e.close()
 
@@ -81,6 +81,40 @@ def test_rewards_and_unchanged_pass(env):
     assert info["status"] == "unchanged" and r == 0.0
     _, r, term, trunc, info = env.step(env.stop_action)
     assert term and info["status"] == "stop"
+
+
+def test_spent_passes_are_flagged_until_the_module_changes():
+    e = XlaPassOrderEnv(max_steps=6)
+    try:
+        obs, _ = e.reset(seed=0)
+        flags = slice(len(e.opcodes), len(e.opcodes) + len(e.passes))
+        progress = len(e.opcodes) + len(e.passes)
+        assert not obs[flags].any() and obs[progress] == 0.0
+        algsimp = e.passes.index("algsimp")
+        e.step(algsimp)
+        obs, _, _, _, info = e.step(algsimp)  # algsimp ran to its fixed point: a second run changes nothing
+        assert info["status"] == "unchanged" and obs[flags][algsimp] == 1.0 and obs[flags].sum() == 1.0
+        assert obs[progress] == pytest.approx(2 / 6)
+        obs, _, _, _, info = e.step(e.passes.index("cse"))
+        assert info["status"] == "ok" and not obs[flags].any()  # the module changed: nothing is spent any more
+    finally:
+        e.close()
+
+
+def test_transition_cache_repeats_a_step_without_compiling():
+    e = XlaPassOrderEnv(max_steps=4, cache_size=8)
+    try:
+        e.reset(seed=0)
+        first = [e.step(e.passes.index(n))[4]["op_count"] for n in ("algsimp", "cse")]
+        compiles = e.compiles
+        assert compiles == 2
+        e.reset(seed=0)
+        again = [e.step(e.passes.index(n))[4]["op_count"] for n in ("algsimp", "cse")]
+        assert again == first and e.compiles == compiles and e.total_steps == 4
+        e.step(e.passes.index("reshape-mover"))
+        assert e.compiles == compiles + 1
+    finally:
+        e.close()
 
 
 def test_shaping_is_potential_based():

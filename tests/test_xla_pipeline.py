@@ -19,7 +19,7 @@ from rlflow.pipeline.registry import REPO_ROOT  # noqa: E402
 TINY = ["--config", str(REPO_ROOT / "config.yaml"), "--config", str(REPO_ROOT / "tests/configs/tiny.yaml"),
         "--set", "xla.updates=1", "--set", "xla.steps_per_update=4", "--set", "xla.max_steps=3",
         "--set", "xla.train_models=[resnet18]", "--set", "xla.variants=[plain]", "--set", "xla.random_orders=1",
-        "--set", "xla.greedy_steps=1"]
+        "--set", "xla.greedy_steps=1", "--set", "xla.time_budget_s=1", "--set", "timing.sessions=2"]
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +55,28 @@ def test_stages_write_op_counts_and_the_papers_ratio(results):
     assert rows[0].startswith("model,method,ops") and len(rows) == 5
 
 
+def test_modules_are_timed_on_xla_cpu_against_the_default_pipelines(results):
+    doc = json.loads((results / "resnet18/xla/passes.json").read_text())
+    rt = doc["runtime"]
+    assert rt["backend"] == "xla-cpu" and rt["reference"] == "xla_default" and "algsimp" in rt["disabled_passes"]
+    assert rt["aa"]["ci_low"] <= 1.0 <= rt["aa"]["ci_high"] or rt["too_noisy"]
+    methods = {m["method"]: m for m in doc["methods"]}
+    assert "runtime" not in methods["random"]  # a mean over orders: no module of its own
+    assert methods["xla_default"]["runtime"]["verdict"] == "reference"
+    for name in ("greedy", "ppo-plain"):
+        r = methods[name]["runtime"]
+        assert r["verdict"] in ("faster", "slower", "no detectable difference") and r["median_ms"] > 0
+        assert r["max_rel_diff"] <= 1e-4
+    header = (results / "resnet18/xla/passes.csv").read_text().splitlines()[0]
+    assert header.endswith("runtime_ratio,runtime_ci_low,runtime_ci_high,runtime_verdict,max_rel_diff")
+
+
 def test_report_section_and_summary_line(results, tmp_path):
     from rlflow.report import passes
 
     _, _, body = passes.section(SimpleNamespace(results=results / "resnet18"))
     assert "ppo-plain" in body and "xla_default" in body
+    assert "latency vs XLA default" in body and "A/A control" in body
     _, _, absent = passes.section(SimpleNamespace(results=tmp_path / "bert"))
     assert "evaluate_passes has not run" in absent
     line = passes.summary_line(results, ["resnet18", "bert"])

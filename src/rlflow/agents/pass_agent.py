@@ -2,7 +2,8 @@
 
 Agents (PPO, the loss and GAE of :mod:`rlflow.agents.ppo`, a flat categorical policy over the passes + stop):
 
-- ``plain``: the op-count reward; policy and value see the log opcode histogram;
+- ``plain``: the op-count reward; policy and value see the log opcode histogram, the spent-pass flags and the
+  episode's progress;
 - ``shaped``: the same with the env's potential-based shaping from the cost features (config ``xla.shaping``);
 - ``shaped_costvf``: shaped, and the value function also sees the (log) cost features (the paper's second
   enhancement; the policy still sees the histogram only).
@@ -27,33 +28,42 @@ from rlflow.errors import RLFlowError
 from rlflow.xla.metric import geomean_ratio, reduction_ratio  # noqa: F401  (the paper's metric, re-exported)
 
 VARIANTS = ("plain", "shaped", "shaped_costvf")
-KIND = "rlflow.xla-pass-agent/1"
+KIND = "rlflow.xla-pass-agent/2"
 
 
-def _features(obs: torch.Tensor, n_cost: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log1p opcode histogram, log1p cost features) of observations [B, H + C]."""
-    x = torch.log1p(obs.clamp_min(0.0))
-    return x[..., :-n_cost], x[..., -n_cost:]
+def _features(obs: torch.Tensor, n_opcodes: int, n_passes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Observations [B, H + N + 1 + C] (the env's layout: opcode histogram, spent-pass flags, progress, cost
+    features) -> (the policy's input [B, H + N + 1]: log1p histogram, flags, progress; log1p cost features [B, C];
+    the spent flags [B, N] as a bool mask)."""
+    hist, rest = obs[..., :n_opcodes], obs[..., n_opcodes:]
+    spent, progress, cost = rest[..., :n_passes], rest[..., n_passes:n_passes + 1], rest[..., n_passes + 1:]
+    x = torch.cat([torch.log1p(hist.clamp_min(0.0)), spent, progress], -1)
+    return x, torch.log1p(cost.clamp_min(0.0)), spent > 0.5
 
 
 class PassPolicy(nn.Module):
-    """Categorical policy over ``n_actions`` and a value head; the value also sees the cost features when
-    ``value_sees_cost``."""
+    """Categorical policy over ``n_actions`` (the passes, then stop) and a value head; the value also sees the
+    cost features when ``value_sees_cost``. Passes the observation flags as spent (they ran on this module and
+    changed nothing, so they would change nothing again) are masked out; stop never is."""
 
     def __init__(self, n_opcodes: int, n_cost: int, n_actions: int, hidden: int = 64,
                  value_sees_cost: bool = False):
         super().__init__()
-        self.n_cost, self.value_sees_cost = n_cost, value_sees_cost
+        self.n_opcodes, self.n_cost, self.n_passes, self.value_sees_cost = n_opcodes, n_cost, n_actions - 1, value_sees_cost
         self.args = {"n_opcodes": n_opcodes, "n_cost": n_cost, "n_actions": n_actions, "hidden": hidden,
                      "value_sees_cost": value_sees_cost}
-        self.actor = nn.Sequential(nn.Linear(n_opcodes, hidden), nn.Tanh(), nn.Linear(hidden, n_actions))
-        self.critic = nn.Sequential(nn.Linear(n_opcodes + (n_cost if value_sees_cost else 0), hidden), nn.Tanh(),
+        n_in = n_opcodes + self.n_passes + 1
+        self.actor = nn.Sequential(nn.Linear(n_in, hidden), nn.Tanh(), nn.Linear(hidden, n_actions))
+        self.critic = nn.Sequential(nn.Linear(n_in + (n_cost if value_sees_cost else 0), hidden), nn.Tanh(),
                                     nn.Linear(hidden, 1))
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.distributions.Categorical, torch.Tensor]:
-        hist, cost = _features(obs, self.n_cost)
-        value_in = torch.cat([hist, cost], -1) if self.value_sees_cost else hist
-        return torch.distributions.Categorical(logits=self.actor(hist)), self.critic(value_in).squeeze(-1)
+        x, cost, spent = _features(obs, self.n_opcodes, self.n_passes)
+        value_in = torch.cat([x, cost], -1) if self.value_sees_cost else x
+        logits = self.actor(x)
+        mask = torch.cat([spent, torch.zeros_like(spent[..., :1])], -1)  # stop stays allowed
+        logits = logits.masked_fill(mask, torch.finfo(logits.dtype).min)
+        return torch.distributions.Categorical(logits=logits), self.critic(value_in).squeeze(-1)
 
 
 @dataclass
@@ -94,7 +104,7 @@ def train_ppo(env, variant: str, cfg: PPOConfig, updates: int, seed: int = 0, sh
     from rlflow.xla.hlo import COST_FEATURES
 
     n_cost = len(COST_FEATURES)
-    policy = PassPolicy(env.observation_space.shape[0] - n_cost, n_cost, int(env.action_space.n), hidden,
+    policy = PassPolicy(len(env.opcodes), n_cost, int(env.action_space.n), hidden,
                         value_sees_cost=variant == "shaped_costvf")
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     obs, _ = env.reset(seed=seed)
@@ -196,7 +206,7 @@ def greedy(env, module: int, max_steps: int | None = None) -> Outcome:
     for _ in range(max_steps or env.max_steps):
         best = None
         for a, name in enumerate(env.passes):
-            result = env.worker.run_pass(text, env.disabled[a])
+            result = env.transition(text, a)
             if result.status == "ok":
                 n = sum(result.stats["histogram"].values())
                 if n < ops and (best is None or n < best[0]):

@@ -6,15 +6,23 @@ XLA or fails is an invalid action: it earns ``invalid_penalty`` and leaves the m
 restarted); a pass that changes nothing earns 0. After ``max_steps`` steps the episode is truncated.
 
 Observation: float32 [opcode histogram (every opcode of the installed XLA, :func:`rlflow.xla.hlo.opcodes`),
-flops, transcendentals, bytes accessed] (XLA's own cost analysis).
+N flags "this pass already ran on the current module and changed nothing (or failed)", the episode's progress
+(step / max_steps), flops, transcendentals, bytes accessed (XLA's own cost analysis)]. Passes are deterministic,
+so a flagged pass would change nothing again: the flags tell the agent which actions are spent until the module
+changes (:mod:`rlflow.agents.pass_agent` masks them), and without them a state where a pass did nothing looks
+exactly like the state before it.
+
+Passes are deterministic, so the env also keeps the last ``cache_size`` transitions (module text, pass) ->
+result: an episode that repeats a known prefix costs no compile. A cached step is still a step (it counts in
+``total_steps``); ``compiles`` counts the real XLA compiles.
 
 Reward: ``reward_scale`` x (op count before - op count after) / the episode's initial op count, plus, when
 ``shaping`` weights are given, the potential-based term ``gamma x Phi(s') - Phi(s)`` with
 ``Phi(s) = -(w_flops x flops(s) / flops(s_0) + w_transcendentals x transcendentals(s) / transcendentals(s_0))``
 (Ng et al.: the optimal policies are unchanged). ``info`` has ``op_count``, ``op_reward`` (the reward without
 shaping), ``status`` (ok | unchanged | crash | error | stop), ``pass``, the cost features and ``step``.
-``last_cpu_ms`` holds the pass worker's CPU time of the last step (XLA's compile, the rest): not in ``info``,
-which is deterministic.
+``last_cpu_ms`` holds the pass worker's CPU time of the last step (XLA's compile, the rest; empty when the step
+came from the cache): not in ``info``, which is deterministic.
 
 Several modules: ``modules`` is a list; each reset picks one (uniformly with the env's seed, or
 ``options={"module": i}``). With none the env runs :data:`DEFAULT_MODULE`, a small attention block lowered by JAX.
@@ -24,6 +32,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Sequence
+
+import hashlib
+from collections import OrderedDict
 
 import gymnasium as gym
 import numpy as np
@@ -54,7 +65,7 @@ class XlaPassOrderEnv(gym.Env):
     def __init__(self, modules: Sequence[str | Path] | str | Path | None = None, max_steps: int = 30,
                  reward_scale: float = 100.0, invalid_penalty: float = -1.0,
                  shaping: dict[str, float] | None = None, gamma: float = 0.99, step_timeout_s: float = 120.0,
-                 render_mode: str | None = None):
+                 cache_size: int = 256, render_mode: str | None = None):
         from rlflow.xla.passes import action_passes, disabled_for
         from rlflow.xla.hlo import opcodes
         from rlflow.xla.worker import PassWorker, discover_pipeline
@@ -80,12 +91,17 @@ class XlaPassOrderEnv(gym.Env):
         self.gamma, self.render_mode = gamma, render_mode
         self.worker = PassWorker(step_timeout_s)
         self.action_space = spaces.Discrete(len(self.passes) + 1)
-        self.observation_space = spaces.Box(0.0, F32_MAX, (len(self.opcodes) + len(COST_FEATURES),), np.float32)
+        n_obs = len(self.opcodes) + len(self.passes) + 1 + len(COST_FEATURES)
+        self.observation_space = spaces.Box(0.0, F32_MAX, (n_obs,), np.float32)
+        self.cache_size = int(cache_size)
+        self._cache: OrderedDict[tuple[bytes, int], Any] = OrderedDict()  # (module digest, pass) -> StepResult
+        self.compiles = 0
         self._initial: dict[str, dict] = {}  # module name -> its stats (computed once)
         self.total_steps = 0
         self.last_cpu_ms: dict[str, float] = {}
         self.index, self.text, self.stats, self.start, self.steps = 0, "", {}, {}, 0
         self.actions: list[int] = []
+        self.spent: set[int] = set()  # passes that ran on the current module and left it as it is
 
     # ------------------------------------------------------------------------------------------------ helpers
     @property
@@ -94,8 +110,28 @@ class XlaPassOrderEnv(gym.Env):
 
     def observation(self, stats: dict) -> np.ndarray:
         hist = stats["histogram"]
-        vec = [hist.get(op, 0) for op in self.opcodes] + [stats["cost"].get(k, 0.0) for k in COST_FEATURES]
+        spent = [1.0 if a in self.spent else 0.0 for a in range(len(self.passes))]
+        vec = ([hist.get(op, 0) for op in self.opcodes] + spent + [self.steps / self.max_steps]
+               + [stats["cost"].get(k, 0.0) for k in COST_FEATURES])
         return np.clip(np.asarray(vec, np.float32), 0.0, F32_MAX)
+
+    def transition(self, text: str, action: int):
+        """Pass ``action``'s result (a :class:`rlflow.xla.worker.StepResult`) on module ``text``, from the
+        transition cache or a real XLA compile."""
+        key = (hashlib.blake2b(text.encode(), digest_size=16).digest(), action)
+        found = self._cache.get(key)
+        if found is not None:
+            self._cache.move_to_end(key)
+            self.last_cpu_ms = {}
+            return found
+        result = self.worker.run_pass(text, self.disabled[action])
+        self.compiles += 1
+        self.last_cpu_ms = result.cpu
+        if self.cache_size > 0 and result.status != "crash":  # a crash may be the machine's, not the pass's
+            self._cache[key] = result
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return result
 
     @staticmethod
     def op_count(stats: dict) -> int:
@@ -127,7 +163,7 @@ class XlaPassOrderEnv(gym.Env):
         if name not in self._initial:
             self._initial[name] = self.worker.stats(self.text)
         self.stats = self.start = self._initial[name]
-        self.steps, self.actions = 0, []
+        self.steps, self.actions, self.spent = 0, [], set()
         return self.observation(self.stats), self._info("reset", None, 0.0)
 
     def step(self, action):
@@ -140,7 +176,11 @@ class XlaPassOrderEnv(gym.Env):
         if action == self.stop_action:
             return self.observation(self.stats), 0.0, True, False, self._info("stop", None, 0.0)
         name = self.passes[action]
-        result = self.worker.run_pass(self.text, self.disabled[action])
+        result = self.transition(self.text, action)
+        if result.status == "ok":
+            self.spent = set()
+        else:
+            self.spent.add(action)
         if result.valid:
             before = self.op_count(self.stats)
             phi = self.potential(self.stats)
@@ -153,7 +193,6 @@ class XlaPassOrderEnv(gym.Env):
         info = self._info(result.status, name, op_reward)
         if not result.valid:
             info["message"] = result.message
-        self.last_cpu_ms = result.cpu
         return self.observation(self.stats), float(reward), False, truncated, info
 
     def render(self):
@@ -172,4 +211,5 @@ def make_xla_env(config: dict, modules, shaping: bool = False) -> XlaPassOrderEn
     return XlaPassOrderEnv(modules, max_steps=x.get("max_steps", 30), reward_scale=x.get("reward_scale", 100.0),
                            invalid_penalty=x.get("invalid_penalty", -1.0),
                            shaping=x.get("shaping") if shaping else None,
-                           gamma=config.get("ppo", {}).get("gamma", 0.99), step_timeout_s=x.get("step_timeout_s", 120))
+                           gamma=config.get("ppo", {}).get("gamma", 0.99), step_timeout_s=x.get("step_timeout_s", 120),
+                           cache_size=x.get("cache_size", 256))

@@ -2,7 +2,9 @@
 ``results/<model>/xla/passes.json`` of stage evaluate_passes itself, and nothing else of the report).
 
 Section: one row per method (XLA's default pipeline, random orders, greedy, each PPO agent): final HLO op count,
-reduction from the initial module, the paper's ratio (ops_0 - ops_method) / (ops_0 - ops_default), the passes run.
+reduction from the initial module, the paper's ratio (ops_0 - ops_method) / (ops_0 - ops_default), the module's
+XLA CPU latency ratio to the default pipeline's with its interval and verdict (issue G's protocol, A/A control
+included; "too noisy" when that control fails), the passes run.
 When evaluate_passes has not run for the model, the section says so. Summary line: per method, the geometric
 mean of that ratio over every model with a passes.json (held-out models marked).
 """
@@ -38,15 +40,45 @@ def section(d) -> tuple[str, str, str]:
         return SECTION_ID, TITLE, h.missing(inp.why() + " Build it with `snakemake xla --cores 2`.")
     doc, methods = inp.data, _methods(inp)
     ops0 = doc.get("initial_ops")
+    runtime = doc.get("runtime") or {}
+    noisy = bool(runtime.get("too_noisy"))
     rows = [(m["method"], h.count(m.get("ops")), h.count(m.get("reduction")), h.num(m.get("ratio_vs_default")),
-             ", ".join(map(str, m.get("passes") or [])) or h.DASH) for m in methods]
+             *_runtime_cells(m.get("runtime"), noisy), ", ".join(map(str, m.get("passes") or [])) or h.DASH)
+            for m in methods]
     held = "held out (not trained on)" if doc.get("held_out") else "one of the training models"
     parts = [h.p(f"The model's HLO module (JAX lowering, weights included) has {h.count(ops0)} ops; this model is "
                  f"{held} (training models: {', '.join(doc.get('train_models') or []) or h.DASH}). Ratio: the "
                  "paper's (ops_0 - ops_method) / (ops_0 - ops_default): 1 matches XLA's default pipeline, above "
                  "1 beats it. Random: the mean of several uniform orders. Every pass is a real XLA compile."),
-             h.table(["method", "ops", "reduction", "ratio vs XLA default", "passes run"], rows)]
+             h.table(["method", "ops", "reduction", "ratio vs XLA default", "XLA CPU ms (median)",
+                      "latency vs XLA default [95%]", "verdict", "passes run"], rows)]
+    if runtime:
+        aa = runtime.get("aa") or {}
+        parts.append(h.p(
+            "Runtime: each module compiled by XLA's CPU compiler with the passes an agent chooses from switched "
+            f"off ({len(runtime.get('disabled_passes') or [])} passes; legalisation, layout, fusion and code "
+            f"generation as usual), outputs checked against the default module's, and timed: "
+            f"{runtime.get('protocol', h.DASH)}. A/A control (the default module against itself): "
+            f"{_interval(aa)} ({aa.get('verdict', h.DASH)}). Random orders have no module of their own."))
+        if noisy:
+            parts.append(h.missing("TOO NOISY: the A/A control's interval excludes 1.0, so no runtime verdict "
+                                   "above is a finding."))
+    else:
+        parts.append(h.missing("Runtime not measured (xla.time_modules is off)."))
     return SECTION_ID, TITLE, "".join(parts)
+
+
+def _interval(r: dict) -> str:
+    if r.get("ci_low") is None:
+        return h.DASH
+    return f"{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
+
+
+def _runtime_cells(r: dict | None, noisy: bool) -> tuple[str, str, str]:
+    if not r:
+        return h.DASH, h.DASH, h.DASH
+    verdict = r.get("verdict", h.DASH)
+    return h.num(r.get("median_ms")), _interval(r), ("too noisy" if noisy and verdict != "reference" else verdict)
 
 
 def geomean_by_method(results_root: Path, models: list[str]) -> tuple[dict[str, float | None], list[str], list[str]]:

@@ -10,6 +10,13 @@ on the way). For each: the final op count, the reduction from the initial count 
 (ops_0 - ops_method) / (ops_0 - ops_default). Whether the model was held out (not in ``xla.train_models``) is
 recorded.
 
+Runtime (``xla.time_modules``): the module of every method that has one (XLA's default, greedy, each agent) is
+compiled by XLA's CPU compiler without the target-independent passes and timed with the project's protocol
+(config ``timing``, ``xla.time_budget_s`` seconds): latency ratio to XLA's default pipeline's module with its 95%
+interval and verdict, and an A/A control (the default module timed twice, ``xla_default-aa``) whose interval must
+hold 1.0, else the comparison is marked too noisy (:mod:`rlflow.xla.timing`). Each module's outputs on the same
+inputs are compared with the default module's; beyond ``evaluate.tolerance`` the stage fails, naming the method.
+
 Writes ``--out`` (JSON ``rlflow.xla-passes/1``: also the passes each method ran) and ``--csv`` (one row per
 method), atomically.
 """
@@ -24,16 +31,55 @@ from pathlib import Path
 HELP = "XLA pass agents vs XLA's default pipeline, random orders and greedy on a model's HLO (pipeline stage evaluate_passes)"
 SET_EXAMPLE = "xla.random_orders=3"
 
-CSV_COLUMNS = ("model", "method", "ops", "initial_ops", "reduction", "ratio_vs_default", "passes_run", "seconds")
+CSV_COLUMNS = ("model", "method", "ops", "initial_ops", "reduction", "ratio_vs_default", "passes_run", "seconds",
+               "runtime_ratio", "runtime_ci_low", "runtime_ci_high", "runtime_verdict", "max_rel_diff")
+AA_NAME = "xla_default-aa"
 
 
 def to_csv(doc: dict) -> str:
     lines = [",".join(CSV_COLUMNS)]
     for m in doc["methods"]:
-        row = {**m, "model": doc["model"], "initial_ops": doc["initial_ops"], "passes_run": len(m["passes"])}
+        rt = m.get("runtime") or {}
+        row = {**m, "model": doc["model"], "initial_ops": doc["initial_ops"], "passes_run": len(m["passes"]),
+               "runtime_ratio": rt.get("ratio"), "runtime_ci_low": rt.get("ci_low"), "runtime_ci_high": rt.get("ci_high"),
+               "runtime_verdict": rt.get("verdict"), "max_rel_diff": rt.get("max_rel_diff")}
         lines.append(",".join("" if row[c] is None else (f"{row[c]:.6g}" if isinstance(row[c], float) else str(row[c]))
                               for c in CSV_COLUMNS))
     return "\n".join(lines) + "\n"
+
+
+def time_methods(config: dict, pipeline, texts: dict[str, str], methods: list[dict], model: str) -> dict:
+    """Time the methods' modules on XLA CPU against XLA's default one (:mod:`rlflow.xla.timing`); adds each
+    method's ``runtime`` entry and returns the comparison's summary (protocol, A/A control, too noisy)."""
+    from rlflow.config import get
+    from rlflow.errors import RLFlowError
+    from rlflow.evaluation.protocol import SAME, Protocol
+    from rlflow.xla.timing import time_modules, timing_disabled
+
+    protocol = Protocol.from_config(config, budget_s=float(get(config, "xla.time_budget_s")))
+    order = ["xla_default", AA_NAME] + [m["method"] for m in methods if m["method"] != "xla_default"
+                                        and m["method"] in texts]
+    modules = [(n, texts["xla_default" if n == AA_NAME else n]) for n in order]
+    print(f"evaluate_passes: {model}: timing {len(modules)} modules on XLA CPU ({protocol.describe()})", flush=True)
+    result = time_modules(modules, protocol, timing_disabled(pipeline), seed=int(get(config, "seed")))
+    tolerance = float(get(config, "evaluate.tolerance"))
+    for m in methods:
+        est = result["estimates"].get(m["method"])
+        if est is None:
+            continue
+        diff = result["max_rel_diff"][m["method"]]
+        if not diff <= tolerance:
+            raise RLFlowError(f"{model}: the module of {m['method']} computes other outputs than XLA's default "
+                              f"pipeline's (max relative difference {diff:.3g} > evaluate.tolerance {tolerance:g})")
+        m["runtime"] = {k: est[k] for k in ("ratio", "ci_low", "ci_high", "verdict", "detectable", "median_ms")}
+        m["runtime"]["max_rel_diff"] = diff
+        vs = "the reference" if est["ci_low"] is None else \
+            f"{est['ratio']:.3f} [{est['ci_low']:.3f}, {est['ci_high']:.3f}] of it, {est['verdict']}"
+        print(f"evaluate_passes: {model} {m['method']}: XLA CPU median {est['median_ms']:.3f} ms, {vs}", flush=True)
+    aa = result["estimates"][AA_NAME]
+    return {"backend": "xla-cpu", "reference": "xla_default", "protocol": protocol.describe(),
+            "aa": {k: aa[k] for k in ("ratio", "ci_low", "ci_high", "verdict")}, "too_noisy": aa["verdict"] != SAME,
+            "rounds": result["rounds"], "seconds": result["seconds"], "disabled_passes": timing_disabled(pipeline)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,20 +110,27 @@ def run(args: argparse.Namespace) -> int:
                 ("random", lambda: random_orders(env, 0, int(x["random_orders"]), rng)),
                 ("greedy", lambda: greedy(env, 0, int(x["greedy_steps"])))]
         runs += [(f"ppo-{v}", lambda a=a: run_agent(env, a, 0)) for v, a in agents.items()]
+        texts = {}
         for name, fn in runs:
             t0 = time.perf_counter()
             out = fn()
             methods.append({"method": name, "ops": float(out.ops), "reduction": float(ops0 - out.ops),
                             "passes": list(out.passes), "seconds": time.perf_counter() - t0})
+            if out.text is not None:
+                texts[name] = out.text
             print(f"evaluate_passes: {args.model} {name}: {out.ops:g} ops (initial {ops0})", flush=True)
+        pipeline = env.pipeline
     finally:
         env.close()
+    runtime = None
+    if x["time_modules"]:
+        runtime = time_methods(config, pipeline, texts, methods, args.model)
     default = methods[0]["ops"]
     for m in methods:
         m["ratio_vs_default"] = reduction_ratio(ops0, m["ops"], default)
     doc = {"format": "rlflow.xla-passes/1", "model": args.model, "initial_ops": ops0,
            "held_out": args.model not in x["train_models"], "train_models": list(x["train_models"]),
-           "max_steps": int(x["max_steps"]), "methods": methods}
+           "max_steps": int(x["max_steps"]), "methods": methods, "runtime": runtime}
     write_text(args.out, json.dumps(doc, indent=2, allow_nan=False) + "\n")
     write_text(args.csv, to_csv(doc))
     best = min(methods[1:], key=lambda m: m["ops"])
