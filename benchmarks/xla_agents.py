@@ -2,10 +2,11 @@
 and greedy, trained on some zoo graphs and evaluated on held-out ones (the paper's metric).
 
 Every graph is a zoo model exported to ONNX and lowered to HLO by the JAX lowering of the IR; every pass is a
-real XLA compile in the crash-isolated worker. Until the pipeline stages (export_hlo, train_pass_agent,
-evaluate_passes) exist, this script is how the comparison is run.
+real XLA compile in the crash-isolated worker. Budgets default to config.yaml's ``xla`` section (what the
+pipeline's train_pass_agent and evaluate_passes use; `snakemake xla` also times the modules on XLA CPU).
 
-  python benchmarks/xla_agents.py --sizes tiny --updates 2 --steps-per-update 32
+  python benchmarks/xla_agents.py                                   # paper sizes, config.yaml's budgets
+  python benchmarks/xla_agents.py --sizes tiny --updates 2 --steps-per-update 32   # a quick check
 
 Prints one line per held-out graph and method (op counts) and, per method, the geometric mean over the held-out
 graphs of (ops_0 - ops_method) / (ops_0 - ops_default).
@@ -39,16 +40,21 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--train", nargs="+", default=["bert", "resnet18"], choices=zoo.MODEL_NAMES)
     p.add_argument("--test", nargs="+", default=["gpt2", "vit"], choices=zoo.MODEL_NAMES)
-    p.add_argument("--sizes", default="tiny", choices=["paper", "tiny"])
-    p.add_argument("--updates", type=int, default=2)
-    p.add_argument("--steps-per-update", type=int, default=32)
-    p.add_argument("--max-steps", type=int, default=8, help="the env's horizon")
-    p.add_argument("--random-orders", type=int, default=3)
-    p.add_argument("--greedy-steps", type=int, default=3)
+    p.add_argument("--sizes", default="paper", choices=["paper", "tiny"])
+    p.add_argument("--updates", type=int, help="default: xla.updates")
+    p.add_argument("--steps-per-update", type=int, help="default: xla.steps_per_update")
+    p.add_argument("--max-steps", type=int, help="the env's horizon (default: xla.max_steps)")
+    p.add_argument("--random-orders", type=int, help="default: xla.random_orders")
+    p.add_argument("--greedy-steps", type=int, help="default: xla.greedy_steps")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     config = load_config([ROOT / "config.yaml"])
-    config["xla"]["max_steps"] = args.max_steps
+    x = config["xla"]
+    for arg, key in (("updates", "updates"), ("steps_per_update", "steps_per_update"), ("max_steps", "max_steps"),
+                     ("random_orders", "random_orders"), ("greedy_steps", "greedy_steps")):
+        if getattr(args, arg) is None:
+            setattr(args, arg, x[key])
+    x["max_steps"] = args.max_steps
     with tempfile.TemporaryDirectory() as tmp:
         def hlo_file(model: str) -> Path:
             onnx_path = Path(tmp) / f"{model}.onnx"
@@ -64,7 +70,7 @@ def main() -> None:
             cfg = PPOConfig.from_config(config.get("ppo", {}), args.steps_per_update)
             agents = {}
             for v in VARIANTS:  # each agent is evaluated from its checkpoint, as a stage would load it
-                torch.save(train_ppo(train_env, v, cfg, args.updates, args.seed, config["xla"].get("shaping")).state(),
+                torch.save(train_ppo(train_env, v, cfg, args.updates, args.seed, x.get("shaping"), x["hidden"]).state(),
                            Path(tmp) / f"{v}.pt")
                 agents[v] = load_pass_agent(Path(tmp) / f"{v}.pt")
             rng = np.random.default_rng(args.seed)

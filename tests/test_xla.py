@@ -101,6 +101,22 @@ def test_spent_passes_are_flagged_until_the_module_changes():
         e.close()
 
 
+def test_modules_of_the_same_file_name_keep_their_own_stats(tmp_path):
+    for model, text in (("a", TINY), ("b", DEFAULT_MODULE.read_text())):
+        (tmp_path / model / "xla").mkdir(parents=True)
+        (tmp_path / model / "xla" / "module.hlo").write_text(text)
+    e = XlaPassOrderEnv([tmp_path / "a/xla/module.hlo", tmp_path / "b/xla/module.hlo"], max_steps=2)
+    try:
+        counts = {}
+        for i in (0, 1):
+            info = e.reset(options={"module": i})[1]
+            counts[info["module"]] = info["initial_op_count"]
+        block = sum(hlo.stats(DEFAULT_MODULE.read_text()).histogram.values())
+        assert counts == {"a/xla/module": 5, "b/xla/module": block}
+    finally:
+        e.close()
+
+
 def test_transition_cache_repeats_a_step_without_compiling():
     e = XlaPassOrderEnv(max_steps=4, cache_size=8)
     try:
@@ -115,6 +131,26 @@ def test_transition_cache_repeats_a_step_without_compiling():
         assert e.compiles == compiles + 1
     finally:
         e.close()
+
+
+def test_runtime_reward_at_the_episodes_end():
+    e = XlaPassOrderEnv(max_steps=2, runtime_reward=1.0, runtime_budget_s=0.3)
+    try:
+        e.reset(seed=0)
+        _, r, _, trunc, info = e.step(e.passes.index("algsimp"))
+        assert not trunc and "runtime_ratio" not in info and r == info["op_reward"]  # not the last step
+        _, r, _, trunc, info = e.step(e.passes.index("cse"))
+        assert trunc and info["runtime_ratio"] > 0
+        lo, hi = info["runtime_ci"]
+        assert lo <= info["runtime_ratio"] <= hi
+        assert r == pytest.approx(info["op_reward"] + e.reward_scale * (1.0 - info["runtime_ratio"]))
+        e.reset(seed=0)
+        _, r, term, _, info = e.step(e.stop_action)  # stopping ends the episode too
+        assert term and r == pytest.approx(e.reward_scale * (1.0 - info["runtime_ratio"]))
+    finally:
+        e.close()
+    with pytest.raises(RLFlowError, match="runtime_reward"):
+        XlaPassOrderEnv(runtime_reward=-1.0)
 
 
 def test_shaping_is_potential_based():

@@ -49,7 +49,8 @@ class PassPolicy(nn.Module):
     def __init__(self, n_opcodes: int, n_cost: int, n_actions: int, hidden: int = 64,
                  value_sees_cost: bool = False):
         super().__init__()
-        self.n_opcodes, self.n_cost, self.n_passes, self.value_sees_cost = n_opcodes, n_cost, n_actions - 1, value_sees_cost
+        self.n_opcodes, self.n_cost, self.n_passes = n_opcodes, n_cost, n_actions - 1
+        self.value_sees_cost = value_sees_cost
         self.args = {"n_opcodes": n_opcodes, "n_cost": n_cost, "n_actions": n_actions, "hidden": hidden,
                      "value_sees_cost": value_sees_cost}
         n_in = n_opcodes + self.n_passes + 1

@@ -19,7 +19,12 @@ result: an episode that repeats a known prefix costs no compile. A cached step i
 Reward: ``reward_scale`` x (op count before - op count after) / the episode's initial op count, plus, when
 ``shaping`` weights are given, the potential-based term ``gamma x Phi(s') - Phi(s)`` with
 ``Phi(s) = -(w_flops x flops(s) / flops(s_0) + w_transcendentals x transcendentals(s) / transcendentals(s_0))``
-(Ng et al.: the optimal policies are unchanged). ``info`` has ``op_count``, ``op_reward`` (the reward without
+(Ng et al.: the optimal policies are unchanged). With ``runtime_reward`` w > 0, the last step of an episode (stop
+or truncation) also earns ``w x reward_scale x (1 - r)``, r the XLA CPU latency ratio of the episode's module to
+XLA's default pipeline's module of the same graph (:mod:`rlflow.xla.timing`: both compiled without the agents'
+passes, timed with the project's protocol in ``runtime_budget_s`` seconds, 2 sessions); a module whose outputs
+differ from the default's by more than ``tolerance`` earns ``invalid_penalty`` instead. ``info`` then has
+``runtime_ratio`` (and ``runtime_ci``). ``info`` has ``op_count``, ``op_reward`` (the reward without
 shaping), ``status`` (ok | unchanged | crash | error | stop), ``pass``, the cost features and ``step``.
 ``last_cpu_ms`` holds the pass worker's CPU time of the last step (XLA's compile, the rest; empty when the step
 came from the cache): not in ``info``, which is deterministic.
@@ -49,7 +54,7 @@ DEFAULT_MODULE = Path(__file__).parent / "data" / "tiny-block.hlo"
 
 
 def read_module(source: str | Path) -> tuple[str, str]:
-    """(name, HLO text) of a module given as a file path or as HLO text."""
+    """(name, HLO text) of a module given as a file path (name: the file's stem) or as HLO text (its name)."""
     text = str(source)
     if not text.lstrip().startswith("HloModule"):
         path = Path(source)
@@ -59,13 +64,29 @@ def read_module(source: str | Path) -> tuple[str, str]:
     return text.split(None, 2)[1].rstrip(","), text
 
 
+def _unique_names(modules: list[tuple[str, str]], sources) -> list[tuple[str, str]]:
+    """The modules, names made unique: files of the same name (the pipeline's results/<model>/xla/module.hlo)
+    are named by as many of their last folders as it takes (``bert/xla/module``)."""
+    names = [n for n, _ in modules]
+    if len(set(names)) == len(names):
+        return modules
+    parts = [Path(str(s)).with_suffix("").parts if not str(s).lstrip().startswith("HloModule") else (n,)
+             for s, (n, _) in zip(sources, modules)]
+    for k in range(2, max(len(p) for p in parts) + 1):
+        names = ["/".join(p[-k:]) for p in parts]
+        if len(set(names)) == len(names):
+            break
+    return [(n, text) for n, (_, text) in zip(names, modules)]
+
+
 class XlaPassOrderEnv(gym.Env):
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(self, modules: Sequence[str | Path] | str | Path | None = None, max_steps: int = 30,
                  reward_scale: float = 100.0, invalid_penalty: float = -1.0,
                  shaping: dict[str, float] | None = None, gamma: float = 0.99, step_timeout_s: float = 120.0,
-                 cache_size: int = 256, render_mode: str | None = None):
+                 cache_size: int = 256, runtime_reward: float = 0.0, runtime_budget_s: float = 2.0,
+                 tolerance: float = 1e-4, render_mode: str | None = None):
         from rlflow.xla.passes import action_passes, disabled_for
         from rlflow.xla.hlo import opcodes
         from rlflow.xla.worker import PassWorker, discover_pipeline
@@ -78,7 +99,7 @@ class XlaPassOrderEnv(gym.Env):
             raise RLFlowError("XlaPassOrder: no HLO module given")
         if max_steps < 1:
             raise RLFlowError(f"XlaPassOrder: max_steps must be >= 1, got {max_steps}")
-        self.modules = [read_module(m) for m in modules]
+        self.modules = _unique_names([read_module(m) for m in modules], modules)
         self.pipeline = discover_pipeline()
         self.passes = action_passes(self.pipeline)
         self.disabled = [disabled_for(self.pipeline, name) for name in self.passes]  # per action, made once
@@ -94,9 +115,13 @@ class XlaPassOrderEnv(gym.Env):
         n_obs = len(self.opcodes) + len(self.passes) + 1 + len(COST_FEATURES)
         self.observation_space = spaces.Box(0.0, F32_MAX, (n_obs,), np.float32)
         self.cache_size = int(cache_size)
+        if runtime_reward < 0 or not runtime_budget_s > 0:
+            raise RLFlowError("XlaPassOrder: runtime_reward must be >= 0 and runtime_budget_s > 0")
+        self.runtime_reward, self.runtime_budget_s, self.tolerance = runtime_reward, runtime_budget_s, tolerance
+        self._default_text: dict[int, str] = {}  # module index -> XLA's default pipeline's module (runtime reward)
         self._cache: OrderedDict[tuple[bytes, int], Any] = OrderedDict()  # (module digest, pass) -> StepResult
         self.compiles = 0
-        self._initial: dict[str, dict] = {}  # module name -> its stats (computed once)
+        self._initial: dict[int, dict] = {}  # module index -> its stats (computed once)
         self.total_steps = 0
         self.last_cpu_ms: dict[str, float] = {}
         self.index, self.text, self.stats, self.start, self.steps = 0, "", {}, {}, 0
@@ -159,10 +184,10 @@ class XlaPassOrderEnv(gym.Env):
                 raise RLFlowError(f"XlaPassOrder: module {self.index} of {len(self.modules)}")
         else:
             self.index = int(self.np_random.integers(len(self.modules))) if len(self.modules) > 1 else 0
-        name, self.text = self.modules[self.index]
-        if name not in self._initial:
-            self._initial[name] = self.worker.stats(self.text)
-        self.stats = self.start = self._initial[name]
+        self.text = self.modules[self.index][1]
+        if self.index not in self._initial:
+            self._initial[self.index] = self.worker.stats(self.text)
+        self.stats = self.start = self._initial[self.index]
         self.steps, self.actions, self.spent = 0, [], set()
         return self.observation(self.stats), self._info("reset", None, 0.0)
 
@@ -174,7 +199,8 @@ class XlaPassOrderEnv(gym.Env):
         self.total_steps += 1
         self.actions.append(action)
         if action == self.stop_action:
-            return self.observation(self.stats), 0.0, True, False, self._info("stop", None, 0.0)
+            info = self._info("stop", None, 0.0)
+            return self.observation(self.stats), self._runtime_term(info), True, False, info
         name = self.passes[action]
         result = self.transition(self.text, action)
         if result.status == "ok":
@@ -193,7 +219,33 @@ class XlaPassOrderEnv(gym.Env):
         info = self._info(result.status, name, op_reward)
         if not result.valid:
             info["message"] = result.message
+        if truncated:
+            reward += self._runtime_term(info)
         return self.observation(self.stats), float(reward), False, truncated, info
+
+    def _runtime_term(self, info: dict) -> float:
+        """The end-of-episode runtime reward (0 when ``runtime_reward`` is 0); fills ``info``."""
+        if not self.runtime_reward:
+            return 0.0
+        from rlflow.evaluation.protocol import Protocol
+        from rlflow.xla.timing import time_modules, timing_disabled
+
+        name = self.modules[self.index][0]
+        if self.index not in self._default_text:
+            ref = self.worker.reference(self.modules[self.index][1])
+            if not ref.valid:
+                raise RLFlowError(f"XlaPassOrder: XLA's default pipeline failed on {name}: {ref.message}")
+            self._default_text[self.index] = ref.text
+        protocol = Protocol(sessions=2, warmup=1, budget_s=self.runtime_budget_s, min_rounds=3,
+                            seed=self.total_steps)
+        result = time_modules([("xla_default", self._default_text[self.index]), ("episode", self.text)], protocol,
+                              timing_disabled(self.pipeline))
+        est = result["estimates"]["episode"]
+        info["runtime_ratio"], info["runtime_ci"] = est["ratio"], (est["ci_low"], est["ci_high"])
+        if not result["max_rel_diff"]["episode"] <= self.tolerance:
+            info["runtime_message"] = "outputs differ from XLA's default pipeline's module"
+            return float(self.invalid_penalty)
+        return self.runtime_reward * self.reward_scale * (1.0 - est["ratio"])
 
     def render(self):
         if self.render_mode == "ansi":
@@ -205,11 +257,16 @@ class XlaPassOrderEnv(gym.Env):
         self.worker.close()
 
 
-def make_xla_env(config: dict, modules, shaping: bool = False) -> XlaPassOrderEnv:
-    """The env as ``config`` describes it (the ``xla`` section; ``ppo.gamma`` for the shaping term)."""
+def make_xla_env(config: dict, modules, shaping: bool = False, runtime_reward: bool = False) -> XlaPassOrderEnv:
+    """The env as ``config`` describes it (the ``xla`` section; ``ppo.gamma`` for the shaping term). Shaping and
+    the runtime reward (``xla.runtime_reward``) only where asked for: they are training signals, and the
+    evaluation's env must not spend time on them."""
     x = config.get("xla", {})
     return XlaPassOrderEnv(modules, max_steps=x.get("max_steps", 30), reward_scale=x.get("reward_scale", 100.0),
                            invalid_penalty=x.get("invalid_penalty", -1.0),
                            shaping=x.get("shaping") if shaping else None,
                            gamma=config.get("ppo", {}).get("gamma", 0.99), step_timeout_s=x.get("step_timeout_s", 120),
-                           cache_size=x.get("cache_size", 256))
+                           cache_size=x.get("cache_size", 256),
+                           runtime_reward=x.get("runtime_reward", 0.0) if runtime_reward else 0.0,
+                           runtime_budget_s=x.get("runtime_budget_s", 2.0),
+                           tolerance=config.get("evaluate", {}).get("tolerance", 1e-4))

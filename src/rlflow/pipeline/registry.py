@@ -377,7 +377,8 @@ def _controller_outputs(folder: str) -> dict[str, str]:
 #: the config keys of the XLA pass-ordering env (rlflow.env.xla_pass_order.make_xla_env) and the seed
 XLA_ENV_PARAMS = {"seed": "seed", "max_steps": "xla.max_steps", "reward_scale": "xla.reward_scale",
                   "invalid_penalty": "xla.invalid_penalty", "step_timeout_s": "xla.step_timeout_s",
-                  "shaping": "xla.shaping", "gamma": "ppo.gamma"}
+                  "shaping": "xla.shaping", "gamma": "ppo.gamma", "runtime_reward": "xla.runtime_reward",
+                  "runtime_budget_s": "xla.runtime_budget_s"}
 
 
 #: RLFlow's controller (trained in the dream only); the sweep stages run the same code with one key fixed
@@ -691,6 +692,7 @@ STAGES: dict[str, Stage] = {
             inputs={"hlo": "results/{model}/xla/module.hlo"},
             outputs={"checkpoint": "results/xla/agent-{variant}.pt", "metrics": "results/xla/agent-{variant}.json"},
             params={**{k: v for k, v in XLA_ENV_PARAMS.items() if k != "gamma"}, "train_models": "xla.train_models",
+                    "tolerance": "evaluate.tolerance",
                     "updates": "xla.updates",
                     "steps_per_update": "xla.steps_per_update", "hidden": "xla.hidden", "ppo": "ppo"},
             args=(("--variant", "{variant}"), ("--results-dir", "results"), ("--out", "{output.checkpoint}"),
@@ -705,7 +707,8 @@ STAGES: dict[str, Stage] = {
                 "the paper's ratio.",
             inputs={"hlo": "results/{model}/xla/module.hlo", "agents": "results/xla/agent-{variant}.pt"},
             outputs={"passes": "results/{model}/xla/passes.json", "passes_csv": "results/{model}/xla/passes.csv"},
-            params={**{k: v for k, v in XLA_ENV_PARAMS.items() if k not in ("shaping", "gamma")},
+            params={**{k: v for k, v in XLA_ENV_PARAMS.items()
+                       if k not in ("shaping", "gamma", "runtime_reward", "runtime_budget_s")},
                     "variants": "xla.variants", "train_models": "xla.train_models",
                     "random_orders": "xla.random_orders", "greedy_steps": "xla.greedy_steps",
                     "time_modules": "xla.time_modules", "time_budget_s": "xla.time_budget_s", "timing": "timing",

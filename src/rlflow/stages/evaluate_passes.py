@@ -41,7 +41,8 @@ def to_csv(doc: dict) -> str:
     for m in doc["methods"]:
         rt = m.get("runtime") or {}
         row = {**m, "model": doc["model"], "initial_ops": doc["initial_ops"], "passes_run": len(m["passes"]),
-               "runtime_ratio": rt.get("ratio"), "runtime_ci_low": rt.get("ci_low"), "runtime_ci_high": rt.get("ci_high"),
+               "runtime_ratio": rt.get("ratio"), "runtime_ci_low": rt.get("ci_low"),
+               "runtime_ci_high": rt.get("ci_high"),
                "runtime_verdict": rt.get("verdict"), "max_rel_diff": rt.get("max_rel_diff")}
         lines.append(",".join("" if row[c] is None else (f"{row[c]:.6g}" if isinstance(row[c], float) else str(row[c]))
                               for c in CSV_COLUMNS))

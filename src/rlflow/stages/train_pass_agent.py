@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     seed = int(get(config, "seed"))
     cfg = PPOConfig.from_config(dict(get(config, "ppo")), int(x["steps_per_update"]))
     t0 = time.perf_counter()
-    env = make_xla_env(config, paths, shaping=args.variant != "plain")
+    env = make_xla_env(config, paths, shaping=args.variant != "plain", runtime_reward=True)
     try:
         initial = {}
         for i, m in enumerate(models):

@@ -3,9 +3,10 @@
 The pass-ordering paper times the module each method produced on XLA's CPU compiler, with no further
 target-independent optimisation. So every module is compiled through the ``xla-cpu-pjrt`` plugin with the
 target-independent passes an agent chooses from switched off (:func:`timing_disabled`: all of them except those
-code generation needs, :data:`REQUIRED`), while XLA's legalisation passes, layout assignment, fusion and code generation run as usual. The
-modules then run on the same inputs (random, seeded; integers in [0, 2) so that they are valid indices), each in
-:func:`rlflow.evaluation.protocol.compare`'s sessions and rounds, the first module the reference. The outputs of
+code generation needs, :data:`REQUIRED`), while XLA's legalisation passes, layout assignment, fusion and code
+generation run as usual. The modules then run on the same inputs (random, seeded; integers in [0, 2) so that
+they are valid indices), each in :func:`rlflow.evaluation.protocol.compare`'s sessions and rounds, the first
+module the reference. The outputs of
 every module are also compared with the reference's (:func:`rlflow.graph.exec.max_rel_diff`, the project's
 measure): a method's module must compute the same.
 
