@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 
 import numpy as np
@@ -143,10 +144,10 @@ def test_runtime_reward_at_the_episodes_end():
         assert trunc and info["runtime_ratio"] > 0
         lo, hi = info["runtime_ci"]
         assert lo <= info["runtime_ratio"] <= hi
-        assert r == pytest.approx(info["op_reward"] + e.reward_scale * (1.0 - info["runtime_ratio"]))
+        assert r == pytest.approx(info["op_reward"] - e.reward_scale * math.log(info["runtime_ratio"]))
         e.reset(seed=0)
         _, r, term, _, info = e.step(e.stop_action)  # stopping ends the episode too
-        assert term and r == pytest.approx(e.reward_scale * (1.0 - info["runtime_ratio"]))
+        assert term and r == pytest.approx(-e.reward_scale * math.log(info["runtime_ratio"]))
     finally:
         e.close()
     with pytest.raises(RLFlowError, match="runtime_reward"):

@@ -51,6 +51,7 @@ rule evaluate_passes:
         unpack(stage_input("evaluate_passes")),
     output:
         **stage_output("evaluate_passes"),
+    threads: stage_threads("evaluate_passes")
     params:
         **stage_params("evaluate_passes"),
     log:

@@ -20,7 +20,7 @@ Reward: ``reward_scale`` x (op count before - op count after) / the episode's in
 ``shaping`` weights are given, the potential-based term ``gamma x Phi(s') - Phi(s)`` with
 ``Phi(s) = -(w_flops x flops(s) / flops(s_0) + w_transcendentals x transcendentals(s) / transcendentals(s_0))``
 (Ng et al.: the optimal policies are unchanged). With ``runtime_reward`` w > 0, the last step of an episode (stop
-or truncation) also earns ``w x reward_scale x (1 - r)``, r the XLA CPU latency ratio of the episode's module to
+or truncation) also earns ``w x reward_scale x -ln(r)``, r the XLA CPU latency ratio of the episode's module to
 XLA's default pipeline's module of the same graph (:mod:`rlflow.xla.timing`: both compiled without the agents'
 passes, timed with the project's protocol in ``runtime_budget_s`` seconds, 2 sessions); a module whose outputs
 differ from the default's by more than ``tolerance`` earns ``invalid_penalty`` instead. ``info`` then has
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import hashlib
+import math
 from collections import OrderedDict
 
 import gymnasium as gym
@@ -245,7 +246,7 @@ class XlaPassOrderEnv(gym.Env):
         if not result["max_rel_diff"]["episode"] <= self.tolerance:
             info["runtime_message"] = "outputs differ from XLA's default pipeline's module"
             return float(self.invalid_penalty)
-        return self.runtime_reward * self.reward_scale * (1.0 - est["ratio"])
+        return -self.runtime_reward * self.reward_scale * math.log(est["ratio"])
 
     def render(self):
         if self.render_mode == "ansi":

@@ -703,6 +703,7 @@ STAGES: dict[str, Stage] = {
         Stage(
             name="evaluate_passes",
             pipeline="xla",
+            all_cores=True,  # it times modules on XLA CPU (xla.time_modules): no other job beside it
             doc="The pass agents vs XLA's default pipeline, random orders and greedy on the model's HLO: op counts, "
                 "the paper's ratio.",
             inputs={"hlo": "results/{model}/xla/module.hlo", "agents": "results/xla/agent-{variant}.pt"},
