@@ -42,6 +42,7 @@ def test_stages_write_op_counts_and_the_papers_ratio(results):
     assert text.startswith("HloModule") and "{...}" not in text
     train = json.loads((results / "xla/agent-plain.json").read_text())
     assert train["variant"] == "plain" and train["env_steps"] == 4 and train["train_models"] == ["resnet18"]
+    assert 1 <= train["xla_compiles"] <= 4  # a step the env has seen costs no compile
     doc = json.loads((results / "resnet18/xla/passes.json").read_text())
     methods = {m["method"]: m for m in doc["methods"]}
     assert set(methods) == {"xla_default", "random", "greedy", "ppo-plain"}

@@ -92,9 +92,10 @@ def load_pass_agent(path) -> Trained:
 
 
 def train_ppo(env, variant: str, cfg: PPOConfig, updates: int, seed: int = 0, shaping: dict | None = None,
-              hidden: int = 64) -> Trained:
+              hidden: int = 64, log=None) -> Trained:
     """PPO on ``env`` (an XlaPassOrderEnv over the training modules) for ``updates`` rounds of
-    ``cfg.steps_per_update`` env steps. ``shaping``: the env's shaping weights for the shaped variants."""
+    ``cfg.steps_per_update`` env steps. ``shaping``: the env's shaping weights for the shaped variants. ``log``
+    (a callable on str) gets one progress line per update."""
     if variant not in VARIANTS:
         raise RLFlowError(f"pass agent: unknown variant {variant!r} (one of {', '.join(VARIANTS)})")
     env.shaping = dict(shaping or {}) if variant != "plain" else {}
@@ -110,7 +111,7 @@ def train_ppo(env, variant: str, cfg: PPOConfig, updates: int, seed: int = 0, sh
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     obs, _ = env.reset(seed=seed)
     returns, episode_return = [], 0.0
-    for _ in range(updates):
+    for update in range(1, updates + 1):
         buf = {k: [] for k in ("obs", "action", "logp", "value", "reward", "done")}
         for _ in range(cfg.steps_per_update):
             o = torch.as_tensor(obs)
@@ -142,6 +143,10 @@ def train_ppo(env, variant: str, cfg: PPOConfig, updates: int, seed: int = 0, sh
                 loss.backward()
                 nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
                 optimizer.step()
+        if log is not None:
+            recent = f"{np.mean(returns[-10:]):.2f}" if returns else "n/a"
+            log(f"update {update}/{updates}: {env.total_steps} env steps ({env.compiles} XLA compiles), "
+                f"{len(returns)} episodes, mean return of the last 10 {recent}")
     return Trained(policy, variant, tuple(env.passes), returns)
 
 

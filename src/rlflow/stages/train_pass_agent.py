@@ -60,15 +60,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"train_pass_agent: {args.variant} on {', '.join(f'{m} ({n} ops)' for m, n in initial.items())}; "
               f"{x['updates']} updates x {x['steps_per_update']} steps, {len(env.passes)} passes", flush=True)
         agent = train_ppo(env, args.variant, cfg, int(x["updates"]), seed, dict(x.get("shaping") or {}),
-                          int(x["hidden"]))
-        steps = env.total_steps
+                          int(x["hidden"]), log=lambda line: print(f"train_pass_agent: {line}", flush=True))
+        steps, compiles = env.total_steps, env.compiles
     finally:
         env.close()
     seconds = time.perf_counter() - t0
     returns = agent.returns
     metrics = {"format": "rlflow.xla-pass-agent-metrics/1", "variant": args.variant, "train_models": models,
                "initial_op_counts": initial, "passes": len(agent.passes), "updates": int(x["updates"]),
-               "env_steps": steps, "episodes": len(returns),
+               "env_steps": steps, "xla_compiles": compiles, "episodes": len(returns),
                "mean_return_last10": sum(returns[-10:]) / len(returns[-10:]) if returns else None,
                "returns": returns, "seconds": seconds, "seed": seed}
     with atomic_path(args.out) as tmp:
