@@ -46,7 +46,7 @@ def section(d) -> tuple[str, str, str]:
              *_runtime_cells(m.get("runtime"), noisy), ", ".join(map(str, m.get("passes") or [])) or h.DASH)
             for m in methods]
     held = "held out (not trained on)" if doc.get("held_out") else "one of the training models"
-    parts = [h.p(f"The model's HLO module (JAX lowering, weights included) has {h.count(ops0)} ops; this model is "
+    parts = [h.p(f"The model's HLO module (the JAX lowering of its ONNX graph) has {h.count(ops0)} ops; this model is "
                  f"{held} (training models: {', '.join(doc.get('train_models') or []) or h.DASH}). Ratio: the "
                  "paper's (ops_0 - ops_method) / (ops_0 - ops_default): 1 matches XLA's default pipeline, above "
                  "1 beats it. Random: the mean of several uniform orders. Every pass is a real XLA compile."),
