@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -96,6 +97,12 @@ def test_rlflow_passes(results, tmp_path, capsys):
 
     ops = sum(histogram(parse(out.read_text())).values())
     assert f"-> {ops} HLO ops" in capsys.readouterr().out
+    from rlflow.agents.pass_agent import load_pass_agent
+
+    assert load_pass_agent(results / "xla/agent-plain.pt").max_steps == 3  # the training horizon (xla.max_steps)
+    assert main(["passes", str(m), "--agent", str(results / "xla/agent-plain.pt"), "--out", str(out)]) == 0
+    ran = re.search(r"\((\d+) passes", capsys.readouterr().out)
+    assert ran and int(ran[1]) <= 3  # by default, at most the training horizon's passes
     assert main(["passes", str(m), "--agent", str(m), "--out", str(tmp_path / "x.hlo")]) == 2
     assert "not a pass agent checkpoint" in capsys.readouterr().err
     assert main(["passes", str(tmp_path / "none.onnx"), "--agent", str(m), "--out", str(tmp_path / "x.hlo")]) == 2

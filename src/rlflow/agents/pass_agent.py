@@ -75,10 +75,12 @@ class Trained:
     variant: str
     passes: tuple[str, ...]
     returns: list[float]
+    max_steps: int | None = None
+    """The horizon it was trained with (the observation's progress is step / horizon); None: not recorded."""
 
     def state(self) -> dict:
         return {"kind": KIND, "variant": self.variant, "passes": list(self.passes), "args": self.policy.args,
-                "model": self.policy.state_dict(), "returns": self.returns}
+                "model": self.policy.state_dict(), "returns": self.returns, "max_steps": self.max_steps}
 
 
 def load_pass_agent(path) -> Trained:
@@ -88,7 +90,7 @@ def load_pass_agent(path) -> Trained:
         raise RLFlowError(f"{path}: not an XLA pass agent checkpoint ({KIND})")
     policy = PassPolicy(**state["args"])
     policy.load_state_dict(state["model"])
-    return Trained(policy, state["variant"], tuple(state["passes"]), list(state["returns"]))
+    return Trained(policy, state["variant"], tuple(state["passes"]), list(state["returns"]), state.get("max_steps"))
 
 
 def train_ppo(env, variant: str, cfg: PPOConfig, updates: int, seed: int = 0, shaping: dict | None = None,
@@ -147,7 +149,7 @@ def train_ppo(env, variant: str, cfg: PPOConfig, updates: int, seed: int = 0, sh
             recent = f"{np.mean(returns[-10:]):.2f}" if returns else "n/a"
             log(f"update {update}/{updates}: {env.total_steps} env steps ({env.compiles} XLA compiles), "
                 f"{len(returns)} episodes, mean return of the last 10 {recent}")
-    return Trained(policy, variant, tuple(env.passes), returns)
+    return Trained(policy, variant, tuple(env.passes), returns, env.max_steps)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation

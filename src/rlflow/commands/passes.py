@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent", type=Path, required=True, metavar="CKPT",
                         help="pass agent checkpoint (stage train_pass_agent: results/xla/agent-<variant>.pt)")
     parser.add_argument("--out", type=Path, required=True, metavar="HLO", help="the optimised HLO module (text)")
-    parser.add_argument("--max-steps", type=int, default=30, metavar="N", help="most passes the agent runs (30)")
+    parser.add_argument("--max-steps", type=int, metavar="N",
+                        help="most passes the agent runs (default: the horizon it was trained with)")
     parser.add_argument("--weights", choices=("parameters", "constants"), default="parameters",
                         help="the weights as module parameters (default: the module stays small) or as constants "
                              "printed in full (the module is the model)")
@@ -51,16 +52,16 @@ def run(args: argparse.Namespace) -> int:
         raise RLFlowError(f"{args.model}: no such file")
     if args.out.is_dir():
         raise RLFlowError(f"{args.out}: --out is a folder, expected an .hlo file path")
-    if args.max_steps < 1:
+    if args.max_steps is not None and args.max_steps < 1:
         raise RLFlowError(f"--max-steps must be >= 1, got {args.max_steps}")
     agent = _agent(args.agent)
     from rlflow.agents.pass_agent import default_pipeline, run_agent
-    from rlflow.env.xla_pass_order import XlaPassOrderEnv
+    from rlflow.env.xla_pass_order import DEFAULT_MAX_STEPS, XlaPassOrderEnv
     from rlflow.graph.exec.jax_exec import hlo_text
     from rlflow.graph.onnx_io import load_onnx
 
     text = hlo_text(load_onnx(args.model), args.weights)
-    env = XlaPassOrderEnv([text], max_steps=args.max_steps)
+    env = XlaPassOrderEnv([text], max_steps=args.max_steps or agent.max_steps or DEFAULT_MAX_STEPS)
     try:
         ops0 = env.reset(options={"module": 0})[1]["op_count"]
         best = run_agent(env, agent, 0)

@@ -50,6 +50,7 @@ from rlflow.errors import RLFlowError
 from rlflow.xla.hlo import COST_FEATURES
 
 F32_MAX = float(np.finfo(np.float32).max)
+DEFAULT_MAX_STEPS = 20  # the horizon when none is given (config.yaml's xla.max_steps)
 #: the module of an env made without one: one attention block with layer norm, 16 x 32, lowered by JAX
 DEFAULT_MODULE = Path(__file__).parent / "data" / "tiny-block.hlo"
 
@@ -83,7 +84,7 @@ def _unique_names(modules: list[tuple[str, str]], sources) -> list[tuple[str, st
 class XlaPassOrderEnv(gym.Env):
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
-    def __init__(self, modules: Sequence[str | Path] | str | Path | None = None, max_steps: int = 30,
+    def __init__(self, modules: Sequence[str | Path] | str | Path | None = None, max_steps: int = DEFAULT_MAX_STEPS,
                  reward_scale: float = 100.0, invalid_penalty: float = -1.0,
                  shaping: dict[str, float] | None = None, gamma: float = 0.99, step_timeout_s: float = 120.0,
                  cache_size: int = 256, runtime_reward: float = 0.0, runtime_budget_s: float = 2.0,
@@ -263,7 +264,8 @@ def make_xla_env(config: dict, modules, shaping: bool = False, runtime_reward: b
     the runtime reward (``xla.runtime_reward``) only where asked for: they are training signals, and the
     evaluation's env must not spend time on them."""
     x = config.get("xla", {})
-    return XlaPassOrderEnv(modules, max_steps=x.get("max_steps", 30), reward_scale=x.get("reward_scale", 100.0),
+    return XlaPassOrderEnv(modules, max_steps=x.get("max_steps", DEFAULT_MAX_STEPS),
+                           reward_scale=x.get("reward_scale", 100.0),
                            invalid_penalty=x.get("invalid_penalty", -1.0),
                            shaping=x.get("shaping") if shaping else None,
                            gamma=config.get("ppo", {}).get("gamma", 0.99), step_timeout_s=x.get("step_timeout_s", 120),
