@@ -31,6 +31,7 @@ include: "workflow/rules/learning.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/xla.smk"
+include: "workflow/rules/multi.smk"
 
 
 rule all:

@@ -45,6 +45,7 @@ COMMAND_MODULES = [
     "rlflow.stages.export_hlo",
     "rlflow.stages.train_pass_agent",
     "rlflow.stages.evaluate_passes",
+    "rlflow.stages.train_multi_model",
     "rlflow.commands.inspect",
     "rlflow.commands.run",
     "rlflow.commands.convert",

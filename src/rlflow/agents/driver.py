@@ -188,15 +188,16 @@ class _Dream:
         return sum(len(e["actions"]) for e in self.collected)
 
 
-class _RealEnvs:
-    """The model-free agent's training world: real rewrite environments behind the encoder."""
+class RealEnvs:
+    """The model-free agent's training world: ``num_envs`` real rewrite environments behind the encoder, of the
+    problems in turn (one problem: all of it; the multi-model agent: its models, round robin)."""
 
-    def __init__(self, problem, encoder, section: dict, latency_meter=None):
+    def __init__(self, problems, encoder, num_envs: int, latency_meter=None):
         from rlflow.env import make_env
 
-        self.encoder, self.device = encoder, problem.device
-        self.envs = [make_env(problem.config, problem.graph, problem.rules, problem.cost, latency_meter=latency_meter)
-                     for _ in range(section["num_envs"])]
+        self.encoder, self.device = encoder, problems[0].device
+        self.envs = [make_env(p.config, p.graph, p.rules, p.cost, latency_meter=latency_meter)
+                     for p in (problems[i % len(problems)] for i in range(num_envs))]
         self.wm, self.in_dim = None, encoder.config["z_dim"]
         self.iteration, self.before = 0, 0
 
@@ -259,8 +260,8 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
     encoder = load_encoder(files.encoder, device)
     world = (_Dream(problem, files, encoder, section, max_steps, max_locations, reward, get(config, "world_model"))
              if method == "rlflow"
-             else _RealEnvs(problem, encoder, section,
-                            None if latency_meter is None or not reward.needs_latency else latency_meter(device)))
+             else RealEnvs([problem], encoder, section["num_envs"],
+                           None if latency_meter is None or not reward.needs_latency else latency_meter(device)))
 
     used = {"seed": seed, "device": get(config, "device"), "cost.target": resolve_target(config),
             "env.reward": get(config, "env.reward"), "ppo": get(config, "ppo"), spec["section"]: section,

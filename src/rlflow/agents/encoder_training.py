@@ -256,7 +256,8 @@ CURVE_NAMES = {"loss": "train/loss", "loss_metrics": "train/loss_metrics", "loss
 
 def train_encoder(env, episodes: Sequence[dict], cfg: dict, seed: int, device: str, ckpt: Checkpointer,
                   progress: bool = False, on_epoch: Callable[[int, float, float], None] | None = None,
-                  live=None, source: str = "the rollouts file") -> EncoderResult:
+                  live=None, source: str = "the rollouts file",
+                  replayed: tuple[list[list], dict] | None = None) -> EncoderResult:
     """Split, replay, train (resuming from ``ckpt``'s partial file), evaluate and encode (see the module doc).
 
     ``cfg`` is the ``encoder`` config section; ``env`` a reward-free environment of the rollouts' problem.
@@ -264,13 +265,16 @@ def train_encoder(env, episodes: Sequence[dict], cfg: dict, seed: int, device: s
     loss is computed too (on at most :data:`HELDOUT_CURVE_GRAPHS` held-out graphs); each epoch's row (train and
     held-out losses) goes to ``live`` (a :class:`rlflow.agents.logging.TrainingLog`), the rows of a resumed run's
     earlier epochs first. ``source`` (the rollouts file) names the file in the error when a replayed step does not
-    reproduce it (:func:`materialise`).
+    reproduce it (:func:`materialise`). ``replayed``: :func:`materialise`'s result for ``episodes``, when the caller
+    replayed them already (the multi-model agent replays each model's episodes in that model's environment).
     """
     from rlflow.nn.encoder import GraphEncoder
 
     t0 = time.perf_counter()
     holdout = split_episodes(len(episodes), float(cfg["holdout"]), seed)
-    graphs, replay_check = materialise(env, episodes, progress, source)
+    graphs, replay_check = replayed if replayed is not None else materialise(env, episodes, progress, source)
+    if len(graphs) != len(episodes):
+        raise ValueError(f"{len(graphs)} replayed episodes for {len(episodes)} episodes")
     t_replay = time.perf_counter() - t0
 
     rng = np.random.default_rng([seed, 11])
@@ -374,3 +378,27 @@ def train_encoder(env, episodes: Sequence[dict], cfg: dict, seed: int, device: s
         "seconds": {"replay": t_replay, "train_this_run": t_train, "evaluate_encode": t_encode},
     }
     return EncoderResult(model, latents, metrics)
+
+
+def encoder_payload(result: EncoderResult, model: str | list[str], cfg: dict, seed: int, rules: Sequence,
+                    episodes: Sequence[dict]) -> dict:
+    """The final encoder checkpoint (``rlflow.encoder/1``, read by :func:`rlflow.agents.checkpoint.load_encoder`)
+    of a trained encoder: ``model`` is the model (or the models) whose rollouts ``episodes`` it learned from."""
+    from rlflow.agents.rollouts import rules_digest
+
+    net = result.model
+    return {
+        "kind": "rlflow.encoder/1",
+        "model": model,
+        "state_dict": {k: v.detach().cpu() for k, v in net.state_dict().items()},
+        "encoder_config": dict(net.config),
+        "config": cfg,
+        "seed": seed,
+        "rules": rules_digest(rules),
+        # the real-environment steps of the rollouts it learned from (part of every agent's real interactions)
+        "rollout_steps": sum(len(ep["actions"]) for ep in episodes),
+        "node_features": net.config["node_features"],
+        "edge_features": net.config["edge_features"],
+        "normalisation": result.metrics["normalisation"],
+        "metric_names": list(METRIC_NAMES),
+    }

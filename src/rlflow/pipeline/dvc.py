@@ -1,7 +1,7 @@
-"""Generate ``dvc.yaml`` (and the opt-in ``xla/dvc.yaml``) from the stage registry (the same one the Snakemake
+"""Generate ``dvc.yaml`` (and the opt-in ``xla/dvc.yaml``, ``multi/dvc.yaml``) from the stage registry (the same one the Snakemake
 rules read).
 
-    python -m rlflow.pipeline.dvc            # (re)write dvc.yaml and xla/dvc.yaml under the repository root
+    python -m rlflow.pipeline.dvc            # (re)write dvc.yaml, xla/dvc.yaml, multi/dvc.yaml under the repository root
     python -m rlflow.pipeline.dvc --check    # exit 1 if a file differs from what the registry gives
     python -m rlflow.pipeline.dvc --exp-flags configs/paper.yaml
                                              # print `-S key=value` for `dvc exp run`, one per key in that file
@@ -42,7 +42,7 @@ def _deps(stage: Stage, values: dict) -> list[str]:
     for pattern in stage.input_paths(**values).values():
         parts = pattern.split("/")
         listed = [i for i, part in enumerate(parts) if any("{%s}" % f in part for f in stage.expand)]
-        if listed and "{model}" in parts[listed[0]] and listed[0] < len(parts) - 1:
+        if listed and listed[0] < len(parts) - 1:
             # one file in each model's folder (train_pass_agent's results/<model>/xla/module.hlo): the folder
             # above them is all of results/, so list the files of config.yaml's list (dvc.yaml is regenerated,
             # and its test fails, when that list changes)
@@ -93,6 +93,11 @@ def _to_root(pipeline: str) -> str:
     return "/".join([".."] * depth) or "."
 
 
+#: what an opt-in pipeline's ``dvc repro`` builds (its file's header)
+PIPELINE_SCOPE = {"xla": "for every model in config.yaml `models`",
+                  "multi": "for the models of config.yaml `multi_model`"}
+
+
 def render(pipeline: str = "main") -> str:
     """The DVC file of one pipeline (:data:`rlflow.pipeline.registry.PIPELINE_FILES`): its stages only."""
     tops = sorted({k.split(".")[0] for k in [*WILDCARD_CONFIG.values(), *CONFIG_FIELDS.values()]})
@@ -104,7 +109,7 @@ def render(pipeline: str = "main") -> str:
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=120)
     header = HEADER if pipeline == "main" else HEADER.replace(
         "#   dvc repro          build every model in config.yaml `models`",
-        f"#   dvc repro {PIPELINE_FILES[pipeline]}   build this opt-in pipeline for every model in config.yaml `models`")
+        f"#   dvc repro {PIPELINE_FILES[pipeline]}   build this opt-in pipeline {PIPELINE_SCOPE[pipeline]}")
     return header + body
 
 

@@ -312,7 +312,7 @@ def cli_value(value: Any) -> str:
 
 #: the DVC pipeline files: ``main`` is the default one; ``xla`` (issue I's stages, each pass step a real XLA compile
 #: of the whole module) is built on purpose: ``dvc repro xla/dvc.yaml`` / ``snakemake xla``
-PIPELINE_FILES = {"main": "dvc.yaml", "xla": "xla/dvc.yaml"}
+PIPELINE_FILES = {"main": "dvc.yaml", "xla": "xla/dvc.yaml", "multi": "multi/dvc.yaml"}
 
 #: what a stage's file is, by its input/output name (the help of its command-line flag)
 FILE_HELP = {
@@ -324,8 +324,9 @@ FILE_HELP = {
     "optimised": "the best graph of the real run, verified (ONNX)", "table": "evaluation table",
     "headline": "the model's summary row", "html": "the HTML page", "csv": "the table", "results": "the model's "
     "results folder", "headlines": "folder of the evaluate stage's <model>.json headlines",
-    "hlo": "the model's HLO module (text)", "results_dir": "the results folder (reads <DIR>/<model>/xla/module.hlo "
-    "of each model in xla.train_models)", "agents_dir": "folder of the agent-<variant>.pt checkpoints (one per "
+    "hlo": "the model's HLO module (text)", "results_dir": "the results folder (reads <DIR>/<model>/... of each "
+    "model the stage's config section lists)", "costs_root": "folder of the measured cost caches (reads "
+    "<DIR>/<config device>/<model>.json; a missing one: ops are timed when first needed)", "agents_dir": "folder of the agent-<variant>.pt checkpoints (one per "
     "xla.variants)", "passes": "per method: op counts and the paper's ratio (JSON)",
     "passes_csv": "per method: op counts and the paper's ratio (CSV)",
     "model_free": "model-free agent checkpoint (train_model_free)", "controller": "controller checkpoint "
@@ -633,7 +634,8 @@ STAGES: dict[str, Stage] = {
             inputs={**PROBLEM_INPUTS, "model_free": "results/{model}/model_free/model_free.pt",
                     "controller": "results/{model}/controller/controller.pt"},
             outputs={"generalise": "results/{model}/generalise.json"},
-            params={**SCORING_PARAMS, "export": "export", "zoo": "zoo", "generalise": "generalise"},
+            params={**SCORING_PARAMS, "export": "export", "zoo": "zoo", "generalise": "generalise",
+                    "tolerance": "evaluate.tolerance"},
             args=(*PROBLEM_ARGS, ("--model-free", "{input.model_free}"), ("--controller", "{input.controller}"),
                   ("--out", "{output.generalise}")),
             metrics=("generalise",),
@@ -718,6 +720,29 @@ STAGES: dict[str, Stage] = {
                   ("--out", "{output.passes}"), ("--csv", "{output.passes_csv}")),
             expand={"variant": "xla.variants"},
             metrics=("passes",),
+        ),
+        Stage(
+            name="train_multi_model",
+            pipeline="multi",
+            doc="One model-free agent trained on every model in multi_model.train_models, tested zero-shot on "
+                "multi_model.heldout beside greedy.",
+            inputs={"onnx": "results/{model}/model.onnx", "rollouts": "results/{model}/rollouts.json",
+                    "costs": "results/costs/{device}/{model}.json", "rules": "results/rules/rules.json",
+                    "heldout_onnx": "results/{heldout}/model.onnx",
+                    "heldout_costs": "results/costs/{device}/{heldout}.json"},
+            outputs={"checkpoint": "results/multi/agent.pt", "encoder": "results/multi/encoder.pt",
+                     "metrics": "results/multi/metrics.json", "logs": "results/multi/live"},
+            params={**SCORING_PARAMS, "max_steps": "env.max_steps", "max_locations": "env.max_locations",
+                    "reward": "env.reward", "encoder": "encoder", "ppo": "ppo", "multi_model": "multi_model",
+                    "tolerance": "evaluate.tolerance"},
+            args=(("--results-dir", "results"), ("--costs-root", "results/costs"), ("--rules", "{input.rules}"),
+                  ("--out", "{output.checkpoint}"), ("--encoder", "{output.encoder}"),
+                  ("--metrics", "{output.metrics}"), ("--logs", "{output.logs}")),
+            wildcards=(),
+            expand={"model": "multi_model.train_models", "heldout": "multi_model.heldout"},
+            folders=("logs",),
+            metrics=("metrics",),
+            progress=True,
         ),
         Stage(
             name="summary",

@@ -9,8 +9,11 @@ set, so it runs on any graph). Beside the agents, greedy search on the same grap
 agent and graph: its improvement of the cost-target runtime and ``kept`` = improvement(variant) /
 improvement(trained shape) (issue K's goal: >= 0.9 at bert seq 64 and 256).
 
+Every agent's zero-shot graph is checked equal to its original under onnxruntime (``evaluate.tolerance``): the
+stage fails, naming the graph, if one differs.
+
 Reads: seed, device, cost.*, export.opset, export.exporter, zoo (the sizes of every model a variant names),
-generalise.variants.<model>. Writes ``--out`` (JSON ``rlflow.generalise/1``), atomically. The same rows are
+generalise.variants.<model>, evaluate.tolerance. Writes ``--out`` (JSON ``rlflow.generalise/1``), atomically. The same rows are
 printed by ``benchmarks/generalise.py`` for any checkpoint.
 """
 
@@ -56,14 +59,50 @@ def improvement_pct(result) -> float:
     return (a - b) / a * 100 if a else 0.0
 
 
+def score_graph(agents: dict, g, rules, cost, config: dict, base: dict[str, float] | None = None,
+                device: str = "cpu", taso: bool = False) -> dict:
+    """Each agent's zero-shot run on graph ``g`` (its improvement, and ``kept`` = improvement / ``base[method]``,
+    the improvement on the shape it was trained on; None without a positive base) beside greedy's improvement
+    (and TASO's with ``taso``). Every agent's best graph is checked equal to ``g`` under onnxruntime
+    (``evaluate.tolerance``; a difference is a one-line RLFlowError): its ``max_rel_diff`` is in the row."""
+    from rlflow.graph.exec.check import check_equal
+    from rlflow.search import greedy_search, taso_search
+
+    row = {"nodes": len(g.nodes), "agents": {}}
+    for method, agent in agents.items():
+        t0 = time.perf_counter()
+        result, _ = agent.optimise(g, rules, cost, device=device)
+        seconds = time.perf_counter() - t0
+        diff = check_equal(g, result.graph, seed=get(config, "seed"), tol=get(config, "evaluate.tolerance"),
+                           device=device, what=f"{g.name} ({method}'s zero-shot graph)")
+        pct = improvement_pct(result)
+        b = (base or {}).get(method)
+        row["initial_ms"] = result.initial.runtime_ms
+        row["agents"][method] = {"improvement_pct": pct, "kept": pct / b if b and b > 0 else None,
+                                 "final_ms": result.final.runtime_ms, "max_rel_diff": diff, "seconds": seconds,
+                                 "real_steps": result.expansions}
+    row["greedy_pct"] = improvement_pct(greedy_search(g, rules, cost))
+    if taso:
+        row["taso_pct"] = improvement_pct(taso_search(g, rules, cost, alpha=get(config, "search.alpha"),
+                                                      budget=get(config, "search.budget")))
+    return row
+
+
+def row_line(label: str, row: dict) -> str:
+    """One terminal line of a :func:`score_graph` row."""
+    kept = lambda a: "n/a" if a["kept"] is None else format(a["kept"], ".2f")  # noqa: E731
+    return (f"{label}: {row['nodes']} nodes; "
+            + ", ".join(f"{m} {a['improvement_pct']:+.3f}% (kept {kept(a)})" for m, a in row["agents"].items())
+            + f"; greedy {row['greedy_pct']:+.3f}%" + (f"; taso {row['taso_pct']:+.3f}%" if "taso_pct" in row else ""))
+
+
 def zero_shot(agents: dict, model: str, graph, variants: list[tuple[str, dict[str, int]]], rules, cost,
               config: dict, device: str = "cpu", taso: bool = False,
               log: Callable[[str], None] = print) -> list[dict]:
     """One row per graph -- ``graph`` (the shape the agents were trained on) first, then each variant exported
-    with its sizes over the config's ``zoo.<name>`` -- with each agent's improvement and ``kept``, greedy's (and
-    TASO's with ``taso``). ``agents``: method -> :class:`rlflow.agents.checkpoint.Agent`."""
+    with its sizes over the config's ``zoo.<name>`` -- from :func:`score_graph`: each agent's improvement and
+    ``kept``, greedy's (and TASO's with ``taso``). ``agents``: method -> :class:`rlflow.agents.checkpoint.Agent`."""
     from rlflow.graph import load_onnx, zoo
-    from rlflow.search import greedy_search, taso_search
 
     rows: list[dict] = []
     base: dict[str, float] = {}
@@ -81,27 +120,14 @@ def zero_shot(agents: dict, model: str, graph, variants: list[tuple[str, dict[st
                 except (ValueError, RLFlowError) as e:
                     raise RLFlowError(f"generalise variant {label}: cannot export with these sizes: {e}") from None
                 g = load_onnx(path)
-            row = {"graph": label, "model": name, "sizes": overrides, "trained": i == 0, "nodes": len(g.nodes),
-                   "agents": {}}
-            for method, agent in agents.items():
-                t0 = time.perf_counter()
-                result, _ = agent.optimise(g, rules, cost, device=device)
-                pct = improvement_pct(result)
-                if i == 0:
-                    base[method] = pct
-                kept = pct / base[method] if base[method] > 0 else None
-                row["initial_ms"] = result.initial.runtime_ms
-                row["agents"][method] = {"improvement_pct": pct, "kept": kept, "final_ms": result.final.runtime_ms,
-                                         "seconds": time.perf_counter() - t0}
-            row["greedy_pct"] = improvement_pct(greedy_search(g, rules, cost))
-            if taso:
-                row["taso_pct"] = improvement_pct(taso_search(g, rules, cost, alpha=get(config, "search.alpha"),
-                                                              budget=get(config, "search.budget")))
+            row = {"graph": label, "model": name, "sizes": overrides, "trained": i == 0,
+                   **score_graph(agents, g, rules, cost, config, base if i else None, device, taso)}
+            if i == 0:
+                base = {m: a["improvement_pct"] for m, a in row["agents"].items()}
+                for a in row["agents"].values():
+                    a["kept"] = 1.0 if a["improvement_pct"] > 0 else None
             rows.append(row)
-            log(f"{label}: {row['nodes']} nodes; " + ", ".join(
-                f"{m} {a['improvement_pct']:+.3f}% (kept {'n/a' if a['kept'] is None else format(a['kept'], '.2f')})"
-                for m, a in row["agents"].items()) + f"; greedy {row['greedy_pct']:+.3f}%"
-                + (f"; taso {row['taso_pct']:+.3f}%" if taso else ""))
+            log(row_line(label, row))
     return rows
 
 

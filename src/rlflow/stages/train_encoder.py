@@ -48,9 +48,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from rlflow.agents.checkpoint import Checkpointer, fingerprint
-    from rlflow.agents.encoder_training import check_rollouts, train_encoder
+    from rlflow.agents.encoder_training import check_rollouts, encoder_payload, train_encoder
     from rlflow.agents.logging import TrainingLog
-    from rlflow.agents.rollouts import rules_digest
     from rlflow.atomic import atomic_path, write_text
     from rlflow.env import make_env
 
@@ -91,21 +90,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = {"model": args.model, "device": problem.device, "cost": problem.cost.describe(), **result.metrics,
                "seconds": {**result.metrics["seconds"], "total": seconds}}
     write_text(args.metrics, json.dumps(metrics, indent=1) + "\n")
-    ckpt.finish({
-        "kind": "rlflow.encoder/1",
-        "model": args.model,
-        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "encoder_config": dict(model.config),
-        "config": cfg,
-        "seed": seed,
-        "rules": rules_digest(problem.rules),
-        # the real-environment steps of the rollouts it learned from (part of every agent's real interactions)
-        "rollout_steps": sum(len(ep["actions"]) for ep in episodes),
-        "node_features": model.config["node_features"],
-        "edge_features": model.config["edge_features"],
-        "normalisation": result.metrics["normalisation"],
-        "metric_names": ["runtime_ms", "flops", "bytes", "launches"],
-    })
+    ckpt.finish(encoder_payload(result, args.model, cfg, seed, problem.rules, episodes))
     h = result.metrics["heldout"]
     live.summary({"final/heldout_runtime_rel_err": h.get("runtime_rel_err"),
                   "final/heldout_counts_exact_acc": h.get("counts_exact_acc"),
