@@ -244,6 +244,50 @@ def test_a_step_that_changes_nothing_is_its_own_output(tmp_path):
     assert torch.equal(after[kept], cur[kept])
 
 
+def test_rule_priors_are_the_datas_per_rule_change_rates_and_deltas(tmp_path):
+    """Each rule's share of steps that changed the metrics (smoothed by PRIOR_STEPS towards the overall rate) and
+    its mean normalised delta over those steps (shrunk towards 0): what the per-rule terms start from."""
+    from rlflow.agents.world_model import PRIOR_STEPS, delta_stats, load_latents, log_deltas, rule_priors
+
+    data = load_latents(synthetic_latents(tmp_path / "l.npz", episodes=40, neutral=(1,)))
+    eps = np.arange(40)
+    mean, std = delta_stats(data, eps)
+    logit, deltas = rule_priors(data, eps, mean, std)
+    assert logit.shape == (5,) and deltas.shape == (5, 4)
+    T = data["z"].shape[1] - 1
+    m = np.arange(T)[None, :] < data["lengths"][:, None]
+    xfer, raw = data["actions"][..., 0][m], log_deltas(data["metrics"])[m]
+    changed = np.abs(raw).max(-1) > 1e-9
+    rate = changed.mean()
+    for k in range(4):
+        n, c = (xfer == k).sum(), (changed & (xfer == k)).sum()
+        p = np.clip((c + PRIOR_STEPS * rate) / (n + PRIOR_STEPS), 1e-4, 1 - 1e-4)
+        assert logit[k] == pytest.approx(np.log(p / (1 - p)))
+        want = ((raw[changed & (xfer == k)] - mean) / std).sum(0) / (c + PRIOR_STEPS)
+        np.testing.assert_allclose(deltas[k], want, atol=1e-9)
+    assert logit[1] < -2 and deltas[1].tolist() == [0, 0, 0, 0]  # the neutral swap: never a change
+
+
+def test_per_rule_terms_learn_a_neutral_rule_at_once(tmp_path):
+    """With the per-rule terms started at the data's statistics, a world model after ONE epoch at a tiny learning
+    rate already predicts no change for the cost-neutral rule (the LSTM and heads alone, so briefly trained,
+    could not: their logits stay near 0, and the dream paid for neutral swaps)."""
+    from rlflow.agents.world_model import load_latents, make_tensors, train
+
+    data = load_latents(synthetic_latents(tmp_path / "l.npz", episodes=96, neutral=(1,)))
+    res = train(data, {"hidden": 24, "gaussians": 2, "epochs": 1, "lr": 1e-5, "batch_size": 8}, seed=0,
+                device="cpu", progress=False)
+    model = res["model"]
+    t = make_tensors(data, res["heldout_episodes"], model.delta_mean.numpy(), model.delta_std.numpy(), "cpu")
+    with torch.no_grad():
+        out = model(t.z_in, t.actions)
+    valid = torch.as_tensor(data["valid"][res["heldout_episodes"]])
+    sel = t.mask & (t.actions[..., 0] == 1) & valid
+    assert int(sel.sum()) > 0 and (torch.sigmoid(out.changed[sel]) < 0.1).all()
+    moved = t.mask & t.changed.bool()
+    assert torch.sigmoid(out.changed[moved]).mean() > torch.sigmoid(out.changed[sel]).mean() + 0.2
+
+
 def test_delta_loss_ignores_steps_that_change_nothing(tmp_path):
     from rlflow.agents.world_model import load_latents, losses, make_tensors
 

@@ -277,10 +277,10 @@ def _build_agent(method: str, data: dict, device: str) -> Agent:
     policy.eval()
     wm = None
     if method == "rlflow":
-        from rlflow.nn.mdnrnn import make_world_model
+        from rlflow.nn.mdnrnn import load_world_model_state, make_world_model
 
         wm = make_world_model(**data["world_model"]["model_args"])
-        wm.load_state_dict(data["world_model"]["state_dict"])
+        load_world_model_state(wm, data["world_model"]["state_dict"], "the agent checkpoint")
         wm.eval()
         want = enc.config["z_dim"] + wm.hidden_size
     else:

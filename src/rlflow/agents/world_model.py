@@ -36,7 +36,7 @@ import torch
 
 from rlflow.errors import RLFlowError
 from rlflow.nn.losses import gmm_loss, masked_bce_with_logits, masked_mse
-from rlflow.nn.mdnrnn import MDNRNN, EnsembleMDNRNN, make_world_model
+from rlflow.nn.mdnrnn import MDNRNN, EnsembleMDNRNN, load_world_model_state, make_world_model
 
 METRIC_NAMES = ("runtime_ms", "flops", "bytes", "launches")
 ARRAYS = ("z", "lengths", "actions", "metrics", "counts", "done", "valid", "holdout")
@@ -145,6 +145,31 @@ def delta_stats(data: dict, episodes: np.ndarray) -> tuple[np.ndarray, np.ndarra
     if len(rows) == 0:
         return np.zeros(4), np.ones(4)
     return rows.mean(0), np.maximum(rows.std(0), 1e-6)
+
+
+#: pseudo-steps of the whole data's change rate (and of a zero delta) added to each rule's own steps
+PRIOR_STEPS = 1.0
+
+
+def rule_priors(data: dict, episodes: np.ndarray, mean: np.ndarray, std: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per rule (N+1, the NO-OP last) over these episodes' steps: the log-odds that a step changes the metrics,
+    (changes + PRIOR_STEPS x overall rate) / (steps + PRIOR_STEPS), and the mean normalised delta of its steps
+    that changed them, sum / (changes + PRIOR_STEPS) (a rule seen rarely stays near the overall figures).
+    -> (change_logit [N+1], deltas [N+1, 4]); what :meth:`rlflow.nn.mdnrnn.MDNRNN.set_rule_priors` starts from."""
+    N1 = int(data["n_xfers"]) + 1
+    T = data["z"].shape[1] - 1
+    m = np.arange(T)[None, :] < data["lengths"][episodes][:, None]
+    xfer = np.clip(data["actions"][episodes][..., 0], 0, N1 - 1)[m]
+    raw = log_deltas(data["metrics"])[episodes][m]
+    changed = np.abs(raw).max(-1) > CHANGE_EPS
+    steps = np.bincount(xfer, minlength=N1).astype(np.float64)
+    changes = np.bincount(xfer, weights=changed.astype(np.float64), minlength=N1)
+    rate = changes.sum() / max(steps.sum(), 1.0)
+    p = (changes + PRIOR_STEPS * rate) / (steps + PRIOR_STEPS)
+    p = np.clip(p, 1e-4, 1 - 1e-4)
+    norm = (raw - mean) / std
+    sums = np.stack([np.bincount(xfer[changed], weights=norm[changed, k], minlength=N1) for k in range(norm.shape[1])], -1)
+    return np.log(p / (1 - p)), sums / (changes[:, None] + PRIOR_STEPS)
 
 
 def make_tensors(data: dict, episodes: np.ndarray, mean: np.ndarray, std: np.ndarray, device) -> Tensors:
@@ -316,6 +341,7 @@ def train(data: dict, wm: dict, seed: int, device: str, checkpointer=None, progr
     model = make_world_model(int(wm.get("ensemble", 1)), z_dim=data["z_dim"], n_xfers=data["n_xfers"],
                              max_locations=data["max_locations"], hidden=wm["hidden"], gaussians=wm["gaussians"])
     model.set_delta_norm(mean, std)
+    model.set_rule_priors(*rule_priors(data, train_eps, mean, std))
     model.to(device)
     tr = make_tensors(data, train_eps, mean, std, device)
     ho = make_tensors(data, held_eps, mean, std, device) if len(held_eps) else None
@@ -399,5 +425,5 @@ def load_world_model(path: str | Path, device="cpu") -> MDNRNN | EnsembleMDNRNN:
     if "model_args" not in ck or "state_dict" not in ck:
         raise RLFlowError(f"{path}: not a world-model checkpoint")
     model = make_world_model(**ck["model_args"])
-    model.load_state_dict(ck["state_dict"])
+    load_world_model_state(model, ck["state_dict"], str(path))
     return model.to(device).eval()

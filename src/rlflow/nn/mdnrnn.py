@@ -16,6 +16,13 @@ from its output ``h_t`` the heads predict what follows action ``a_t`` in graph `
     log_counts           log1p of the per-rule match counts of the next graph (N); rule k is applicable iff
                          expm1(log_counts_k) > 0.5 (:meth:`MDNRNN.masks`)
 
+``deltas`` and ``changed`` also have a term per rule, added to the head's output (``rule_delta``,
+``rule_change``; a rule's effect on the cost metrics depends on the graph, but mostly on the rule: a commutativity
+swap never changes them). Training starts them at the training data's per-rule statistics
+(:meth:`MDNRNN.set_rule_priors`): with Adam's small steps, a few hundred updates could not otherwise move a rule's
+logit far enough, and the world model kept predicting changes (and savings) for cost-neutral rewrites that the
+controller then learned to make in the dream.
+
 ``forward`` runs whole padded sequences; ``step`` runs one step from a given hidden state with the same
 weights (the dream environment's cell). A hidden state of None is zeros (the start of an episode).
 """
@@ -65,6 +72,10 @@ class MDNRNN(nn.Module):
         self.done_head = nn.Linear(self.hidden_size, 1)
         self.count_head = nn.Linear(self.hidden_size, self.n_xfers)
         self.change_head = nn.Linear(self.hidden_size, 1)  # created last: the other heads' init stays as it was
+        self.rule_change = nn.Embedding(self.n_xfers + 1, 1)          # per-rule terms (zero until set_rule_priors)
+        self.rule_delta = nn.Embedding(self.n_xfers + 1, N_METRICS)
+        nn.init.zeros_(self.rule_change.weight)
+        nn.init.zeros_(self.rule_delta.weight)
         self.register_buffer("delta_mean", torch.zeros(N_METRICS))
         self.register_buffer("delta_std", torch.ones(N_METRICS))
 
@@ -77,22 +88,33 @@ class MDNRNN(nn.Module):
         scaled = (loc.to(z.dtype) / self.max_locations).unsqueeze(-1)
         return torch.cat([z, onehot, scaled, self.loc_emb(loc)], dim=-1)
 
-    def _heads(self, out: torch.Tensor, hidden: tuple) -> WorldModelOutput:
+    def _heads(self, out: torch.Tensor, hidden: tuple, xfer: torch.Tensor) -> WorldModelOutput:
         K, Z = self.gaussians, self.z_dim
         g = self.gmm_head(out)
         lead = out.shape[:-1]
         mus = g[..., : K * Z].reshape(*lead, K, Z)
         sigmas = F.softplus(g[..., K * Z: 2 * K * Z]).reshape(*lead, K, Z) + MIN_SIGMA
         logpi = F.log_softmax(g[..., 2 * K * Z:], dim=-1)
-        return WorldModelOutput(mus, sigmas, logpi, self.delta_head(out), self.change_head(out).squeeze(-1),
-                                self.done_head(out).squeeze(-1), self.count_head(out), hidden)
+        deltas = self.delta_head(out) + self.rule_delta(xfer)
+        changed = (self.change_head(out) + self.rule_change(xfer)).squeeze(-1)
+        return WorldModelOutput(mus, sigmas, logpi, deltas, changed, self.done_head(out).squeeze(-1),
+                                self.count_head(out), hidden)
+
+    @torch.no_grad()
+    def set_rule_priors(self, change_logit: torch.Tensor, deltas: torch.Tensor) -> None:
+        """Start the per-rule terms at the training data's statistics: change_logit [N+1] (each rule's smoothed
+        log-odds that a step changes the metrics, minus the head's bias) and deltas [N+1, 4] (each rule's mean
+        normalised delta over its steps that changed them, shrunk towards 0)."""
+        self.rule_change.weight.copy_(torch.as_tensor(change_logit, dtype=torch.float32).reshape(-1, 1)
+                                      - self.change_head.bias)
+        self.rule_delta.weight.copy_(torch.as_tensor(deltas, dtype=torch.float32))
 
     # -- running ------------------------------------------------------------------------------------------
     def forward(self, z: torch.Tensor, actions: torch.Tensor, hidden: tuple | None = None) -> WorldModelOutput:
         """Whole sequences: z [B, T, Z], actions [B, T, 2] -> predictions for every step (padding is computed
         too and must be masked by the caller; it comes after the real steps so it cannot affect them)."""
         out, hidden = self.rnn(self.encode_inputs(z, actions), hidden)
-        return self._heads(out, hidden)
+        return self._heads(out, hidden, actions[..., 0].long().clamp(0, self.n_xfers))
 
     def step(self, z_t: torch.Tensor, action_t: torch.Tensor, hidden: tuple | None = None) -> WorldModelOutput:
         """One step: z_t [B, Z], action_t [B, 2], hidden (h, c) [1, B, H] or None -> predictions without
@@ -116,7 +138,7 @@ class MDNRNN(nn.Module):
         i, f, g, o = gates.chunk(4, dim=-1)                              # PyTorch's gate order
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         h = torch.sigmoid(o) * torch.tanh(c)
-        return self._heads(h, (h.unsqueeze(0), c.unsqueeze(0)))
+        return self._heads(h, (h.unsqueeze(0), c.unsqueeze(0)), xfer)
 
     def initial_hidden(self, batch: int, device=None) -> tuple:
         h = torch.zeros(1, batch, self.hidden_size, device=device)
@@ -200,6 +222,10 @@ class EnsembleMDNRNN(nn.Module):
         for m in self.members:
             m.set_delta_norm(mean, std)
 
+    def set_rule_priors(self, change_logit, deltas) -> None:
+        for m in self.members:
+            m.set_rule_priors(change_logit, deltas)
+
     def _split(self, hidden: tuple | None) -> list:
         if hidden is None:
             return [None] * len(self.members)
@@ -240,3 +266,17 @@ class EnsembleMDNRNN(nn.Module):
 def make_world_model(members: int = 1, **member_args) -> MDNRNN | EnsembleMDNRNN:
     """One MDN-RNN (``members`` 1) or an ensemble of them; ``model_args`` of a checkpoint (its ``config``) too."""
     return MDNRNN(**member_args) if members <= 1 else EnsembleMDNRNN(members, **member_args)
+
+
+def load_world_model_state(model: nn.Module, state_dict: dict, source: str) -> None:
+    """``model.load_state_dict(state_dict)``; a state that does not fit (e.g. one saved by an older rlflow, before
+    the per-rule terms) is a one-line RLFlowError naming ``source``."""
+    from rlflow.errors import RLFlowError
+
+    try:
+        model.load_state_dict(state_dict)
+    except RuntimeError as e:
+        missing = sorted({k.split(".")[-2] for k in model.state_dict() if k not in state_dict})
+        why = f"it lacks {', '.join(missing)}" if missing else str(e).strip().splitlines()[0][:200]
+        raise RLFlowError(f"{source}: its world model does not fit this rlflow's ({why}): an older rlflow made it; "
+                          "run train_world_model (and the controller) again") from None
