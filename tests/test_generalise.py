@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from rlflow.config import load_config
@@ -36,13 +37,14 @@ def test_variant_labels():
 class ScaledAgent:
     """A stand-in agent whose improvement is ``pct`` percent of the initial cost per 100 graph nodes."""
 
-    def __init__(self, pct_per_100_nodes: float):
-        self.pct = pct_per_100_nodes
+    def __init__(self, pct_per_100_nodes: float, returns=None):
+        self.pct, self.returns = pct_per_100_nodes, returns
 
     def optimise(self, graph, rules, cost, device="cpu"):
         pct = self.pct * len(graph.nodes) / 100
         times = SimpleNamespace(initial=SimpleNamespace(runtime_ms=10.0),
-                                final=SimpleNamespace(runtime_ms=10.0 * (1 - pct / 100)))
+                                final=SimpleNamespace(runtime_ms=10.0 * (1 - pct / 100)),
+                                graph=self.returns if self.returns is not None else graph, expansions=3)
         return times, None
 
 
@@ -64,8 +66,28 @@ def test_zero_shot_exports_each_variant_and_divides_by_the_trained_improvement(r
         assert mf["improvement_pct"] == pytest.approx(2.0 * r["nodes"] / 100)
         assert mf["kept"] == pytest.approx(r["nodes"] / rows[0]["nodes"])
         assert r["agents"]["rlflow"]["kept"] is None  # no improvement on the trained shape: nothing to keep
-        assert r["greedy_pct"] == 0.0  # no rules
+        assert r["greedy_pct"] == 0.0 and mf["vs_greedy"] is None  # no rules: greedy finds nothing
+        assert mf["max_rel_diff"] == 0.0 and mf["real_steps"] == 3  # its graph was checked against the original
     assert len(lines) == 3 and "kept n/a" in lines[0]
+
+
+def test_zero_shot_graph_that_computes_something_else_fails_the_stage(root, tiny_zoo):
+    """Every agent graph of a zero-shot run is checked equal to its original (evaluate.tolerance), as evaluate
+    checks the written ones."""
+    from rlflow.cost import make_cost_model
+    from rlflow.graph import load_onnx
+
+    config = load_config([root / "config.yaml", root / "tests/configs/tiny.yaml"], ["cost.target=sim-h100"])
+    wrong = load_onnx(tiny_zoo["bert"])
+    graph = load_onnx(tiny_zoo["bert"])
+    from rlflow.graph.ir import Constant
+
+    name = max(wrong.constants, key=lambda k: wrong.constants[k].array.size)  # a weight matrix
+    w = wrong.constants[name].array
+    wrong.constants[name] = Constant(w + np.random.default_rng(0).normal(size=w.shape).astype(w.dtype))
+    with pytest.raises(RLFlowError, match="model_free's zero-shot graph"):
+        zero_shot({"model_free": ScaledAgent(1.0, returns=wrong)}, "bert", graph, [], [],
+                  make_cost_model(config, "cpu"), config, log=lambda _: None)
 
 
 def test_zero_shot_unbuildable_variant_is_a_one_line_error(root, tiny_zoo):

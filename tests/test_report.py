@@ -159,7 +159,7 @@ def make_results(root: Path, model: str = "bert") -> Path:
              "agents": {"model_free": {"improvement_pct": 4.0, "kept": 1.0}, "rlflow": {"improvement_pct": 2.0,
                                                                                      "kept": 1.0}}},
             {"graph": "bert seq=64", "trained": False, "nodes": 412, "initial_ms": 1.5, "greedy_pct": 1.25,
-             "agents": {"model_free": {"improvement_pct": 3.8, "kept": 0.95}, "rlflow": {"improvement_pct": 1.0,
+             "agents": {"model_free": {"improvement_pct": 3.8, "kept": 0.95, "vs_greedy": 1.27}, "rlflow": {"improvement_pct": 1.0,
                                                                                      "kept": 0.5}}},
             {"graph": "bert seq=256", "trained": False, "nodes": 412, "initial_ms": 4.5, "greedy_pct": 1.75,
              "agents": {"model_free": {"improvement_pct": 3.9, "kept": 0.975}, "rlflow": {"improvement_pct": 1.9,
@@ -301,6 +301,7 @@ def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_p
     gen = text(section(html, "generalise"))
     assert "bert seq=64" in gen and "+3.80%" in gen and "0.95" in gen and "simulated H100" in gen
     assert "model-free PPO: kept at least 90% of its improvement on every variant" in gen
+    assert "model-free PPO: x greedy's" in gen and "1.27" in gen
     assert "RLFlow: kept less than 90% of its improvement (or had none to keep) on: bert seq=64." in gen
     se = text(section(html, "sample"))
     assert "2,408" in se and "608" in se and "4,096" in se and "3.96x" in se

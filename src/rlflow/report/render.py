@@ -514,14 +514,17 @@ def generalisation(d: ReportData) -> tuple[str, str, str]:
         cells = [r.get("graph"), h.count(r.get("nodes")), h.num(r.get("initial_ms"), 4)]
         for m in agents:
             a = (r.get("agents") or {}).get(m) or {}
-            cells += [h.pct(a.get("improvement_pct"), 2), "trained" if r.get("trained") else h.num(a.get("kept"), 2)]
+            cells += [h.pct(a.get("improvement_pct"), 2), "trained" if r.get("trained") else h.num(a.get("kept"), 2),
+                      h.num(a.get("vs_greedy"), 2)]
         body.append((*cells, h.pct(r.get("greedy_pct"), 2)))
     head = ["graph", "nodes", f"cost before (ms, {g.data.get('cost_label', 'cost target')})"]
     for m in agents:
-        head += [f"{_m(m)}: improvement", f"{_m(m)}: kept"]
+        head += [f"{_m(m)}: improvement", f"{_m(m)}: kept", f"{_m(m)}: x greedy's"]
     parts = [h.table([*head, "greedy: improvement"], body,
                      "Each agent's improvement of the cost-target runtime on the shape it was trained on and, with "
-                     "no training, on each variant; kept = improvement on the variant / on the trained shape")]
+                     "no training, on each variant; kept = improvement on the variant / on the trained shape; "
+                     "x greedy's = improvement / greedy's on the same graph (what the shape itself allows moves "
+                     "kept too)")]
     for m in agents:
         kept = [(r["graph"], r["agents"][m].get("kept")) for r in rows[1:] if m in (r.get("agents") or {})]
         if not kept:

@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     for m in train_names + heldout:
         p = problems[m]
         row = {"model": m, "heldout": m in heldout,
-               **score_graph({"multi_model": agent}, p.graph, p.rules, p.cost, config, device=device)}
+               **score_graph({"multi_model": agent}, p.graph, p.rules, p.cost, config, device=device, label=m)}
         a = row["agents"]["multi_model"]
         row["beats_greedy"] = a["improvement_pct"] > row["greedy_pct"]
         if m in train_names:
