@@ -14,7 +14,7 @@ improvement(training shape) (issue K's goal: >= 90% at bert seq 64 and 256).
   python benchmarks/generalise.py --agent results/bert/controller/controller.pt --model bert --variants seq=64 \\
       vit:image=224 --taso
 
-The pipeline's stage ``generalise`` runs the same comparison (:func:`rlflow.stages.generalise.zero_shot`) for
+The pipeline's stage ``generalise`` runs the same comparison (:func:`rlflow.agents.zero_shot.zero_shot`) for
 both agents of each model on ``generalise.variants``, and the report shows it. The cost target is the config's
 (``--config``, default config.yaml: ``cost.target: auto`` = sim-h100 on a CPU), the one the pipeline's agents
 trained on. Prints one row per graph and the last line
@@ -39,7 +39,7 @@ def main() -> int:
     from rlflow.cost.targets import resolve_target
     from rlflow.graph import load_onnx, zoo
     from rlflow.rewrite import load_rules
-    from rlflow.stages.generalise import parse_variant, zero_shot
+    from rlflow.agents.zero_shot import parse_variant, zero_shot
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agent", type=Path, required=True, help="an agent checkpoint (model_free.pt or controller.pt)")

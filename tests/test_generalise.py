@@ -9,7 +9,7 @@ import pytest
 
 from rlflow.config import load_config
 from rlflow.errors import RLFlowError
-from rlflow.stages.generalise import parse_variant, variant_label, zero_shot
+from rlflow.agents.zero_shot import parse_variant, variant_label, zero_shot
 
 
 @pytest.mark.parametrize("text, want", [

@@ -8,7 +8,7 @@ one agent for many models -- as the open problem; this is its model-free form.
    is checkpointed after every update to ``OUT.partial``; a killed run resumes there.
 
 The stage then runs the agent, with no training on them, on every training model and every held-out model beside
-greedy search (:func:`rlflow.stages.generalise.score_graph`). Real interactions are counted as for every agent
+greedy search (:func:`rlflow.agents.zero_shot.score_graph`). Real interactions are counted as for every agent
 (:func:`rlflow.agents.driver.real_interactions`): the rollouts the encoder learned from, the training steps, and
 the steps of its runs on the training models (the held-out runs are the test, reported apart).
 """

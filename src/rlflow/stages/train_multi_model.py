@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.config import load_config
     from rlflow.cost.targets import resolve_target
     from rlflow.problem import seed_for_training
-    from rlflow.stages.generalise import row_line, score_graph
+    from rlflow.agents.zero_shot import row_line, score_graph
 
     for p in (args.out, args.encoder, args.metrics):
         if p.is_dir():
