@@ -1,0 +1,109 @@
+"""Sample efficiency of the dream controller against the model-free agent, at several rollout budgets (issue K:
+the controller should reach >= 95% of the model-free agent's improvement with <= 25% of its real interactions;
+RLFlow's paper: about 1M against 4M).
+
+For each rollout budget (``--episodes``: random-agent episodes, one shard), the pipeline's own stage commands run
+in a temporary folder, on the model and cost target of the config: collect_rollouts, merge_rollouts,
+train_encoder, train_world_model, then train_controller (dream only) and train_model_free (real env), each with
+the config's budgets. Both agents' encoders learn from the same rollouts, and real interactions are counted the
+one way of every agent stage (rollouts + training + evaluation: ``real_interactions`` in their metrics). Each row
+also sets the controller beside the model-free agent of the FIRST budget, so that a smaller rollout budget for
+the controller can be read against the model-free agent as the pipeline trains it.
+
+  python benchmarks/sample_efficiency.py --model bert --episodes 100 25
+
+``--episodes 100`` with one shard is about half of the default pipeline's 2 x 100 rollout episodes. About 7
+minutes per budget on paper-size bert on a 2-core CPU. The last line is ``sample_efficiency <model>: ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(args: list[str], log: Path) -> None:
+    """One stage command (``rlflow ARGS``, this interpreter), its output appended to ``log``."""
+    bars = [] if args[0] == "merge-rollouts" else ["--no-progress"]
+    with open(log, "a") as f:
+        r = subprocess.run([sys.executable, "-m", "rlflow.cli", *args, *bars], cwd=ROOT, stdout=f,
+                           stderr=subprocess.STDOUT)
+    if r.returncode:
+        sys.exit(f"sample_efficiency: `rlflow {args[0]}` failed (exit {r.returncode}); see {log}")
+
+
+def one_budget(model: str, episodes: int, config: list[str], tmp: Path) -> dict:
+    d = tmp / f"episodes-{episodes}"
+    (d / "rollouts").mkdir(parents=True)
+    log = d / "log.txt"
+    conf = [x for c in config for x in ("--config", c)] + ["--set", f"rollouts.episodes={episodes}",
+                                                            "--set", "rollouts.shards=[0]"]
+    quick = ["--set", "timing.budget_s=1", "--set", "timing.sessions=2"]  # the never-slower check: not measured here
+    prob = ["--model", model, "--onnx", f"results/{model}/model.onnx", "--rules", "results/rules/rules.json"]
+    costs = ROOT / f"results/costs/auto/{model}.json"
+    if costs.is_file():
+        prob += ["--costs", str(costs)]
+    _run(["collect-rollouts", *conf, *prob, "--shard", "0", "--out", str(d / "rollouts/shard-0.json")], log)
+    _run(["merge-rollouts", *conf, "--model", model, "--shards-dir", str(d / "rollouts"), "--out",
+          str(d / "rollouts.json")], log)
+    _run(["train-encoder", *conf, *prob, "--rollouts", str(d / "rollouts.json"), "--out", str(d / "encoder.pt"),
+          "--latents", str(d / "latents.npz"), "--metrics", str(d / "encoder.json")], log)
+    _run(["train-world-model", *conf, "--model", model, "--latents", str(d / "latents.npz"), "--out",
+          str(d / "wm.pt"), "--metrics", str(d / "wm.json"), "--curve", str(d / "loss.csv")], log)
+    out = {}
+    for method, cmd, extra in (("rlflow", "train-controller", ["--latents", str(d / "latents.npz"), "--world-model",
+                                                                str(d / "wm.pt")]),
+                               ("model_free", "train-model-free", [])):
+        _run([cmd, *conf, *prob, "--encoder", str(d / "encoder.pt"), *extra, "--out", str(d / f"{method}.pt"),
+              "--metrics", str(d / f"{method}.json"), "--optimised", str(d / f"{method}.onnx"),
+              "--trace", str(d / f"{method}-trace.json"), *quick], log)
+        m = json.loads((d / f"{method}.json").read_text())
+        out[method] = {"improvement_pct": m["real"]["improvement_pct"], "interactions": m["real_interactions"]}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="bert", help="a model the pipeline exported (results/<model>/model.onnx)")
+    ap.add_argument("--episodes", type=int, nargs="+", default=[100, 25],
+                    help="rollout budgets: random episodes in one shard (default: 100 25)")
+    ap.add_argument("--config", action="append", default=None, help="config files (default config.yaml)")
+    a = ap.parse_args()
+    if not (ROOT / f"results/{a.model}/model.onnx").is_file() or not (ROOT / "results/rules/rules.json").is_file():
+        print(f"sample_efficiency: needs results/{a.model}/model.onnx and results/rules/rules.json (run the "
+              "pipeline's export_model and generate_rules first)", file=sys.stderr)
+        return 2
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for ep in a.episodes:
+            print(f"rollout budget {ep} episodes ...", file=sys.stderr, flush=True)
+            rows.append((ep, one_budget(a.model, ep, a.config or ["config.yaml"], Path(tmp))))
+    mf0 = rows[0][1]["model_free"]
+    print("| rollout episodes | rollout steps | controller: improvement | controller: interactions | model-free: "
+          "improvement | model-free: interactions | controller / model-free (same rollouts): improvement, "
+          f"interactions | controller / model-free of {rows[0][0]} episodes: improvement, interactions |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    last = []
+    for ep, r in rows:
+        c, m = r["rlflow"], r["model_free"]
+        share = lambda x, y: f"{x['improvement_pct'] / y['improvement_pct']:.2f}, " \
+                             f"{x['interactions']['total'] / y['interactions']['total']:.2f}"  # noqa: E731
+        print(f"| {ep} | {c['interactions']['rollouts']:,} | {c['improvement_pct']:.2f}% | "
+              f"{c['interactions']['total']:,} | {m['improvement_pct']:.2f}% | {m['interactions']['total']:,} | "
+              f"{share(c, m)} | {share(c, mf0)} |")
+        last.append(f"{ep}: {share(c, m)} ({share(c, mf0)} of the first)")
+    print(f"sample_efficiency {a.model}: controller/model-free improvement, interactions at rollout episodes "
+          + "; ".join(last))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
