@@ -53,9 +53,11 @@ def train_shared_encoder(problems: dict, rollouts: dict[str, dict], config: dict
 
 
 def train_shared_policy(problems: Sequence, encoder, config: dict, seed: int, ckpt, progress: bool = False,
-                        log: Callable[[str], None] = print, live=None) -> tuple[object, dict, list[dict], int, float]:
+                        log: Callable[[str], None] = print, live=None,
+                        latency_meter=None) -> tuple[object, dict, list[dict], int, float]:
     """PPO on real environments of every problem (see the module docstring). Returns the policy, its constructor
-    arguments, the per-update curve, the real steps of training and the training seconds."""
+    arguments, the per-update curve, the real steps of training and the training seconds. ``latency_meter``: the
+    e2e reward's measurement (None unless ``env.reward.name`` is e2e)."""
     import torch
     from tqdm import tqdm
 
@@ -68,7 +70,7 @@ def train_shared_policy(problems: Sequence, encoder, config: dict, seed: int, ck
     policy_args = {"in_dim": encoder.config["z_dim"], "n_xfers": len(problems[0].rules),
                    "max_locations": get(config, "env.max_locations"), "hidden": get(config, "ppo.hidden")}
     policy = HierarchicalPolicy(**policy_args)
-    world = RealEnvs(list(problems), encoder, int(section["envs_per_model"]) * len(problems))
+    world = RealEnvs(list(problems), encoder, int(section["envs_per_model"]) * len(problems), latency_meter)
     done, curve, seconds = 0, [], 0.0
     state = ckpt.load()
     if state is not None:

@@ -734,7 +734,7 @@ STAGES: dict[str, Stage] = {
                      "metrics": "results/multi/metrics.json", "logs": "results/multi/live"},
             params={**SCORING_PARAMS, "max_steps": "env.max_steps", "max_locations": "env.max_locations",
                     "reward": "env.reward", "encoder": "encoder", "ppo": "ppo", "multi_model": "multi_model",
-                    "tolerance": "evaluate.tolerance"},
+                    "tolerance": "evaluate.tolerance", "timing": "timing"},
             args=(("--results-dir", "results"), ("--costs-root", "results/costs"), ("--rules", "{input.rules}"),
                   ("--out", "{output.checkpoint}"), ("--encoder", "{output.encoder}"),
                   ("--metrics", "{output.metrics}"), ("--logs", "{output.logs}")),

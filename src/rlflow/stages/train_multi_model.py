@@ -9,9 +9,9 @@ equal to its original under onnxruntime (``evaluate.tolerance``: the stage fails
 K's goal: on a held-out model the agent beats greedy.
 
 Reads: seed, device, cost.*, env.max_steps, env.max_locations, env.reward, encoder.*, ppo.*, multi_model.*,
-evaluate.tolerance; per model ``<results-dir>/<model>/model.onnx``, the costs
-``<costs-root>/<device>/<model>.json`` (``device`` as the config says it) and,
-for the training models, the rollouts ``<results-dir>/<model>/rollouts.json``.
+timing.* (the e2e reward's measurements), evaluate.tolerance; per model ``<results-dir>/<model>/model.onnx``, the
+costs ``<costs-root>/<device>/<model>.json`` (``device`` as the config says it) and, for the training models, the
+rollouts ``<results-dir>/<model>/rollouts.json``.
 Writes, atomically:
   --out       the agent checkpoint (``rlflow optimize --method rlflow --agent results/multi/agent.pt`` runs it on
               any model); its partial file OUT.partial while training (a killed run resumes there)
@@ -68,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.atomic import write_text
     from rlflow.config import load_config
     from rlflow.cost.targets import resolve_target
+    from rlflow.env.rewards import make_reward
     from rlflow.problem import seed_for_training
+    from rlflow.stages.search_common import e2e_meter
     from rlflow.agents.zero_shot import row_line, score_graph
 
     for p in (args.out, args.encoder, args.metrics):
@@ -110,8 +112,9 @@ def run(args: argparse.Namespace) -> int:
                                     problems[train_names[0]].rules, episodes))
 
     ckpt = Checkpointer(args.out, fingerprint(used | {"models": train_names}, inputs))
+    meter = e2e_meter(config, device) if make_reward(get(config, "env.reward")).needs_latency else None
     policy, policy_args, curve, training_steps, train_s = train_shared_policy(
-        list(training.values()), encoder, config, seed, ckpt, not args.no_progress, log, live)
+        list(training.values()), encoder, config, seed, ckpt, not args.no_progress, log, live, meter)
     agent = Agent("model_free", policy, policy_args, encoder, rules_fingerprint(problems[train_names[0]].rules),
                   {"max_steps": get(config, "env.max_steps"), "max_locations": get(config, "env.max_locations"),
                    "episodes": section["eval_episodes"]},
