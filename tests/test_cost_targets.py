@@ -9,8 +9,10 @@ import pytest
 
 from rlflow.config import load_config
 from rlflow.cost import make_cost_model, resolve_target
+from rlflow.cost.ort_cpu import profile_in_context
 from rlflow.cost.simgpu import gemm_efficiency
 from rlflow.errors import RLFlowError
+from rlflow.evaluation.protocol import FASTER, ratio_interval, verdict
 from rlflow.graph import GraphBuilder, load_onnx, zoo
 
 
@@ -64,12 +66,24 @@ def test_qkv_merge_lowers_sim_h100_but_not_ort_cpu(qkv_sequence, config):
     ort.measure(qkv_sequence)
     k = [ort.graph_metrics(g).launches for g in qkv_sequence]
     assert k[2] > k[0]  # Split + three unfused bias Adds replace three fused Gemms
-    o = [ort.graph_metrics(g).runtime_ms for g in qkv_sequence]
-    # Each kernel is timed inside its whole model (fastest of 3 sessions, interleaved over the three graphs):
-    # quiet, the merged graphs came out 0.7-3.3% dearer in three runs. 5% is the tolerance for a test machine
-    # running other tests (a CI run with sequential sessions saw 0.944). The earlier model, which timed each
-    # kernel on its own, called the merge 9% cheaper in one run.
-    assert min(o[1], o[2]) >= 0.95 * o[0], o
+    # What the ort-cpu target times: each kernel inside its whole model. The two graphs' totals are taken in
+    # paired sessions (random order within each pair) and compared as the timing protocol compares latencies: the
+    # ratio's interval over the sessions, Student's t. Quiet, the merge came out 0.96-1.04x per session (no
+    # detectable difference); beside a busy core 0.68-1.6x, so a fixed margin on one pair of totals (the test's
+    # old form, >= 0.95x) failed by chance. At 99.9% a merge that does not pay is called faster about once in 2000
+    # runs. What the check catches, quiet, 12 sessions: the same layer at seq 108 against seq 128 (15% less work)
+    # was called faster in two runs of two; at seq 120 (6% less) it was not, in one.
+    graphs = [qkv_sequence[0], qkv_sequence[2]]
+    groups = [ort.groups(g) for g in graphs]
+    totals: list[list[list[float]]] = [[], []]
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        for j in rng.permutation(2):
+            per, rest, _ = profile_in_context(graphs[j], groups[j], ort.warmup, ort.repeats, ort.threads,
+                                              sessions=1)
+            totals[j].append([sum(per) + rest])
+    ratio, low, high, _ = ratio_interval(totals[0], totals[1], confidence=0.999)
+    assert verdict(low, high) != FASTER, (ratio, low, high, totals)
 
 
 def test_sim_gpu_quantisation_and_free_data_movement(config):

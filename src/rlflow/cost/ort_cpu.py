@@ -585,10 +585,14 @@ class OrtCpuCost(CostModel):
         self.peak = calibration.as_peak()
         self._refresh()
 
+    def groups(self, graph: Graph) -> list[list[int]]:
+        """``graph``'s nodes grouped into the kernels onnxruntime runs (by the fusions learned so far)."""
+        _, flags = _static(graph)
+        return kernel_groups(graph, self.fusable, flags)
+
     def signatures(self, graph: Graph) -> set[str]:
         """The kernel signatures of ``graph``."""
-        _, flags = _static(graph)
-        return {group_signature(graph, m) for m in kernel_groups(graph, self.fusable, flags)}
+        return {group_signature(graph, m) for m in self.groups(graph)}
 
     # ------------------------------------------------------------------ the cache
     def sections(self) -> dict:
