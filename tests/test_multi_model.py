@@ -98,6 +98,12 @@ def test_snakemake_multi_trains_one_agent_and_tests_it_on_the_held_out_model(tmp
     assert n["evaluation"] == sum(rows[m]["agents"]["multi_model"]["real_steps"] for m in ("bert", "vit"))
     assert n["total"] == n["rollouts"] + n["training"] + n["evaluation"] and n["rollouts"] > 0
     assert (tmp_path / "results/multi/live").is_dir() and not (tmp_path / "results/multi/agent.pt.partial").exists()
+    # the page (stage report_multi): every model's row and the held-out model's verdict against greedy
+    assert counts["report_multi"] == 1
+    page = (tmp_path / "results/multi/report.html").read_text()
+    word = "beats greedy" if rows["gpt2"]["beats_greedy"] else "does not beat greedy"
+    assert "gpt2 (held out): the agent " in page and f": {word}</li>" in page
+    assert all(f"<td>{m}</td>" in page for m in rows) and "data:image/svg+xml" in page
 
     # the checkpoint is an agent `rlflow optimize --method rlflow --agent` runs on any model
     agent = load_agent(tmp_path / "results/multi/agent.pt")
@@ -117,3 +123,30 @@ def test_snakemake_multi_trains_one_agent_and_tests_it_on_the_held_out_model(tmp
            "--set", "multi_model.heldout=[vit]", cwd=tmp_path)
     assert r.returncode != 0 and r.stderr.strip() == "rlflow: error: multi_model: vit both trained on and held out"
     assert not (tmp_path / "x").exists()
+
+
+def test_report_multi_draws_the_metrics_and_refuses_other_files(tmp_path):
+    from rlflow.errors import RLFlowError
+    from rlflow.report.multi import load_multi, to_html, verdicts
+
+    row = lambda m, held, ours, greedy: {"model": m, "heldout": held, "nodes": 10, "initial_ms": 2.0,  # noqa: E731
+                                         "greedy_pct": greedy, "agents": {"multi_model": {
+                                             "improvement_pct": ours, "vs_greedy": None, "final_ms": 1.9,
+                                             "max_rel_diff": 0.0, "real_steps": 5, "seconds": 1.0}}}
+    doc = {"format": "rlflow.multi-model/1", "train_models": ["bert"], "heldout": ["gpt2", "vit"],
+           "cost_label": "simulated H100", "rows": [row("bert", False, 8.0, 5.0), row("gpt2", True, 0.8, 0.0),
+                                                     row("vit", True, 1.0, 1.0)],
+           "real_interactions": {"rollouts": 100, "training": 20, "evaluation": 15, "total": 135},
+           "curve": [{"update": 1, "mean_reward": 0.1}, {"update": 2, "mean_reward": 0.2}]}
+    path = tmp_path / "metrics.json"
+    path.write_text(json.dumps(doc))
+    assert verdicts(load_multi(path)) == ["gpt2 (held out): the agent +0.80%, greedy +0.00%: beats greedy",
+                                          "vit (held out): the agent +1.00%, greedy +1.00%: does not beat greedy"]
+    page = to_html(doc)
+    assert "Trained on bert; held out: gpt2, vit" in page and "135" in page and page.count("<tr>") == 6
+    for text, why in (("[1, 2]", "not the metrics of train_multi_model"), ("{", "not a valid JSON document")):
+        path.write_text(text)
+        with pytest.raises(RLFlowError, match=why):
+            load_multi(path)
+    with pytest.raises(RLFlowError, match="run stage train_multi_model first"):
+        load_multi(tmp_path / "absent.json")

@@ -46,6 +46,7 @@ COMMAND_MODULES = [
     "rlflow.stages.train_pass_agent",
     "rlflow.stages.evaluate_passes",
     "rlflow.stages.train_multi_model",
+    "rlflow.stages.report_multi",
     "rlflow.commands.inspect",
     "rlflow.commands.run",
     "rlflow.commands.convert",

@@ -745,6 +745,15 @@ STAGES: dict[str, Stage] = {
             progress=True,
         ),
         Stage(
+            name="report_multi",
+            pipeline="multi",
+            doc="The multi-model agent's HTML page: zero-shot results beside greedy, real interactions, PPO curve.",
+            inputs={"metrics": "results/multi/metrics.json"},
+            outputs={"html": "results/multi/report.html"},
+            args=(("--metrics", "{input.metrics}"), ("--out", "{output.html}")),
+            wildcards=(),
+        ),
+        Stage(
             name="summary",
             doc="One table across every model that was evaluated (each evaluate job's results/summary/<model>.json).",
             inputs={"headlines": "results/summary/{model}.json"},
