@@ -181,3 +181,40 @@ def test_cli_rules_check_reports_one_line(tmp_path, doc, capsys):
     p.write_text(json.dumps(doc))
     assert cli.main(["rules", "check", str(p)]) == 0
     assert f"{len(doc['rules'])} rules OK" in capsys.readouterr().out
+
+
+def test_cli_rules_matches_gives_each_rules_one_step_saving(tmp_path, doc, capsys):
+    """`rlflow rules matches RULES.json IN.onnx`: every matching rule with the cost change of one step at each of
+    its locations, each figure the cost target's own difference between the model and the rewritten model."""
+    from rlflow import cli
+    from rlflow.config import load_config
+    from rlflow.cost import make_cost_model
+    from rlflow.graph import load_onnx, zoo
+    from rlflow.rewrite.matcher import MatchIndex
+
+    rules_path, onnx_path = tmp_path / "rules.json", tmp_path / "squeezenet.onnx"
+    rules_path.write_text(json.dumps(doc))
+    zoo.export_model("squeezenet", onnx_path, zoo.TINY_SIZES["squeezenet"])
+    assert cli.main(["rules", "matches", str(rules_path), str(onnx_path), "--target", "sim-h100", "--json",
+                     "--max-locations", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["id"]: r for r in out["rules"]}
+    assert out["target"] == "sim-h100" and "b-conv-bias-relu" in rows
+    # the independent computation: apply the fusion at each of its first three locations, cost both graphs
+    graph, rules = load_onnx(onnx_path), load_rules(rules_path)
+    cost = make_cost_model(load_config(None), "cpu", kind="sim-h100")
+    k = next(i for i, r in enumerate(rules) if r.id == "b-conv-bias-relu")
+    index = MatchIndex(graph, rules)
+    before = cost.graph_metrics(graph).runtime_ms
+    saved = [before - cost.graph_metrics(index.apply(k, loc).graph).runtime_ms
+             for loc in range(min(3, len(index.matches[k])))]
+    fuse = rows["b-conv-bias-relu"]
+    assert fuse["matches"] == len(index.matches[k]) > 3 and fuse["locations"] == 3
+    assert fuse["best_ms"] == pytest.approx(max(saved)) and fuse["worst_ms"] == pytest.approx(min(saved))
+    assert fuse["best_ms"] > 0  # a Conv+ReLU fusion saves a launch on the simulated GPU
+    assert [r["best_ms"] for r in out["rules"]] == sorted((r["best_ms"] for r in out["rules"]), reverse=True)
+    assert set(rows) == {rules[i].id for i, m in enumerate(index.matches) if m}
+    # a measured target needs its cost cache: one line, exit 2
+    assert cli.main(["rules", "matches", str(rules_path), str(onnx_path), "--target", "ort-cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "give its cost cache with --costs" in err
