@@ -195,3 +195,38 @@ def test_ppo_config_from_config_with_the_controllers_overrides():
     assert PPOConfig.from_config(ppo, 32).minibatch == 16
     cfg = PPOConfig.from_config(ppo, 32, minibatch=64, c2=None)
     assert (cfg.minibatch, cfg.lr, cfg.steps_per_update, cfg.c2) == (64, 0.001, 32, PPOConfig.c2)
+
+
+def test_count_features_are_the_same_from_masks_and_counts_and_carry_what_z_does_not():
+    """ppo.count_features: the networks also read log1p(valid locations per rule), from the real env's dense
+    masks or the dream's counts alike; a value that depends only on those counts (the graph embedding the same
+    for every state) is learnable with them and not without."""
+    from rlflow.agents.ppo import PPOConfig
+
+    gen = torch.Generator().manual_seed(3)
+    xm, lm = random_masks(gen, 64, 13, 5)
+    counts = lm.sum(-1)
+    torch.manual_seed(0)
+    pol = HierarchicalPolicy(in_dim=8, n_xfers=12, max_locations=5, count_features=True)
+    x = torch.randn(64, 8, generator=gen)
+    g1, g2 = pol.act(x, xm, counts, greedy=True), pol.act(x, xm, lm, greedy=True)
+    assert all(torch.allclose(a.float(), b.float()) for a, b in zip(g1, g2))
+    assert torch.allclose(pol.value(x, counts), pol.value(x, lm)) and torch.allclose(g1[3], pol.value(x, lm))
+    with pytest.raises(ValueError, match="location count"):
+        pol.value(x)
+    assert PPOConfig.from_config({"hidden": 64, "count_features": True, "lr": 0.001}, 32).lr == 0.001
+
+    same_z = torch.zeros(64, 8)
+    target = torch.log1p(counts[:, 3].float()) - torch.log1p(counts[:, 7].float())  # e.g. fusions left - merges
+    errors = {}
+    for with_counts in (True, False):
+        torch.manual_seed(0)
+        p = HierarchicalPolicy(in_dim=8, n_xfers=12, max_locations=5, count_features=with_counts)
+        opt = torch.optim.Adam(p.parameters(), lr=0.01)
+        for _ in range(300):
+            loss = ((p.value(same_z, counts) - target) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        errors[with_counts] = float(loss)
+    assert errors[True] < 0.05 * float(target.var()) and errors[False] > 0.5 * float(target.var()), errors

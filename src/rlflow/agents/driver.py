@@ -271,7 +271,8 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
     ckpt = Checkpointer(files.out, fingerprint({k: v for k, v in used.items() if k not in ("device", "cost.target")},
                                               files.inputs()))
     policy_args = {"in_dim": world.in_dim, "n_xfers": len(problem.rules), "max_locations": max_locations,
-                   "hidden": get(config, "ppo.hidden")}
+                   "hidden": get(config, "ppo.hidden"),
+                   "count_features": get(config, "ppo.count_features")}
     policy = HierarchicalPolicy(**policy_args)
     done, curve, train_s, dream_before, refits = 0, [], 0.0, 0, []
     state = ckpt.load()

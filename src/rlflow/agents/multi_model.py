@@ -68,7 +68,8 @@ def train_shared_policy(problems: Sequence, encoder, config: dict, seed: int, ck
 
     section = get(config, "multi_model")
     policy_args = {"in_dim": encoder.config["z_dim"], "n_xfers": len(problems[0].rules),
-                   "max_locations": get(config, "env.max_locations"), "hidden": get(config, "ppo.hidden")}
+                   "max_locations": get(config, "env.max_locations"), "hidden": get(config, "ppo.hidden"),
+                   "count_features": get(config, "ppo.count_features")}
     policy = HierarchicalPolicy(**policy_args)
     world = RealEnvs(list(problems), encoder, int(section["envs_per_model"]) * len(problems), latency_meter)
     done, curve, seconds = 0, [], 0.0

@@ -52,6 +52,10 @@ def ppo_loss(new_logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.T
 # ============================================================================================ the training loop
 
 
+#: keys of config.yaml's ``ppo`` section that shape the policy network (HierarchicalPolicy), not PPO
+POLICY_KEYS = ("hidden", "count_features")
+
+
 @dataclass
 class PPOConfig:
     """PPO hyperparameters (defaults: X-RLflow's)."""
@@ -79,9 +83,10 @@ class PPOConfig:
 
     @classmethod
     def from_config(cls, ppo: dict, steps_per_update: int, **overrides) -> "PPOConfig":
-        """From config.yaml's ``ppo`` section (its ``hidden`` sizes the policy, not PPO) and a stage's budget;
-        ``overrides`` (e.g. the controller's ``minibatch``) replace single fields; None values are ignored."""
-        fields = {k: v for k, v in ppo.items() if k != "hidden"}
+        """From config.yaml's ``ppo`` section (its ``hidden`` and ``count_features`` shape the policy, not PPO)
+        and a stage's budget; ``overrides`` (e.g. the controller's ``minibatch``) replace single fields; None values
+        are ignored."""
+        fields = {k: v for k, v in ppo.items() if k not in POLICY_KEYS}
         fields.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**fields, steps_per_update=steps_per_update)
 
@@ -160,7 +165,7 @@ def train(venv: VectorEnv, policy, cfg: PPOConfig, updates: int, generator: torc
     for k in range(updates):
         batch, obs = collect(venv, policy, obs, cfg.steps_per_update, generator)
         with torch.no_grad():
-            last_value = policy.value(obs["features"])
+            last_value = policy.value(obs["features"], locations(obs))
         logs = update(policy, optimizer, batch, last_value, cfg, generator)
         logs["mean_reward"] = float(batch["reward"].float().mean())
         if on_update is not None:
