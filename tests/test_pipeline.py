@@ -89,6 +89,29 @@ def test_dvc_parses_the_pipeline():
     assert "rlflow export-model --config config.yaml --model bert --out results/bert/model.onnx" in r.stdout
 
 
+def test_every_stage_has_the_dvc_address_dvc_lists():
+    """Snakemake's onsuccess `dvc commit` names each job's DVC stage by Stage.dvc_address; DVC run from the
+    repository root knows a stage of multi/dvc.yaml or xla/dvc.yaml only with that file in front (a bare name
+    made `snakemake multi`'s record fail)."""
+    from rlflow.pipeline import registry
+
+    r = sh(tool("dvc"), "stage", "list", "--all", "--name-only")
+    assert r.returncode == 0, r.stderr
+    listed = set(r.stdout.split())
+    present = {n.split(":")[-1].split("@")[0] for n in listed}  # a sweep over an empty list has no stage
+    assert {"train_multi_model", "report_multi", "export_hlo", "generate_rules", "export_model"} <= present
+    for st in registry.STAGES.values():
+        if st.name not in present:
+            continue
+        if not st.wildcards:
+            assert st.dvc_address({}) in listed, st.name
+        else:
+            head = st.dvc_address({w: "X" for w in st.wildcards}).split("@")[0] + "@"
+            assert any(n.startswith(head) for n in listed), st.name
+    assert registry.stage("report_multi").dvc_address({}) == "multi/dvc.yaml:report_multi"
+    assert registry.stage("collect_rollouts").dvc_address({"model": "bert", "shard": 0}) == "collect_rollouts@bert-0"
+
+
 # -- (b) config and schema ---------------------------------------------------------------------------------
 def test_default_config_is_valid_and_complete():
     raw = yaml.safe_load(CONFIG.read_text())

@@ -94,13 +94,9 @@ def stage_targets(name, models):
 
 
 def dvc_stage_name(job):
-    """The dvc.yaml stage a Snakemake job is: `generate_rules`, `export_model@bert` (foreach over models),
-    `collect_rollouts@bert-0` (a matrix: its values joined by '-', in the stage's wildcard order)."""
+    """The DVC stage a Snakemake job is (`export_model@bert`, `multi/dvc.yaml:report_multi`): Stage.dvc_address."""
     st = registry.stage(job.rule.name)
-    if not st.wildcards:
-        return st.name
-    values = "-".join(str(job.wildcards[w]) for w in st.wildcards)
-    return f"{st.name}@{values}"
+    return st.dvc_address({w: job.wildcards[w] for w in st.wildcards})
 
 
 def dvc_commit(config):

@@ -179,6 +179,16 @@ class Stage:
                 "help": f"{role} ({verb}; the pipeline's: {path}{note})"}
 
     # -- names ---------------------------------------------------------------------------------------------
+    def dvc_address(self, wildcards: Mapping[str, Any]) -> str:
+        """How ``dvc commit`` / ``dvc repro`` name this stage's job for ``wildcards``: ``generate_rules``,
+        ``export_model@bert`` (foreach over models), ``collect_rollouts@bert-0`` (a matrix: its values joined by
+        '-', in the stage's wildcard order); a stage of another pipeline file than dvc.yaml is prefixed with it
+        (``multi/dvc.yaml:report_multi``), as DVC run from the repository root needs."""
+        name = self.name if not self.wildcards else \
+            f"{self.name}@{'-'.join(str(wildcards[w]) for w in self.wildcards)}"
+        file = PIPELINE_FILES[self.pipeline]
+        return name if file == PIPELINE_FILES["main"] else f"{file}:{name}"
+
     @property
     def code_name(self) -> str:
         """The stage module it runs: its own name, or ``runs``."""
