@@ -14,7 +14,6 @@ SRC = REPO / "src" / "rlflow"
 #: names vulture cannot see used: called from the Snakemake rule files (workflow/rules/*.smk), hooks that
 #: dvclive, torch, gymnasium and Python itself call (a module's lazy ``__getattr__``), and attributes that
 #: configure a library object
-#: names used only outside src/ and benchmarks/ (Snakemake files: workflow/rules/*.smk; libraries' callbacks)
 USED_ELSEWHERE = """
 wildcard_patterns benchmark snakemake_shell param_values _init_dvc _init_studio post_data_to_studio forward
 action_space observation_space log_severity_level intra_op_num_threads writeable producer_name
