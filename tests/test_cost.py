@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from rlflow.cli import main
 from rlflow.cost import AnalyticCost, MeasuredCost, Metrics, make_cost_model, signature
@@ -184,12 +185,21 @@ def test_cli_cost(tiny_onnx, tmp_path, capsys):
     (["--target", "magic"], "unknown cost target 'magic'"),
     (["--costs", "missing.json"], "no such cost cache"),
     (["--target", "sim-h100", "--costs", "x.json"], "apply to the measured targets"),
-    (["--target", "cuda"], "needs a CUDA GPU"),
+    pytest.param(["--target", "cuda"], "needs a CUDA GPU", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="a GPU is there: the cuda target works (test_cli_cost_cuda_target_on_a_gpu)")),
 ])
 def test_cli_cost_errors(tiny_onnx, capsys, args, message):
     assert main(["cost", str(tiny_onnx), *args]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cli_cost_cuda_target_on_a_gpu(tiny_onnx, capsys):
+    """On a GPU box the cuda target times every op with CUDA events and says so."""
+    assert main(["cost", str(tiny_onnx), "--target", "cuda", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["cost_model"] == "cuda" and res["metrics"]["runtime_ms"] > 0
 
 
 def test_cli_cost_bad_files(tmp_path, tiny_onnx, capsys):

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import torch
 
 from rlflow.cli import main
 from rlflow.errors import RLFlowError
@@ -563,7 +564,8 @@ def test_a_backend_crash_writes_nothing(tmp_path, capsys, monkeypatch):
                                                               "timing.budget_s=0.5"]))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
-    assert err == ["rlflow: error: original on torch (cpu): the backend failed while building or running the graph: "
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # config.yaml's device: auto
+    assert err == [f"rlflow: error: original on torch ({device}): the backend failed while building or running the graph: "
                    "ValueError: boom in the torch runner; nothing written"], err
     assert not (tmp_path / "out").exists()
 
