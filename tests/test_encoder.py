@@ -91,6 +91,32 @@ def test_encoder_shapes_and_permutation_sense(problem):
         torch.testing.assert_close(model(batch([d2]))[0], z[0], rtol=1e-4, atol=1e-5)
 
 
+def test_global_metrics_far_outside_the_rollouts_are_clipped(problem):
+    """A metric the rollouts hardly vary (tiny std, like bert's FLOPs) must not blow z up on a graph of another
+    shape: beyond U_CLIP standard deviations the encoder sees exactly U_CLIP; within, the metrics pass unchanged."""
+    from rlflow.nn.encoder import U_CLIP
+    from rlflow.nn.graph_data import batch, to_data
+
+    env = problem[0]
+    obs, _ = env.reset()
+    d = to_data(obs)
+    model = _encoder(env).eval()
+    std = torch.tensor([0.01, 1e-5, 0.01, 0.01])
+    model.set_normalisation(d.u[0], std)
+
+    def z_at(shift_in_std):  # the same graph with its log FLOPs moved by this many std
+        d2 = d.clone()
+        d2.u = d.u.clone()
+        d2.u[0, 1] += shift_in_std * std[1]
+        with torch.no_grad():
+            return model(batch([d2]))[0]
+
+    halved = z_at(-np.log(2) / 1e-5)  # FLOPs halved: -69,000 std
+    torch.testing.assert_close(halved, z_at(-U_CLIP))
+    assert float((halved - z_at(0)).norm()) < 10 * float(z_at(0).norm())
+    assert not torch.allclose(z_at(-3), z_at(0)) and not torch.allclose(z_at(-3), z_at(-U_CLIP))  # inside: seen
+
+
 def test_training_reduces_the_loss(problem, rollouts, tmp_path):
     from rlflow.agents.checkpoint import Checkpointer
     from rlflow.agents.encoder_training import train_encoder

@@ -8,8 +8,8 @@ features, R edge features, G = 4 global metrics, H = hidden, Z = z_dim, N = rule
 3. ``layers`` GATv2 attention layers (``heads`` heads of H / heads features, concatenated; averaged heads of H
    features when heads does not divide H; edge features enter the attention), each with a residual connection
    and ELU: h <- ELU(h + GATv2(h, e)) [V, H].
-4. Global update: g = ELU(W [LayerNorm(sum_i h_i) || (u - mean) / std]) [B, H] (the sum is layer-normalised:
-   graphs have hundreds of nodes).
+4. Global update: g = ELU(W [LayerNorm(sum_i h_i) || clip((u - mean) / std, +-U_CLIP)]) [B, H] (the sum is
+   layer-normalised: graphs have hundreds of nodes; the normalised metrics are clipped, see :data:`U_CLIP`).
 5. z = Linear(g) [B, Z].
 
 Prediction heads from z (trained with the encoder so that z carries what the world model must simulate):
@@ -25,6 +25,14 @@ import torch
 from torch import nn
 from torch_geometric.nn import GATv2Conv
 from torch_geometric.utils import scatter
+
+
+#: The normalised global metrics enter the network clipped to +-U_CLIP standard deviations (observation clipping,
+#: as Stable-Baselines3's VecNormalize clips at 10). A metric that barely varies in the rollouts has a tiny std
+#: (bert's log FLOPs: 9e-6, rewrites hardly change the FLOPs), so the same model at another input shape (bert seq
+#: 64: FLOPs halved) sat 69,000 std away, z grew to norm 44,000 (4 at seq 128) and the zero-shot agent's policy
+#: collapsed. No rollout step of the seven zoo models comes near the clip (at most 5.7 std), so training is as before.
+U_CLIP = 10.0
 
 
 class GraphEncoder(nn.Module):
@@ -81,7 +89,8 @@ class GraphEncoder(nn.Module):
         for conv in self.convs:
             h = self.act(h + conv(h, edge_index, e))                             # [V, H]
         pooled = scatter(h, index, dim=0, dim_size=u.shape[0], reduce="sum")     # [B, H]
-        g = self.act(self.global_update(torch.cat([self.pool_norm(pooled), self.normalise(u)], -1)))  # [B, H]
+        un = self.normalise(u).clamp(-U_CLIP, U_CLIP)                             # [B, 4]
+        g = self.act(self.global_update(torch.cat([self.pool_norm(pooled), un], -1)))  # [B, H]
         return self.to_z(g)                                                      # [B, Z]
 
     def predict(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
