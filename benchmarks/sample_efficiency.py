@@ -7,10 +7,12 @@ in a temporary folder, on the model and cost target of the config: collect_rollo
 train_encoder, train_world_model, then train_controller (dream only) and train_model_free (real env), each with
 the config's budgets. Both agents' encoders learn from the same rollouts, and real interactions are counted the
 one way of every agent stage (rollouts + training + evaluation: ``real_interactions`` in their metrics). Each row
-also sets the controller beside the model-free agent of the FIRST budget, so that a smaller rollout budget for
-the controller can be read against the model-free agent as the pipeline trains it.
+also sets the controller beside the model-free agent of the FIRST budget, or with ``--against pipeline`` beside the
+pipeline's own model-free agent (its metrics.json), so that a smaller rollout budget for the controller can be read
+against the model-free agent as the pipeline trains it.
 
   python benchmarks/sample_efficiency.py --model bert --episodes 100 25
+  python benchmarks/sample_efficiency.py --model vit --episodes 25 --against pipeline   # beside the pipeline's agent
 
 ``--episodes 100`` with one shard is about half of the default pipeline's 2 x 100 rollout episodes. About 7
 minutes per budget on paper-size bert on a 2-core CPU. The last line is ``sample_efficiency <model>: ...``.
@@ -75,7 +77,16 @@ def main() -> int:
     ap.add_argument("--episodes", type=int, nargs="+", default=[100, 25],
                     help="rollout budgets: random episodes in one shard (default: 100 25)")
     ap.add_argument("--config", action="append", default=None, help="config files (default config.yaml)")
+    ap.add_argument("--against", choices=("first", "pipeline"), default="first",
+                    help="the model-free agent each row's controller is set beside: that of the first budget "
+                         "(default), or the pipeline's own (results/<model>/model_free/metrics.json: its 2 x 100 "
+                         "rollout episodes, trained as `snakemake` trains it)")
     a = ap.parse_args()
+    pipeline_mf = ROOT / f"results/{a.model}/model_free/metrics.json"
+    if a.against == "pipeline" and not pipeline_mf.is_file():
+        print(f"sample_efficiency: --against pipeline needs {pipeline_mf} (run `snakemake {pipeline_mf}` first)",
+              file=sys.stderr)
+        return 2
     if not (ROOT / f"results/{a.model}/model.onnx").is_file() or not (ROOT / "results/rules/rules.json").is_file():
         print(f"sample_efficiency: needs results/{a.model}/model.onnx and results/rules/rules.json (run the "
               "pipeline's export_model and generate_rules first)", file=sys.stderr)
@@ -86,10 +97,16 @@ def main() -> int:
         for ep in a.episodes:
             print(f"rollout budget {ep} episodes ...", file=sys.stderr, flush=True)
             rows.append((ep, one_budget(a.model, ep, a.config or ["config.yaml"], Path(tmp))))
-    mf0 = rows[0][1]["model_free"]
+    if a.against == "pipeline":
+        m = json.loads(pipeline_mf.read_text())
+        mf0, ref = {"improvement_pct": m["real"]["improvement_pct"], "interactions": m["real_interactions"]}, \
+            "the pipeline's model-free agent"
+    else:
+        mf0, ref = rows[0][1]["model_free"], f"model-free of {rows[0][0]} episodes"
+    print(f"reference: {ref}: {mf0['improvement_pct']:.2f}%, {mf0['interactions']['total']:,} interactions")
     print("| rollout episodes | rollout steps | controller: improvement | controller: interactions | model-free: "
           "improvement | model-free: interactions | controller / model-free (same rollouts): improvement, "
-          f"interactions | controller / model-free of {rows[0][0]} episodes: improvement, interactions |")
+          f"interactions | controller / {ref}: improvement, interactions |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     last = []
     for ep, r in rows:
@@ -99,7 +116,7 @@ def main() -> int:
         print(f"| {ep} | {c['interactions']['rollouts']:,} | {c['improvement_pct']:.2f}% | "
               f"{c['interactions']['total']:,} | {m['improvement_pct']:.2f}% | {m['interactions']['total']:,} | "
               f"{share(c, m)} | {share(c, mf0)} |")
-        last.append(f"{ep}: {share(c, m)} ({share(c, mf0)} of the first)")
+        last.append(f"{ep}: {share(c, m)} ({share(c, mf0)} against {ref})")
     print(f"sample_efficiency {a.model}: controller/model-free improvement, interactions at rollout episodes "
           + "; ".join(last))
     return 0
