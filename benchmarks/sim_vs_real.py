@@ -43,8 +43,10 @@ sys.path.insert(0, str(ROOT / "src"))
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
-#: method -> folder under results/<model>/ (the registry's METHODS less eqsat, whose graphs are not on every model)
-FOLDERS = {"taso": "taso", "greedy": "greedy", "model_free": "model_free", "rlflow": "controller"}
+from rlflow.pipeline.registry import METHODS  # noqa: E402
+
+#: method -> folder under results/<model>/ (the registry's METHODS less eqsat, whose graph has no rewrite steps)
+FOLDERS = {m: folder for m, folder in METHODS.items() if m != "eqsat"}
 #: float tensors of at most this many values travel with the pack (scalars, biases of tiny layers, shape data)
 KEEP_VALUES = 64
 STRIPPED = "rlflow:stripped"
@@ -65,7 +67,7 @@ def replay(original, trace: dict, rules: dict):
     is then the original), constants folded. Each step is found by its rule and matched node names."""
     from rlflow.errors import RLFlowError
     from rlflow.rewrite.matcher import apply, find_matches
-    from rlflow.search.common import fold_constants
+    from rlflow.graph.fold import fold_constants
 
     g = original
     for i, step in enumerate(trace["steps"]):
