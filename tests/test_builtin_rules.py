@@ -8,6 +8,7 @@ import copy
 import itertools
 import json
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -81,7 +82,7 @@ def test_verified_records_and_rules_file(tmp_path):
     """verified_builtin_rules is what the generate_rules stage writes: every rule verified by the project's
     verifier at its own examples plus random bindings, and the records survive a rules file."""
     rules = verified_builtin_rules(trials=3, max_dim=4, seed=0)
-    assert [r.id for r in rules] == list(RULES) and len(rules) == 34
+    assert [r.id for r in rules] == list(RULES) and len(rules) == 48
     for r in rules:
         rec, examples = r.verified, RULES[r.id][1]
         assert rec["method"] == "random-float64" and rec["seed"] == 0 and rec["rtol"] == 1e-9, r.id
@@ -330,6 +331,10 @@ BROKEN = {
     "b-add-const-chain": (_set(["dst", 0, "op"], "Sub"), None),
     # pooling kernel of the wrong value
     "b-avgpool-conv-3x3": (_set(["dst", 1, "attrs", "value"], 8.0), None),
+    # the scale multiplies the moved operand where it should divide it
+    "b-div-scalar-matmul-l": (_set(["dst", 1, "op"], "Mul"), None),
+    # the hoisted product drops y: x * (y * s) -> (x * x) * s
+    "b-mul-scalar-hoist-l": (_set(["dst", 1, "inputs"], ["x", "x"]), None),
     # folded scale applied to the bias twice over: Mul(b, c) replaced by Add(b, c)
     "b-conv-bias-mul-c4": (_set(["dst", 5, "op"], "Add"), None),
 }
@@ -458,3 +463,96 @@ def test_rules_rewrite_matmuls():
     g = _apply_all(g, "b-add-const-chain", 1)
     _same_outputs(g0, g)
     assert fold_constants(g).op_counts() == {"Add": 1, "Gemm": 1, "MatMul": 1, "Split": 1}
+
+
+# ============================================================================================ scalar scales
+SCALE_RULES = [rid for rid in RULES if "-scalar-" in rid and rid.startswith(("b-mul-scalar", "b-div-scalar"))]
+
+
+@st.composite
+def scale_binding(draw, rule):
+    """Shapes for a scalar-scale rule: the moved operand at rank 1-4, its partner broadcast or chained to fit, and
+    ``s`` with one element at rank 0-4 or with several (which the rule must never move)."""
+    dims = lambda n: [draw(st.integers(1, 4)) for _ in range(n)]  # noqa: E731
+    n = draw(st.integers(1, 4))
+    one = [1] * draw(st.integers(0, 4))
+    s = one if draw(st.integers(0, 4)) else dims(draw(st.integers(1, 2)))
+    vs = set(rule.variables)
+    if {"a", "b"} <= vs:                       # MatMul of (..., m, k) @ (k, n) or batched
+        k = draw(st.integers(1, 4))
+        a = dims(n - 1) + [k]
+        b = [k] + dims(1)
+        if draw(st.booleans()) and n > 2:
+            b = a[:-2] + b
+        return {"a": a, "b": b, "s": s}, {}
+    if "x" in vs:                              # hoist: x * (y * s)
+        return {"x": dims(n), "y": dims(n), "s": s}, {}
+    t = dims(n)
+    if "c" in vs:
+        return {"t": t, "c": t[len(t) - draw(st.integers(0, len(t))):], "s": s}, {}
+    if rule.src[0].op == "Transpose":
+        return {"t": t, "s": s}, {"perm": draw(st.permutations(range(n)))}
+    return {"t": t, "s": s}, {"shape": [int(np.prod(t))]}
+
+
+@pytest.mark.parametrize("rid", SCALE_RULES)
+@HYP
+@given(data=st.data())
+def test_scalar_scale_shapes(rid, data):
+    """Sound at every binding: a one-element s that keeps the output's rank moves and agrees; an s with several
+    elements (a per-channel scale) is never moved; a higher-rank one-element s that broadcasts the output is
+    rejected."""
+    rule = RULES[rid][0]
+    shapes, params = data.draw(scale_binding(rule))
+    got = compare(rule, shapes, params)
+    assert sound(got), (shapes, got)
+    if np.prod(shapes["s"]) > 1:
+        assert got in ("no-match", "rejected")
+    elif len(shapes["s"]) == 0:
+        assert got not in ("rejected",), shapes
+
+
+def test_unchecked_scale_shape_is_unsound():
+    """Why the targets reshape s to 0-D: without it, a per-column scale (n,) of (a @ b) would be moved onto the
+    left operand, where it scales a's columns (the k axis) instead."""
+    loose = mutate("b-div-scalar-matmul-l", lambda raw: raw["dst"].__setitem__(0, {
+        "op": "Identity", "inputs": ["s"], "attrs": {}}))
+    assert ok(compare(loose, {"a": [3, 4], "b": [4, 4], "s": []}, {}))
+    assert compare(loose, {"a": [3, 4], "b": [4, 4], "s": [4]}, {}) > 1e-3
+    assert compare(RULES["b-div-scalar-matmul-l"][0], {"a": [3, 4], "b": [4, 4], "s": [4]}, {}) == "rejected"
+
+
+def test_rules_fold_attention_and_gelu_scales():
+    """An attention block as torch exports it (Q/K projections with biases, heads split by Reshape+Transpose,
+    scores / sqrt(d)) and a GELU's 0.5 before the output projection: pushing the scales to the weights leaves no
+    Div or Mul by a constant once folded; outputs are unchanged under ORT and torch."""
+    from rlflow.graph.builder import GraphBuilder
+    from rlflow.graph.fold import fold_constants
+
+    rng = np.random.default_rng(0)
+    w = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    b = GraphBuilder("attn")
+    x = b.input("x", (1, 6, 8))
+    heads = lambda v, perm: b.op("Transpose", [b.op("Reshape", [v], shape=(1, 6, 2, 4))], perm=perm)  # noqa: E731
+    q = heads(b.op("Add", [b.op("MatMul", [x, b.const("wq", w(8, 8))]), b.const("bq", w(8))]), (0, 2, 1, 3))
+    k = heads(b.op("Add", [b.op("MatMul", [x, b.const("wk", w(8, 8))]), b.const("bk", w(8))]), (0, 2, 3, 1))
+    scores = b.op("Div", [b.op("MatMul", [q, k]), b.const("sqrt_d", np.array(2.0, np.float32))])
+    p = b.op("Softmax", [scores], axis=3)
+    h = b.op("Add", [b.op("MatMul", [x, b.const("w1", w(8, 8))]), b.const("b1", w(8))])
+    gelu = b.op("Mul", [h, b.op("Mul", [b.const("half", np.array(0.5, np.float32)), b.op("Erf", [h])])])
+    o = b.op("MatMul", [gelu, b.const("w2", w(8, 8))])
+    g0 = b.build([p, o])
+
+    g = _apply_all(g0, "b-div-scalar-matmul-r", 1)       # scores / s -> q @ (k / s)
+    g = _apply_all(g, "b-div-scalar-transpose", 1)
+    g = _apply_all(g, "b-div-scalar-reshape", 1)
+    g = _apply_all(g, "b-div-scalar-add-const", 1)       # (x @ wk + bk) / s -> x @ wk / s + bk / s
+    g = _apply_all(g, "b-div-scalar-matmul-r", 1)        # x @ (wk / s): a weight
+    g = _apply_all(g, "b-mul-scalar-hoist-l", 1)         # h * (0.5 * erf) -> (h * erf) * 0.5
+    g = _apply_all(g, "b-mul-scalar-across-matmul", 1)   # ((h * erf) * 0.5) @ w2 -> (h * erf) @ (w2 * 0.5)
+    _same_outputs(g0, g)
+    folded = fold_constants(g)
+    assert g0.op_counts()["Div"] == 1 and g0.op_counts()["Mul"] == 2
+    assert folded.op_counts() == {"Add": 3, "Erf": 1, "MatMul": 5, "Mul": 1, "Reshape": 2, "Softmax": 1,
+                                  "Transpose": 2}
+    _same_outputs(g0, folded)

@@ -378,10 +378,69 @@ def _scalar_mul() -> list[tuple[Rule, list[Example]]]:
                   [_n("Mul", ["x", "s"])], [["%0", "%0"]], examples=ex)]
 
 
+def _scalar_scale() -> list:
+    """A product or quotient by a one-element constant ``s`` (attention's 1/sqrt(d), GELU's 0.5) moved along the
+    graph until it reaches a weight, where the search's constant folding removes it: one launch fewer per scale.
+    ``S`` below is ``Reshape(s, shape=[])``, which fails shape inference unless ``s`` has exactly one element, so a
+    per-channel constant is never moved; a one-element ``s`` of higher rank that would broadcast the source's
+    output to more dimensions changes the output type, so the match is rejected. For ``op`` in Mul and Div
+    (``x op S``):
+
+    - ``b-{op}-scalar-matmul-r`` / ``-l``: (a @ b) op s -> a @ (b op S) / (a op S) @ b;
+    - ``b-{op}-scalar-across-matmul``: (a op s) @ b -> a @ (b op S) (where b is a weight, it folds);
+    - ``b-{op}-scalar-transpose`` / ``-reshape``: Transpose / Reshape(t) op s -> Transpose / Reshape(t op S);
+    - ``b-{op}-scalar-add-const``: (t + c) op s -> (t op S) + (c op S), c constant (folded);
+    - ``b-mul-scalar-hoist`` / ``-l``: x * (y * s) / x * (s * y) -> (x * y) * S (GELU's x * (0.5 * t)).
+
+    Each step but the last keeps the number of launches (the last folds the scale into a weight), and Q/K/V's
+    MatMul merge hides K's weight behind a Split, so the order matters: push the scale first, merge after."""
+    out = []
+    scal = _n("Reshape", ["s"], shape=[])
+    ex_mm = [_ex(None, a=[2, 3, 4], b=[4, 5], s=[]), _ex(None, a=[1, 2, 3, 4], b=[1, 2, 4, 3], s=[]),
+             _ex(None, a=[3, 4], b=[4, 2], s=[1])]
+    for op in ("Mul", "Div"):
+        lo = op.lower()
+        out.append(_rule(f"b-{lo}-scalar-matmul-r", f"{lo}-scalar-into-matmul-rhs",
+                         [_n("MatMul", ["a", "b"]), _n(op, ["%0", "s"])],
+                         [scal, _n(op, ["b", "%0"]), _n("MatMul", ["a", "%1"])], [["%1", "%2"]], const=["s"],
+                         examples=ex_mm))
+        out.append(_rule(f"b-{lo}-scalar-matmul-l", f"{lo}-scalar-into-matmul-lhs",
+                         [_n("MatMul", ["a", "b"]), _n(op, ["%0", "s"])],
+                         [scal, _n(op, ["a", "%0"]), _n("MatMul", ["%1", "b"])], [["%1", "%2"]], const=["s"],
+                         examples=ex_mm))
+        out.append(_rule(f"b-{lo}-scalar-across-matmul", f"{lo}-scalar-across-matmul",
+                         [_n(op, ["a", "s"]), _n("MatMul", ["%0", "b"])],
+                         [scal, _n(op, ["b", "%0"]), _n("MatMul", ["a", "%1"])], [["%1", "%2"]], const=["s"],
+                         examples=ex_mm))
+        out.append(_rule(f"b-{lo}-scalar-transpose", f"{lo}-scalar-through-transpose",
+                         [_n("Transpose", ["t"], perm="$perm"), _n(op, ["%0", "s"])],
+                         [scal, _n(op, ["t", "%0"]), _n("Transpose", ["%1"], perm="$perm")], [["%1", "%2"]],
+                         const=["s"], examples=[_ex({"perm": [0, 2, 1, 3]}, t=[1, 3, 2, 4], s=[]),
+                                                _ex({"perm": [1, 0]}, t=[3, 2], s=[1, 1])]))
+        out.append(_rule(f"b-{lo}-scalar-reshape", f"{lo}-scalar-through-reshape",
+                         [_n("Reshape", ["t"], shape="$shape"), _n(op, ["%0", "s"])],
+                         [scal, _n(op, ["t", "%0"]), _n("Reshape", ["%1"], shape="$shape")], [["%1", "%2"]],
+                         const=["s"], examples=[_ex({"shape": [1, 3, 2, 2]}, t=[1, 3, 4], s=[]),
+                                                _ex({"shape": [6]}, t=[2, 3], s=[1])]))
+        out.append(_rule(f"b-{lo}-scalar-add-const", f"{lo}-scalar-over-constant-add",
+                         [_n("Add", ["t", "c"]), _n(op, ["%0", "s"])],
+                         [scal, _n(op, ["t", "%0"]), _n(op, ["c", "%0"]), _n("Add", ["%1", "%2"])],
+                         [["%1", "%3"]], const=["c", "s"],
+                         examples=[_ex(None, t=[2, 3, 4], c=[4], s=[]), _ex(None, t=[4], c=[3, 4], s=[1]),
+                                   _ex(None, t=[2, 1], c=[], s=[])]))
+    ex_h = [_ex(None, x=[2, 3], y=[2, 3], s=[]), _ex(None, x=[3, 1], y=[4], s=[1]), _ex(None, x=[], y=[2, 2], s=[])]
+    for rid, inner in (("b-mul-scalar-hoist", ["y", "s"]), ("b-mul-scalar-hoist-l", ["s", "y"])):
+        out.append(_rule(rid, "mul-scalar-hoist", [_n("Mul", inner), _n("Mul", ["x", "%0"])],
+                         [scal, _n("Mul", ["x", "y"]), _n("Mul", ["%1", "%0"])], [["%1", "%2"]], const=["s"],
+                         examples=ex_h))
+    return out
+
+
 def builtin_rules() -> list[tuple[Rule, list[Example]]]:
     """Every builtin rule (``verified`` still pending) with its example instantiations, in a fixed order."""
     rules = (_conv_relu() + _conv_bn() + _conv_mul() + _conv_add() + _conv_enlarge_merge() + _conv_merge()
-             + _matmul_merge() + _gemm() + _elementwise_chains() + _avgpool_conv() + _scalar_mul())
+             + _matmul_merge() + _gemm() + _elementwise_chains() + _avgpool_conv() + _scalar_mul()
+             + _scalar_scale())
     ids = [r.id for r, _ in rules]
     assert len(ids) == len(set(ids)), ids
     return rules
