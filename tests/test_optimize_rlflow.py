@@ -66,9 +66,10 @@ def trained(tmp_path_factory, root):
           "--curve", str(d / "wm/loss.csv"), "--logs", str(d / "wm/live"), "--no-progress"])
     # on tiny data the world model learns no location masks (held-out recall 0), so the dream offers only the NO-OP
     # and the controller's heads stay as initialised: its real episodes are samples of them, and 8 of them (the
-    # first greedy) find tiny bert's improving rewrites where 2 may not
+    # first greedy) find tiny bert's improving rewrites where 2 may not; the same for the model-free agent, whose
+    # tiny.yaml budget (2 updates of 8 steps) leaves it near its initial policy among 100 rules
     _run(_agent_args(root, d, "controller", d / "ctl", "--set", "controller.eval_episodes=8"))
-    _run(_agent_args(root, d, "model_free", d / "mf"))
+    _run(_agent_args(root, d, "model_free", d / "mf", "--set", "model_free.eval_episodes=8"))
     return d
 
 
@@ -259,10 +260,10 @@ def test_agent_checkpoint_is_self_contained(trained, name, method):
     assert {"policy", "encoder", "rules", "env", "config"} <= set(data)
     assert ("world_model" in data) == (method == "rlflow")
     assert data["rules"] == rules_fingerprint(load_rules(trained / "rules.json"))
-    episodes = 8 if method == "rlflow" else 2  # the fixture's controller.eval_episodes; tiny.yaml's model_free
-    assert data["rules"]["count"] == 86 and data["env"] == {"max_steps": 5, "max_locations": 200, "episodes": episodes}
+    episodes = 8  # the fixture's controller.eval_episodes and model_free.eval_episodes
+    assert data["rules"]["count"] == 100 and data["env"] == {"max_steps": 5, "max_locations": 200, "episodes": episodes}
     agent = load_agent(trained / name)
-    assert agent.method == method and agent.policy_args["n_xfers"] == 86
+    assert agent.method == method and agent.policy_args["n_xfers"] == 100
 
 
 # ------------------------------------------------------------------ rlflow optimize --method rlflow
@@ -344,8 +345,8 @@ def test_an_agent_that_finds_nothing_writes_the_original(trained, tmp_path):
                  "--no-progress", "--no-speed-check"]) == 0
     doc = json.loads(trace.read_text())
     assert doc["steps"] == [] and doc["rules_applied"] == 0 and doc["stop_reason"] == "noop"
-    # one real step (the NO-OP) in each of the 2 episodes (tests/configs/tiny.yaml: model_free.eval_episodes)
-    assert doc["expansions"] == 2 and doc["speedup"] == 1.0 and doc["final"] == doc["initial"]
+    # one real step (the NO-OP) in each of the 8 episodes (the fixture's model_free.eval_episodes)
+    assert doc["expansions"] == 8 and doc["speedup"] == 1.0 and doc["final"] == doc["initial"]
     assert load_onnx(out).structural_hash() == load_onnx(trained / "bert.onnx").structural_hash()
 
 
@@ -363,7 +364,7 @@ def test_optimize_runs_an_agent_on_another_model(trained, ckpt, tmp_path, capsys
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["out"] == str(out) and doc["max_rel_diff"] <= 1e-4 and out.is_file()
-    episodes = 8 if ckpt.startswith("ctl") else 2  # the fixture's controller.eval_episodes; tiny.yaml's model_free
+    episodes = 8  # the fixture's controller.eval_episodes and model_free.eval_episodes
     assert doc["final"]["runtime_ms"] <= doc["initial"]["runtime_ms"] and 1 <= doc["expansions"] <= 5 * episodes
     assert doc["stats"]["episodes"] == episodes
 
@@ -389,7 +390,7 @@ def test_optimize_rlflow_errors_are_one_line_and_write_nothing(trained, tmp_path
     want = {"missing": "no such checkpoint", "corrupt": "not a readable checkpoint",
             "truncated": "not a readable checkpoint", "encoder": "an encoder checkpoint",
             "world_model": "a world-model checkpoint", "partial": "partial checkpoint",
-            "old": "older rlflow", "fewer_rules": "trained with 86 rules", "reordered_rules": "other rules",
+            "old": "older rlflow", "fewer_rules": "trained with 100 rules", "reordered_rules": "other rules",
             "no_agent": "needs --agent", "agent_with_taso": "--agent", "agent_with_greedy": "--agent",
             "search_option": "--budget"}[case]
     if case == "missing":
@@ -428,7 +429,7 @@ def test_optimize_rlflow_errors_are_one_line_and_write_nothing(trained, tmp_path
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("rlflow: error: ") and want in err, err
     if case == "fewer_rules":
-        assert "has 85" in err
+        assert "has 99" in err
     assert not out.exists() and not trace.exists()
 
 
