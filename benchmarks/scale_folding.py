@@ -42,7 +42,7 @@ def main() -> int:
               "pipeline's export_model and generate_rules first)", file=sys.stderr)
         return 2
 
-    from rlflow.config import load_config
+    from rlflow.config import load_config, resolve_device
     from rlflow.cost.targets import make_cost_model, resolve_target
     from rlflow.graph.onnx_io import load_onnx
     from rlflow.rewrite.matcher import apply, find_matches
@@ -58,7 +58,8 @@ def main() -> int:
         print(f"scale_folding: {rules_path.relative_to(ROOT)} lacks {', '.join(missing)} (regenerate the rules)",
               file=sys.stderr)
         return 2
-    cost = make_cost_model(cfg, "cpu")
+    costs = ROOT / f"results/costs/auto/{a.model}.json"  # the pipeline's cost cache (measured targets need it)
+    cost = make_cost_model(cfg, resolve_device(cfg), costs if costs.is_file() else None)
     label = resolve_target(cfg)
     g = load_onnx(onnx_path)
     c0 = cost.graph_metrics(g).runtime_ms
@@ -71,7 +72,7 @@ def main() -> int:
             g = apply(g, ms[0])
             n += 1
         steps += n
-        print(f"  {rid:28s} x{n:3d}  cost {cost.graph_metrics(finish(g, cost)[0]).runtime_ms:.4f} ms")
+        print(f"  {rid:28s} x{n:3d}  cost {finish(g, cost)[1].runtime_ms:.4f} ms")
     moved = steps
     r = greedy_search(g, rules, cost)
     final, metrics = finish(r.graph, cost)
@@ -83,8 +84,9 @@ def main() -> int:
     taso_trace = ROOT / f"results/{a.model}/taso/trace.json"
     if taso_trace.is_file():
         t = json.loads(taso_trace.read_text())
-        if t.get("num_rules") != len(rules):
-            print(f"  (TASO's trace is of {t.get('num_rules')} rules, not these {len(rules)}: rerun search_taso)")
+        if t.get("num_rules") != len(rules) or t.get("cost_model") != label:
+            print(f"  (TASO's trace is of {t.get('num_rules')} rules on {t.get('cost_model')}, not these {len(rules)} on "
+                  f"{label}: rerun search_taso)")
         else:
             taso_ms = t["initial"]["runtime_ms"] / t["speedup"]
             vs = f", {100 * (metrics.runtime_ms / taso_ms - 1):+.2f}% against TASO's {taso_ms:.4f} ms"

@@ -395,7 +395,7 @@ def _scalar_scale() -> list:
     Each step but the last keeps the number of launches (the last folds the scale into a weight), and Q/K/V's
     MatMul merge hides K's weight behind a Split, so the order matters: push the scale first, merge after."""
     out = []
-    scal = _n("Reshape", ["s"], shape=[])
+    (scal,), _ = _channel_scale_scalar("s", 0)  # S: the first target node, "%0", in every rule below
     ex_mm = [_ex(None, a=[2, 3, 4], b=[4, 5], s=[]), _ex(None, a=[1, 2, 3, 4], b=[1, 2, 4, 3], s=[]),
              _ex(None, a=[3, 4], b=[4, 2], s=[1])]
     for op in ("Mul", "Div"):
