@@ -31,6 +31,28 @@ ORDER = ("b-div-scalar-matmul-r", "b-div-scalar-transpose", "b-div-scalar-reshap
          "b-div-scalar-matmul-r", "b-mul-scalar-hoist-l", "b-mul-scalar-across-matmul")
 
 
+def fold_scales(g, rules, cost, log=print):
+    """``g`` with :data:`ORDER`'s scale moves applied one match at a time, then greedy search, constants folded:
+    (graph, metrics, scale moves, greedy's trace). ``log`` gets a line per rule (None: silent)."""
+    from rlflow.rewrite.matcher import apply, find_matches
+    from rlflow.search.common import finish
+    from rlflow.search.greedy import greedy_search
+
+    by_id = {r.id: r for r in rules}
+    moved = 0
+    for rid in ORDER:
+        n = 0
+        while ms := find_matches(g, by_id[rid]):
+            g = apply(g, ms[0])
+            n += 1
+        moved += n
+        if log:
+            log(f"  {rid:28s} x{n:3d}  cost {finish(g, cost)[1].runtime_ms:.4f} ms")
+    r = greedy_search(g, rules, cost)
+    final, metrics = finish(r.graph, cost)
+    return final, metrics, moved, r.trace
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="bert", help="a model the pipeline exported (results/<model>/model.onnx)")
@@ -45,15 +67,11 @@ def main() -> int:
     from rlflow.config import load_config, resolve_device
     from rlflow.cost.targets import make_cost_model, resolve_target
     from rlflow.graph.onnx_io import load_onnx
-    from rlflow.rewrite.matcher import apply, find_matches
     from rlflow.rewrite.rule import load_rules
-    from rlflow.search.common import finish
-    from rlflow.search.greedy import greedy_search
 
     cfg = load_config([a.config])
     rules = load_rules(rules_path)
-    by_id = {r.id: r for r in rules}
-    missing = sorted(set(ORDER) - set(by_id))
+    missing = sorted(set(ORDER) - {r.id for r in rules})
     if missing:
         print(f"scale_folding: {rules_path.relative_to(ROOT)} lacks {', '.join(missing)} (regenerate the rules)",
               file=sys.stderr)
@@ -65,21 +83,11 @@ def main() -> int:
     c0 = cost.graph_metrics(g).runtime_ms
     pct = lambda c: 100 * (1 - c / c0)  # noqa: E731
     print(f"{a.model}: {c0:.4f} ms on {label}")
-    steps = 0
-    for rid in ORDER:
-        n = 0
-        while ms := find_matches(g, by_id[rid]):
-            g = apply(g, ms[0])
-            n += 1
-        steps += n
-        print(f"  {rid:28s} x{n:3d}  cost {finish(g, cost)[1].runtime_ms:.4f} ms")
-    moved = steps
-    r = greedy_search(g, rules, cost)
-    final, metrics = finish(r.graph, cost)
-    steps += len(r.trace)
-    print(f"  then greedy search: {len(r.trace)} rewrites ({dict(Counter(s.rule_name for s in r.trace))})")
+    final, metrics, moved, trace = fold_scales(g, rules, cost)
+    steps = moved + len(trace)
+    print(f"  then greedy search: {len(trace)} rewrites ({dict(Counter(s.rule_name for s in trace))})")
     print(f"  final: {metrics.runtime_ms:.4f} ms ({pct(metrics.runtime_ms):.2f}%), {steps} steps "
-          f"({moved} scale moves + {len(r.trace)}); ops {dict(sorted(Counter(n.op for n in final.nodes).items()))}")
+          f"({moved} scale moves + {len(trace)}); ops {dict(sorted(Counter(n.op for n in final.nodes).items()))}")
     vs = ""
     taso_trace = ROOT / f"results/{a.model}/taso/trace.json"
     if taso_trace.is_file():

@@ -21,6 +21,7 @@ a pack fills them with seeded N(0, 0.02) values. Kernel times do not depend on t
 original and an optimised graph then differ: output equality is the evaluate stage's check (CPU), not this one's.
 
   python benchmarks/sim_vs_real.py --pack gpu_pack                        # here: weightless copies of the results
+  python benchmarks/sim_vs_real.py --pack gpu_pack --models bert vit --scale-folding   # + the hand-ordered folds
   python benchmarks/sim_vs_real.py --from gpu_pack --out /tmp/svr.json    # on the GPU box
   python benchmarks/sim_vs_real.py --models squeezenet --budget 4         # anywhere, from results/
 
@@ -39,6 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # scale_folding's sequence (--scale-folding)
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
@@ -90,12 +92,26 @@ def _strip(m: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
-def pack(results: Path, models: list[str], out: Path) -> None:
+def _scale_folded(original, rules_path: Path):
+    """``scalefold``: the hand-ordered scale moves of ``benchmarks/scale_folding.py``, then greedy, on sim-h100 (the
+    rule set's reach on a transformer; no method's result): (graph, its entry in costs.json)."""
+    from rlflow.config import load_config
+    from rlflow.cost import make_cost_model
+    from rlflow.rewrite.rule import load_rules
+    from scale_folding import fold_scales
+
+    sim = make_cost_model(load_config([ROOT / "config.yaml"]), "cpu", kind="sim-h100")
+    g, metrics, moved, trace = fold_scales(original, load_rules(rules_path), sim, log=None)
+    return g, {"initial_ms": sim.graph_metrics(original).runtime_ms, "final_ms": metrics.runtime_ms,
+               "cost_model": "sim-h100", "steps": moved + len(trace), "scale_moves": moved}
+
+
+def pack(results: Path, models: list[str], out: Path, scalefold: bool = False) -> None:
     """Weightless copies into ``out/<model>/``: ``original.onnx`` and, per method, the graph its trace reaches
     (saved through the IR's ONNX export, as `rlflow optimize` writes it), with ``costs.json``: the sim-h100
-    estimate the search saw (the trace's ``final``, on the IR: fused ops still fused)."""
+    estimate the search saw (the trace's ``final``, on the IR: fused ops still fused). With ``scalefold``, also
+    :func:`_scale_folded`'s graph where the model has scales to fold."""
     from rlflow.graph import load_onnx
-    from rlflow.graph.onnx_io import save_onnx
     from rlflow.rewrite.rule import load_rules
 
     for model in models:
@@ -111,13 +127,27 @@ def pack(results: Path, models: list[str], out: Path) -> None:
             trace = json.loads(path.read_text())
             rules = {r.id: r for r in load_rules(ROOT / trace["rules"])}
             g = replay(original, trace, rules)
-            with tempfile.TemporaryDirectory() as tmp:
-                save_onnx(g, Path(tmp) / "g.onnx", check=False)
-                onnx.save(_strip(onnx.load(str(Path(tmp) / "g.onnx"))), str(out / model / f"{name}.onnx"))
+            _write_stripped(g, out / model / f"{name}.onnx")
             searched[name] = {"initial_ms": trace["initial"]["runtime_ms"], "final_ms": trace["final"]["runtime_ms"],
                               "cost_model": trace.get("cost_model"), "steps": len(trace["steps"])}
             print(f"packed {model}/{name}: {len(trace['steps'])} rewrites replayed, {len(g.nodes)} nodes", flush=True)
+        if scalefold:
+            g, searched["scalefold"] = _scale_folded(original, results / "rules" / "rules.json")
+            if searched["scalefold"]["scale_moves"]:  # a model with no scale to fold (a CNN): greedy's graph, left out
+                _write_stripped(g, out / model / "scalefold.onnx")
+                print(f"packed {model}/scalefold: {searched['scalefold']['steps']} rewrites, {len(g.nodes)} nodes")
+            else:
+                del searched["scalefold"]
         (out / model / "costs.json").write_text(json.dumps(searched, indent=1))
+
+
+def _write_stripped(g, path: Path) -> None:
+    """``g`` through the IR's ONNX export, its large float tensors emptied (:func:`_strip`), at ``path``."""
+    from rlflow.graph.onnx_io import save_onnx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        save_onnx(g, Path(tmp) / "g.onnx", check=False)
+        onnx.save(_strip(onnx.load(str(Path(tmp) / "g.onnx"))), str(path))
 
 
 def unpack(path: Path, tmp: Path, seed: int) -> Path:
@@ -142,6 +172,9 @@ def main() -> int:
     p.add_argument("--pack", type=Path, metavar="DIR", help="write weightless copies to DIR and stop")
     p.add_argument("--from", dest="packed", type=Path, metavar="DIR",
                    help="read graphs from a --pack folder (default: pack results/ into a temporary one first)")
+    p.add_argument("--scale-folding", action="store_true",
+                   help="also time 'scalefold': benchmarks/scale_folding.py's hand-ordered scale moves, then greedy "
+                        "(what the rule set reaches on bert and vit; no method's graph)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--target", help="the measured cost target beside sim-h100 (default: cuda on a GPU, else ort-cpu)")
     p.add_argument("--backends", nargs="+", default=["torch", "ort"])
@@ -152,7 +185,7 @@ def main() -> int:
     a = p.parse_args()
 
     if a.pack:
-        pack(a.results, a.models, a.pack)
+        pack(a.results, a.models, a.pack, a.scale_folding)
         return 0
 
     from rlflow.config import load_config, resolve_device
@@ -177,7 +210,7 @@ def main() -> int:
         packed = a.packed
         if packed is None:
             packed = Path(tmp) / "pack"
-            pack(a.results, a.models, packed)
+            pack(a.results, a.models, packed, a.scale_folding)
         for model in a.models:
             files = sorted((packed / model).glob("*.onnx"), key=lambda f: (f.stem != "original", f.stem))
             if not files or files[0].stem != "original":
