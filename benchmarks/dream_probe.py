@@ -76,24 +76,23 @@ def main() -> int:
     start_metrics = torch.tensor([info[k] for k in METRIC_NAMES], dtype=torch.float64)
     start_counts = torch.as_tensor(env.counts(), dtype=torch.float32)
 
-    # 1. the controller's own dream: one greedy episode
+    # 1. the controller's own dream: one greedy episode (the dream's horizon one more than the loop's, so that the
+    # last step's metrics are read before the copy restarts; a NO-OP or a predicted done ends it earlier, and then
+    # the metrics are those before that step)
     gen = torch.Generator().manual_seed(int(cfg["seed"]))
-    dream = DreamEnv(wm, z0, start_metrics, start_counts, reward, int(cfg["env"]["max_steps"]),
-                     int(cfg["env"]["max_locations"]), float(cfg["controller"]["temperature"]), 1, generator=gen)
-    d_obs, applied, done = dream.reset(), [], False
-    d_metrics = start_metrics
+    horizon = int(cfg["env"]["max_steps"])
+    dream = DreamEnv(wm, z0, start_metrics, start_counts, reward, horizon + 1, int(cfg["env"]["max_locations"]),
+                     float(cfg["controller"]["temperature"]), 1, generator=gen)
+    d_obs, applied, d_metrics = dream.reset(), [], start_metrics
     with torch.no_grad():
-        while not done:
+        for _ in range(horizon):
             xfer, loc, _, _ = agent.policy.act(d_obs["features"], d_obs["xfer_mask"], d_obs["location_count"],
                                                generator=gen, greedy=True)
-            before = dream.metrics[0].clone()
-            d_obs, _, d = dream.step_batch(xfer, loc)
-            done = bool(d[0])
+            d_obs, _, done = dream.step_batch(xfer, loc)
             applied.append(names[int(xfer[0])])
-            if not done:
-                d_metrics = dream.metrics[0].clone()
-            elif int(xfer[0]) != len(ids):  # the step that ended the copy: its metrics are the reset ones now
-                d_metrics = before
+            if bool(done[0]):
+                break
+            d_metrics = dream.metrics[0].clone()
     dream_pct = 100 * (1 - float(d_metrics[0]) / float(start_metrics[0]))
     print(f"1. {agent_path.name}'s own dream, one greedy episode: {len(applied)} steps, predicted improvement "
           f"{dream_pct:.2f}% (runtime); rules: {dict(Counter(applied).most_common(8))}")
