@@ -82,7 +82,7 @@ def test_verified_records_and_rules_file(tmp_path):
     """verified_builtin_rules is what the generate_rules stage writes: every rule verified by the project's
     verifier at its own examples plus random bindings, and the records survive a rules file."""
     rules = verified_builtin_rules(trials=3, max_dim=4, seed=0)
-    assert [r.id for r in rules] == list(RULES) and len(rules) == 48
+    assert [r.id for r in rules] == list(RULES) and len(rules) == 60
     for r in rules:
         rec, examples = r.verified, RULES[r.id][1]
         assert rec["method"] == "random-float64" and rec["seed"] == 0 and rec["rtol"] == 1e-9, r.id
@@ -335,6 +335,9 @@ BROKEN = {
     "b-div-scalar-matmul-l": (_set(["dst", 1, "op"], "Mul"), None),
     # the hoisted product drops y: x * (y * s) -> (x * x) * s
     "b-mul-scalar-hoist-l": (_set(["dst", 1, "inputs"], ["x", "x"]), None),
+    # the weight's block multiplied by the scale where the product was divided by it
+    "b-div-scalar-split-weight-1": (_set(["dst", 3, "op"], "Mul"), None),
+    "b-div-scalar-split2-weight-01": (_set(["dst", 4, "op"], "Mul"), None),
     # folded scale applied to the bias twice over: Mul(b, c) replaced by Add(b, c)
     "b-conv-bias-mul-c4": (_set(["dst", 5, "op"], "Add"), None),
 }
@@ -466,7 +469,9 @@ def test_rules_rewrite_matmuls():
 
 
 # ============================================================================================ scalar scales
-SCALE_RULES = [rid for rid in RULES if "-scalar-" in rid and rid.startswith(("b-mul-scalar", "b-div-scalar"))]
+SCALE_RULES = [rid for rid in RULES if "-scalar-" in rid and rid.startswith(("b-mul-scalar", "b-div-scalar"))
+               and "split" not in rid]
+SPLIT_SCALE_RULES = [rid for rid in RULES if "-scalar-split" in rid]
 
 
 @st.composite
@@ -512,6 +517,41 @@ def test_scalar_scale_shapes(rid, data):
         assert got not in ("rejected",), shapes
 
 
+@pytest.mark.parametrize("rid", SPLIT_SCALE_RULES)
+@HYP
+@given(data=st.data())
+def test_scalar_split_weight_shapes(rid, data):
+    """Sound at every binding: w of rank 1-3 (a vector w is never matched: its product has none of w's axes),
+    split sizes that may or may not add up to the product's last axis, s with one element or several."""
+    rule = RULES[rid][0]
+    dims = lambda n: [data.draw(st.integers(1, 4)) for _ in range(n)]  # noqa: E731
+    rank = data.draw(st.integers(1, 3))
+    k = data.draw(st.integers(1, 4))
+    w = dims(rank - 1)[:-1] + [k] + dims(1) if rank > 1 else [k]
+    w = (dims(1) + w[-2:]) if rank == 3 else w
+    a = (w[:-2] if rank == 3 and data.draw(st.booleans()) else []) + dims(data.draw(st.integers(0, 1))) + [k]
+    n = w[-1] if rank > 1 else (a[-2] if len(a) > 1 else 1)
+    cut = lambda m: [c := data.draw(st.integers(1, max(1, m - 1))), max(1, m - c)]  # noqa: E731
+    params = {"sp": cut(n + data.draw(st.integers(0, 1)))}
+    if "sq" in {p[1:] for nd in rule.src for p in nd.attrs.values() if isinstance(p, str)}:
+        params["sq"] = cut(params["sp"][int(rid[-2])])
+    s = [1] * data.draw(st.integers(0, 2)) if data.draw(st.integers(0, 4)) else dims(1)
+    got = compare(rule, {"a": a, "w": w, "s": s}, params)
+    assert sound(got), (a, w, s, params, got)
+    if rank == 1:
+        assert got in ("no-match", "rejected")
+
+
+def test_scalar_split_weight_vector_rejected():
+    """The rank check is what keeps a vector w out: without it, a @ w's last axis (a's rows) would be cut where
+    w's own axis is, and the scale would land on the wrong entries."""
+    loose = mutate("b-div-scalar-split-weight-1", lambda raw: (
+        raw["dst"].__setitem__(1, {"op": "Identity", "inputs": ["w"], "attrs": {}})))
+    shapes = {"a": [4, 4], "w": [4], "s": []}
+    assert compare(loose, shapes, {"sp": [1, 3]}) > 1e-3
+    assert compare(RULES["b-div-scalar-split-weight-1"][0], shapes, {"sp": [1, 3]}) == "rejected"
+
+
 def test_unchecked_scale_shape_is_unsound():
     """Why the targets reshape s to 0-D: without it, a per-column scale (n,) of (a @ b) would be moved onto the
     left operand, where it scales a's columns (the k axis) instead."""
@@ -555,4 +595,40 @@ def test_rules_fold_attention_and_gelu_scales():
     assert g0.op_counts()["Div"] == 1 and g0.op_counts()["Mul"] == 2
     assert folded.op_counts() == {"Add": 3, "Erf": 1, "MatMul": 5, "Mul": 1, "Reshape": 2, "Softmax": 1,
                                   "Transpose": 2}
+    _same_outputs(g0, folded)
+
+
+def test_attention_scale_folds_after_the_qkv_merge():
+    """Merging Q/K/V first (each merge pays at once) hides K's weight behind Splits; the split-weight rules still
+    fold the attention scale into K's block of the merged weight: the same outputs, no Div left once folded. The
+    nested-Split rule is also searched over the whole graph, where other ops produce what it reads (no crash)."""
+    from rlflow.graph.builder import GraphBuilder
+    from rlflow.graph.fold import fold_constants
+    from rlflow.rewrite.matcher import apply, find_matches
+
+    rng = np.random.default_rng(1)
+    w = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    b = GraphBuilder("attn-merged")
+    x = b.input("x", (1, 6, 8))
+    heads = lambda v, perm: b.op("Transpose", [b.op("Reshape", [v], shape=(1, 6, 2, 4))], perm=perm)  # noqa: E731
+    proj = lambda n: b.op("Add", [b.op("MatMul", [x, b.const(f"w{n}", w(8, 8))]), b.const(f"b{n}", w(8))])  # noqa: E731
+    q, k, v = heads(proj("q"), (0, 2, 1, 3)), heads(proj("k"), (0, 2, 3, 1)), heads(proj("v"), (0, 2, 1, 3))
+    scores = b.op("Div", [b.op("MatMul", [q, k]), b.const("sqrt_d", np.array(2.0, np.float32))])
+    g0 = b.build([b.op("MatMul", [b.op("Softmax", [scores], axis=3), v])])
+
+    merge = RULES["b-matmul-merge"][0]
+    g = apply(g0, find_matches(g0, merge)[0])             # two of Q, K, V -> one MatMul and a Split
+    g = apply(g, find_matches(g, merge)[0])               # and the third: a Split of a Split
+    assert g.op_counts()["MatMul"] == 3 and g.op_counts()["Split"] == 2
+    g = _apply_all(g, "b-div-scalar-matmul-r", 1)
+    g = _apply_all(g, "b-div-scalar-transpose", 1)
+    g = _apply_all(g, "b-div-scalar-reshape", 1)
+    g = _apply_all(g, "b-div-scalar-add-const", 1)
+    assert all(find_matches(g, RULES[r][0]) == [] for r in SPLIT_SCALE_RULES if not r.endswith(("weight-01", "weight-11")))
+    inner = next(r for r in ("b-div-scalar-split2-weight-01", "b-div-scalar-split2-weight-11")
+                 if find_matches(g, RULES[r][0]))
+    g = _apply_all(g, inner, 1)
+    _same_outputs(g0, g)
+    folded = fold_constants(g)
+    assert "Div" not in folded.op_counts() and folded.op_counts()["MatMul"] == 3
     _same_outputs(g0, folded)

@@ -22,7 +22,9 @@ The rules (``b-conv-bias-*`` is the same rule for a Conv with a bias input):
 - ``b-matmul-merge``: x @ w0, x @ w1 -> Split(x @ Concat(w0, w1)); ``b-matmul-add-gemm[-l]``: MatMul + Add -> Gemm;
 - ``b-add-const-chain[-l]``, ``b-mul-const-chain[-l]``, ``b-add-const-pair``, ``b-add/mul-comm``,
   ``b-add/mul-assoc``: element-wise chains (below);
-- ``b-avgpool-conv-3x3`` / ``-2x2`` (``-nopad``): AveragePool -> depthwise Conv with a constant pooling kernel.
+- ``b-avgpool-conv-3x3`` / ``-2x2`` (``-nopad``): AveragePool -> depthwise Conv with a constant pooling kernel;
+- ``b-{mul,div}-scalar-*``: a one-element scale (attention's, GELU's) moved to a weight, one step at a time, also
+  through a merged MatMul's Split (``-split-weight-*``, ``-split2-weight-*``).
 
 **Soundness over every binding.** The matcher binds a variable to any value and accepts a match when the target
 pattern's shape inference succeeds and its output types equal the source's. So each target is written to fail
@@ -392,8 +394,8 @@ def _scalar_scale() -> list:
     - ``b-{op}-scalar-add-const``: (t + c) op s -> (t op S) + (c op S), c constant (folded);
     - ``b-mul-scalar-hoist`` / ``-l``: x * (y * s) / x * (s * y) -> (x * y) * S (GELU's x * (0.5 * t)).
 
-    Each step but the last keeps the number of launches (the last folds the scale into a weight), and Q/K/V's
-    MatMul merge hides K's weight behind a Split, so the order matters: push the scale first, merge after."""
+    Each step but the last keeps the number of launches (the last folds the scale into a weight). Q/K/V's MatMul
+    merge hides K's weight behind a Split: :func:`_scalar_split_weight` folds the scale from there."""
     out = []
     (scal,), _ = _channel_scale_scalar("s", 0)  # S: the first target node, "%0", in every rule below
     ex_mm = [_ex(None, a=[2, 3, 4], b=[4, 5], s=[]), _ex(None, a=[1, 2, 3, 4], b=[1, 2, 4, 3], s=[]),
@@ -436,11 +438,55 @@ def _scalar_scale() -> list:
     return out
 
 
+def _scalar_split_weight() -> list:
+    """A one-element scale on one output of a merged MatMul's Split folded into that output's block of the
+    weight's columns: ``Split(a @ w)[j] op s -> Split(a @ Concat(.., w_j op S, ..))[j]``. Without these, merging
+    Q/K/V first (each merge pays at once) hides K's weight behind the Split and the attention scale can never be
+    folded; with them the order no longer matters. ``b-{op}-scalar-split-weight-{j}``: the scale on output j of
+    a two-way Split; ``b-{op}-scalar-split2-weight-{i}{j}``: on output j of a Split of output i of a two-way
+    Split (three merged MatMuls). Both Splits cut the product's last axis, so they cut w's last axis in the same
+    blocks; a one-output ``Split`` of w along its second-last axis fails shape inference for a 1-D w (whose
+    product has no axis of w's), so a vector w is never matched."""
+    out = []
+    (scal,), _ = _channel_scale_scalar("s", 0)          # %0: S
+    last = lambda r: {"sum": [{"rank": r}, -1]}  # noqa: E731
+    check = _n("Split", ["w"], axis={"sum": [{"rank": "w"}, -2]}, split=[{"dim": ["w", -2]}])  # %1: rank >= 2
+    split = lambda ref, sp: _n("Split", [ref], outputs=2, axis=last(ref), split=sp)  # noqa: E731
+    wsplit = lambda ref, sp: _n("Split", [ref], outputs=2, axis=last("w"), split=sp)  # noqa: E731
+    pair = lambda j, scaled, ref: [scaled, f"{ref}.1"] if j == 0 else [f"{ref}.0", scaled]  # noqa: E731
+    ex1 = lambda j: [_ex({"sp": [2, 4]}, a=[2, 3, 4], w=[4, 6], s=[]),  # noqa: E731
+                     _ex({"sp": [3, 2]}, a=[3, 4], w=[4, 5], s=[1]),
+                     _ex({"sp": [1, 4]}, a=[2, 3, 4], w=[2, 4, 5], s=[])]
+    ex2 = lambda i: [_ex({"sp": [4, 2] if i == 0 else [2, 4], "sq": [1, 3]}, a=[2, 3, 4], w=[4, 6], s=[]),  # noqa: E731
+                     _ex({"sp": [5, 2] if i == 0 else [2, 5], "sq": [2, 3]}, a=[3, 4], w=[4, 7], s=[1])]
+    for op in ("Mul", "Div"):
+        lo = op.lower()
+        for j in (0, 1):
+            src = [_n("MatMul", ["a", "w"]), split("%0", "$sp"), _n(op, [f"%1.{j}", "s"])]
+            dst = [scal, check, wsplit("%1", "$sp"), _n(op, [f"%2.{j}", "%0"]),
+                   _n("Concat", pair(j, "%3", "%2"), axis=last("w")), _n("MatMul", ["a", "%4"]),
+                   split("%5.0", "$sp")]
+            out.append(_rule(f"b-{lo}-scalar-split-weight-{j}", f"{lo}-scalar-into-split-weight", src, dst,
+                             [[f"%1.{1 - j}", f"%6.{1 - j}"], ["%2", f"%6.{j}"]], const=["s"], examples=ex1(j)))
+        for i in (0, 1):
+            for j in (0, 1):
+                src = [_n("MatMul", ["a", "w"]), split("%0", "$sp"), split(f"%1.{i}", "$sq"),
+                       _n(op, [f"%2.{j}", "s"])]
+                dst = [scal, check, wsplit("%1", "$sp"), wsplit(f"%2.{i}", "$sq"), _n(op, [f"%3.{j}", "%0"]),
+                       _n("Concat", pair(j, "%4", "%3"), axis=last("w")),
+                       _n("Concat", pair(i, "%5", "%2"), axis=last("w")), _n("MatMul", ["a", "%6"]),
+                       split("%7.0", "$sp"), split(f"%8.{i}", "$sq")]
+                out.append(_rule(f"b-{lo}-scalar-split2-weight-{i}{j}", f"{lo}-scalar-into-split-weight", src,
+                                 dst, [[f"%1.{1 - i}", f"%8.{1 - i}"], [f"%2.{1 - j}", f"%9.{1 - j}"],
+                                       ["%3", f"%9.{j}"]], const=["s"], examples=ex2(i)))
+    return out
+
+
 def builtin_rules() -> list[tuple[Rule, list[Example]]]:
     """Every builtin rule (``verified`` still pending) with its example instantiations, in a fixed order."""
     rules = (_conv_relu() + _conv_bn() + _conv_mul() + _conv_add() + _conv_enlarge_merge() + _conv_merge()
              + _matmul_merge() + _gemm() + _elementwise_chains() + _avgpool_conv() + _scalar_mul()
-             + _scalar_scale())
+             + _scalar_scale() + _scalar_split_weight())
     ids = [r.id for r, _ in rules]
     assert len(ids) == len(set(ids)), ids
     return rules

@@ -200,7 +200,7 @@ def _search(view: _View, c: _Compiled, starts: Iterable[tuple[int, Iterable[Node
         for u, pos, o in c.users[k]:  # k produces an input of a bound node: one candidate
             if bound[u] is not None:
                 n = view.producer.get(bound[u].inputs[pos])
-                return [n] if n is not None and n.outputs[o] == bound[u].inputs[pos] else []
+                return [n] if n is not None and o < len(n.outputs) and n.outputs[o] == bound[u].inputs[pos] else []
         for pos, ref in enumerate(c.ins[k]):  # k reads a bound value: its consumers
             val = vars_.get(ref[1]) if ref[0] == "var" else (
                 bound[ref[1]].outputs[ref[2]] if bound[ref[1]] is not None else None)

@@ -142,7 +142,10 @@ def eval_attr(expr: Any, type_of: Callable[[str], TensorType], params: Mapping[s
     if isinstance(expr, Mapping):
         (key, arg), = expr.items()
         if key == "dim":
-            return int(type_of(arg[0]).shape[arg[1]])
+            shape = type_of(arg[0]).shape
+            if not -len(shape) <= arg[1] < len(shape):  # no such axis: the pattern does not fit (a shape failure)
+                raise RLFlowError(f"{arg[0]} of rank {len(shape)} has no axis {arg[1]}")
+            return int(shape[arg[1]])
         if key == "rank":
             return type_of(arg).rank
         if key == "kernel":
