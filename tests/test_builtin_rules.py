@@ -82,7 +82,7 @@ def test_verified_records_and_rules_file(tmp_path):
     """verified_builtin_rules is what the generate_rules stage writes: every rule verified by the project's
     verifier at its own examples plus random bindings, and the records survive a rules file."""
     rules = verified_builtin_rules(trials=3, max_dim=4, seed=0)
-    assert [r.id for r in rules] == list(RULES) and len(rules) == 60
+    assert [r.id for r in rules] == list(RULES) and len(rules) == 62
     for r in rules:
         rec, examples = r.verified, RULES[r.id][1]
         assert rec["method"] == "random-float64" and rec["seed"] == 0 and rec["rtol"] == 1e-9, r.id
@@ -493,6 +493,10 @@ def scale_binding(draw, rule):
     if "x" in vs:                              # hoist: x * (y * s)
         return {"x": dims(n), "y": dims(n), "s": s}, {}
     t = dims(n)
+    if "c" in vs and "Transpose" in {p.op for p in rule.src}:  # head split: Transpose(Reshape(t + c)) op s
+        shape = t[:-1] + ([t[-1] // 2, 2] if t[-1] % 2 == 0 and draw(st.booleans()) else [t[-1]])
+        return ({"t": t, "c": t[len(t) - draw(st.integers(0, len(t))):], "s": s},
+                {"shape": shape, "perm": draw(st.permutations(range(len(shape))))})
     if "c" in vs:
         return {"t": t, "c": t[len(t) - draw(st.integers(0, len(t))):], "s": s}, {}
     if rule.src[0].op == "Transpose":
@@ -631,4 +635,27 @@ def test_attention_scale_folds_after_the_qkv_merge():
     _same_outputs(g0, g)
     folded = fold_constants(g)
     assert "Div" not in folded.op_counts() and folded.op_counts()["MatMul"] == 3
+    _same_outputs(g0, folded)
+
+
+def test_head_split_rule_is_the_three_steps_at_once():
+    """b-div-scalar-head-split moves attention's scale across a biased projection's head split in one step, to the
+    same graph the three single steps (through Transpose, through Reshape, over the constant Add) reach."""
+    from rlflow.graph.builder import GraphBuilder
+
+    rng = np.random.default_rng(2)
+    b = GraphBuilder("heads")
+    x = b.input("x", (1, 6, 8))
+    t = b.op("MatMul", [x, b.const("wk", rng.standard_normal((8, 8)).astype(np.float32))])
+    k = b.op("Transpose", [b.op("Reshape", [b.op("Add", [t, b.const("bk", rng.standard_normal(8).astype(np.float32))])],
+                                shape=(1, 6, 2, 4))], perm=(0, 2, 3, 1))
+    g0 = b.build([b.op("Div", [k, b.const("sqrt_d", np.array(2.0, np.float32))])])
+    one = _apply_all(g0, "b-div-scalar-head-split", 1)
+    three = _apply_all(_apply_all(_apply_all(g0, "b-div-scalar-transpose", 1), "b-div-scalar-reshape", 1),
+                       "b-div-scalar-add-const", 1)
+    from rlflow.graph.fold import fold_constants
+
+    assert fold_constants(one).op_counts() == fold_constants(three).op_counts()
+    _same_outputs(g0, one)
+    folded = _apply_all(one, "b-div-scalar-matmul-r", 1)
     _same_outputs(g0, folded)

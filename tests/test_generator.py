@@ -403,7 +403,7 @@ def test_stage_writes_rules_and_stats(tmp_path):
     from rlflow.rewrite.builtin import verified_builtin_rules
 
     builtin = [x for x in rules if x.origin == "builtin"]
-    assert stats["builtin_rules"] == len(builtin) == 60
+    assert stats["builtin_rules"] == len(builtin) == 62
     assert builtin == verified_builtin_rules(3, doc["generator"]["max_dim"], doc["generator"]["seed"])
     assert sorted(p.name for p in out.parent.iterdir()) == ["rules.json", "stats.json"]  # no temp files
     # the same file from another process (another str-hash seed): DVC sees a reproducible output

@@ -392,6 +392,8 @@ def _scalar_scale() -> list:
     - ``b-{op}-scalar-across-matmul``: (a op s) @ b -> a @ (b op S) (where b is a weight, it folds);
     - ``b-{op}-scalar-transpose`` / ``-reshape``: Transpose / Reshape(t) op s -> Transpose / Reshape(t op S);
     - ``b-{op}-scalar-add-const``: (t + c) op s -> (t op S) + (c op S), c constant (folded);
+    - ``b-{op}-scalar-head-split``: the last three at once, Transpose(Reshape(t + c)) op s -> Transpose(Reshape(
+      (t op S) + (c op S))): a biased projection split into attention heads, which the scale crosses as a unit;
     - ``b-mul-scalar-hoist`` / ``-l``: x * (y * s) / x * (s * y) -> (x * y) * S (GELU's x * (0.5 * t)).
 
     Each step but the last keeps the number of launches (the last folds the scale into a weight). Q/K/V's MatMul
@@ -430,6 +432,15 @@ def _scalar_scale() -> list:
                          [["%1", "%3"]], const=["c", "s"],
                          examples=[_ex(None, t=[2, 3, 4], c=[4], s=[]), _ex(None, t=[4], c=[3, 4], s=[1]),
                                    _ex(None, t=[2, 1], c=[], s=[])]))
+        out.append(_rule(f"b-{lo}-scalar-head-split", f"{lo}-scalar-through-head-split",
+                         [_n("Add", ["t", "c"]), _n("Reshape", ["%0"], shape="$shape"),
+                          _n("Transpose", ["%1"], perm="$perm"), _n(op, ["%2", "s"])],
+                         [scal, _n(op, ["t", "%0"]), _n(op, ["c", "%0"]), _n("Add", ["%1", "%2"]),
+                          _n("Reshape", ["%3"], shape="$shape"), _n("Transpose", ["%4"], perm="$perm")],
+                         [["%3", "%5"]], const=["c", "s"],
+                         examples=[_ex({"shape": [1, 3, 2, 2], "perm": [0, 2, 3, 1]}, t=[1, 3, 4], c=[4], s=[]),
+                                   _ex({"shape": [2, 3], "perm": [1, 0]}, t=[6], c=[], s=[1]),
+                                   _ex({"shape": [2, 2, 3], "perm": [0, 2, 1]}, t=[2, 6], c=[2, 6], s=[])]))
     ex_h = [_ex(None, x=[2, 3], y=[2, 3], s=[]), _ex(None, x=[3, 1], y=[4], s=[1]), _ex(None, x=[], y=[2, 2], s=[])]
     for rid, inner in (("b-mul-scalar-hoist", ["y", "s"]), ("b-mul-scalar-hoist-l", ["s", "y"])):
         out.append(_rule(rid, "mul-scalar-hoist", [_n("Mul", inner), _n("Mul", ["x", "%0"])],
