@@ -67,7 +67,7 @@ def trained(tmp_path_factory, root):
     # on tiny data the world model learns no location masks (held-out recall 0), so the dream offers only the NO-OP
     # and the controller's heads stay as initialised: its real episodes are samples of them, and 8 of them (the
     # first greedy) find tiny bert's improving rewrites where 2 may not; the same for the model-free agent, whose
-    # tiny.yaml budget (2 updates of 8 steps) leaves it near its initial policy among 100 rules
+    # tiny.yaml budget (2 updates of 8 steps) leaves it near its initial policy among 114 rules
     _run(_agent_args(root, d, "controller", d / "ctl", "--set", "controller.eval_episodes=8"))
     _run(_agent_args(root, d, "model_free", d / "mf", "--set", "model_free.eval_episodes=8"))
     return d
@@ -261,9 +261,10 @@ def test_agent_checkpoint_is_self_contained(trained, name, method):
     assert ("world_model" in data) == (method == "rlflow")
     assert data["rules"] == rules_fingerprint(load_rules(trained / "rules.json"))
     episodes = 8  # the fixture's controller.eval_episodes and model_free.eval_episodes
-    assert data["rules"]["count"] == 100 and data["env"] == {"max_steps": 5, "max_locations": 200, "episodes": episodes}
+    n = len(load_rules(trained / "rules.json"))  # the tiny config's generated rules plus every builtin rule
+    assert data["rules"]["count"] == n and data["env"] == {"max_steps": 5, "max_locations": 200, "episodes": episodes}
     agent = load_agent(trained / name)
-    assert agent.method == method and agent.policy_args["n_xfers"] == 100
+    assert agent.method == method and agent.policy_args["n_xfers"] == n
 
 
 # ------------------------------------------------------------------ rlflow optimize --method rlflow
@@ -390,7 +391,7 @@ def test_optimize_rlflow_errors_are_one_line_and_write_nothing(trained, tmp_path
     want = {"missing": "no such checkpoint", "corrupt": "not a readable checkpoint",
             "truncated": "not a readable checkpoint", "encoder": "an encoder checkpoint",
             "world_model": "a world-model checkpoint", "partial": "partial checkpoint",
-            "old": "older rlflow", "fewer_rules": "trained with 100 rules", "reordered_rules": "other rules",
+            "old": "older rlflow", "fewer_rules": "trained with 114 rules", "reordered_rules": "other rules",
             "no_agent": "needs --agent", "agent_with_taso": "--agent", "agent_with_greedy": "--agent",
             "search_option": "--budget"}[case]
     if case == "missing":
@@ -429,7 +430,7 @@ def test_optimize_rlflow_errors_are_one_line_and_write_nothing(trained, tmp_path
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("rlflow: error: ") and want in err, err
     if case == "fewer_rules":
-        assert "has 99" in err
+        assert "has 113" in err
     assert not out.exists() and not trace.exists()
 
 
