@@ -215,3 +215,33 @@ def test_incremental_index_sees_readers_rewired_to_a_variable():
     scratch = MatchIndex(idx.graph, idx.rules)
     assert [[m.bindings for m in ms] for ms in idx.matches] == [[m.bindings for m in ms] for ms in scratch.matches]
     assert {dict(m.bindings)["x"] for m in idx.matches[1]} == {"x", "y"}
+
+
+def test_pattern_reading_a_later_output_of_a_single_output_producer_is_no_match():
+    """A pattern that reads output 1 of a two-output node (``%1.1``) must not match, nor fail, where the graph's
+    producer of that value has a single output (a Split of a MatMul's product, not of another Split's)."""
+    rule = rule_from_json({
+        "id": "t-split-of-split", "name": "t", "origin": "builtin",
+        "src": [{"op": "MatMul", "inputs": ["a", "w"], "attrs": {}},
+                {"op": "Split", "inputs": ["%0"], "outputs": 2, "attrs": {"axis": 1, "split": "$sp"}},
+                {"op": "Split", "inputs": ["%1.1"], "outputs": 2, "attrs": {"axis": 1, "split": "$sq"}},
+                {"op": "Relu", "inputs": ["%2.1"], "attrs": {}}],
+        "dst": [{"op": "MatMul", "inputs": ["a", "w"], "attrs": {}},
+                {"op": "Split", "inputs": ["%0"], "outputs": 2, "attrs": {"axis": 1, "split": "$sp"}},
+                {"op": "Split", "inputs": ["%1.1"], "outputs": 2, "attrs": {"axis": 1, "split": "$sq"}},
+                {"op": "Relu", "inputs": ["%2.1"], "attrs": {}}],
+        "outputs": [["%1.0", "%1.0"], ["%2.0", "%2.0"], ["%3", "%3"]],
+        "verified": {"method": "pending", "trials": 0}}, "test")
+    b = GraphBuilder("one-split")
+    x = b.input("x", (2, 4))
+    y = b.op("MatMul", [x, b.const("w", np.ones((4, 6), np.float32))])
+    s0, s1 = b.op("Split", [y], n_outputs=2, axis=1, split=(2, 4))
+    inner = b.op("Split", [s1], n_outputs=2, axis=1, split=(1, 3))
+    g = b.build([s0, inner[0], b.op("Relu", [inner[1]])])
+    assert len(find_matches(g, rule)) == 1          # the Split of a Split's second output
+    b = GraphBuilder("flat")
+    x = b.input("x", (2, 4))
+    y = b.op("MatMul", [x, b.const("w", np.ones((4, 6), np.float32))])
+    s0, s1 = b.op("Split", [y], n_outputs=2, axis=1, split=(2, 4))
+    g = b.build([s0, b.op("Relu", [s1])])           # the Relu's Split reads the MatMul: one output only
+    assert find_matches(g, rule) == []
