@@ -531,8 +531,7 @@ def test_scalar_split_weight_shapes(rid, data):
     dims = lambda n: [data.draw(st.integers(1, 4)) for _ in range(n)]  # noqa: E731
     rank = data.draw(st.integers(1, 3))
     k = data.draw(st.integers(1, 4))
-    w = dims(rank - 1)[:-1] + [k] + dims(1) if rank > 1 else [k]
-    w = (dims(1) + w[-2:]) if rank == 3 else w
+    w = [k] if rank == 1 else dims(rank - 2) + [k] + dims(1)
     a = (w[:-2] if rank == 3 and data.draw(st.booleans()) else []) + dims(data.draw(st.integers(0, 1))) + [k]
     n = w[-1] if rank > 1 else (a[-2] if len(a) > 1 else 1)
     cut = lambda m: [c := data.draw(st.integers(1, max(1, m - 1))), max(1, m - c)]  # noqa: E731
