@@ -114,11 +114,11 @@ def main() -> int:
             missed[step["rule_name"]] += not bool(counts[k] > 0.5)
             d_missed[step["rule_name"]] += not bool(d_counts[k] > 0.5)
             action = torch.tensor([[k, step["location"]]])
-            d_out = wm.step(d_z, action, d_hidden)  # the dream's own z, as in training
+            d_out = wm.step(d_z, action, d_counts[None], d_hidden)  # the dream's own z and counts
             d_hidden, d_z, d_counts = d_out.hidden, wm.sample_z(d_out, tau, gen), wm.counts(d_out.log_counts)[0]
             z = encode(agent.encoder, [obs], "cpu")
             prev = {n: torch.tensor([info[n]], dtype=torch.float64) for n in METRIC_NAMES}
-            out = wm.step(z, action, hidden)
+            out = wm.step(z, action, torch.as_tensor(env.counts(), dtype=torch.float32)[None], hidden)
             hidden = out.hidden
             cur_m = torch.tensor([[info[n] for n in METRIC_NAMES]], dtype=torch.float64)
             after = wm.metrics_after(cur_m, out.deltas.double(), torch.sigmoid(out.changed) > 0.5)

@@ -128,10 +128,11 @@ def test_padding_changes_neither_losses_nor_gradients():
     z = r(3, 5, 3)
     actions = torch.randint(0, 4, (3, 5, 2))
     tz, td, tc = r(3, 5, 3), (r(3, 5) > 0).float(), r(3, 5, 4)
+    counts = torch.randint(0, 5, (3, 5, 4)).float()
 
     def run(z, actions, tz, td, tc):
         model.zero_grad()
-        out = model(z, actions)
+        out = model(z, actions, counts)
         loss = (gmm_loss(tz, out.mus, out.sigmas, out.logpi, mask) + masked_mse(out.log_counts, tc, mask)
                 + masked_bce_with_logits(out.done, td, mask))
         loss.backward()
@@ -150,7 +151,7 @@ def test_padding_changes_neither_losses_nor_gradients():
     for a, b in zip(g1, g2):
         assert torch.allclose(a, b, atol=1e-6)
     # and an all-padding batch is a zero loss
-    assert gmm_loss(tz, *model(z, actions)[:3], torch.zeros(3, 5, dtype=torch.bool)).item() == 0.0
+    assert gmm_loss(tz, *model(z, actions, counts)[:3], torch.zeros(3, 5, dtype=torch.bool)).item() == 0.0
 
 
 PREDICTIONS = ("mus", "sigmas", "logpi", "deltas", "changed", "done", "log_counts")
@@ -164,10 +165,11 @@ def test_sequence_forward_equals_one_step_cell(members):
     model = make_world_model(members, z_dim=5, n_xfers=3, max_locations=4, hidden=16, gaussians=3).eval()
     z = torch.randn(2, 6, 5)
     actions = torch.stack([torch.randint(0, 4, (2, 6)), torch.randint(0, 4, (2, 6))], -1)
-    seq = model(z, actions)
+    counts = torch.randint(0, 9, (2, 6, 3)).float()
+    seq = model(z, actions, counts)
     hidden = None
     for t in range(6):
-        one = model.step(z[:, t], actions[:, t], hidden)
+        one = model.step(z[:, t], actions[:, t], counts[:, t], hidden)
         hidden = one.hidden
         for name in PREDICTIONS:
             assert torch.allclose(getattr(seq, name)[:, t], getattr(one, name), atol=1e-5), name
@@ -187,7 +189,8 @@ def test_an_ensemble_is_its_members_combined():
     ens = EnsembleMDNRNN(3, z_dim=4, n_xfers=3, max_locations=2, hidden=8, gaussians=2).eval()
     z, target = torch.randn(2, 5, 4), torch.randn(2, 5, 4)
     actions = torch.stack([torch.randint(0, 4, (2, 5)), torch.randint(0, 2, (2, 5))], -1)
-    out, members = ens(z, actions), ens.member_outputs(z, actions)
+    counts = torch.randint(0, 3, (2, 5, 3)).float()
+    out, members = ens(z, actions, counts), ens.member_outputs(z, actions, counts)
     mixture = torch.logsumexp(torch.stack([gmm_log_prob(target, *m[:3]) for m in members]), 0) - math.log(3)
     assert torch.allclose(gmm_log_prob(target, *out[:3]), mixture, atol=1e-5)
     assert torch.allclose(out.deltas, torch.stack([m.deltas for m in members]).mean(0), atol=1e-6)
@@ -234,7 +237,7 @@ def test_a_step_that_changes_nothing_is_its_own_output(tmp_path):
     model = res["model"]
     t = make_tensors(data, res["heldout_episodes"], model.delta_mean.numpy(), model.delta_std.numpy(), "cpu")
     with torch.no_grad():
-        out = model(t.z_in, t.actions)
+        out = model(t.z_in, t.actions, t.counts_in)
     sel = t.mask & (t.actions[..., 0] == 1) & torch.as_tensor(data["valid"][res["heldout_episodes"]])
     assert int(sel.sum()) > 0
     assert (out.changed[sel] < 0).float().mean() > 0.85
@@ -266,6 +269,17 @@ def test_rule_priors_are_the_datas_per_rule_change_rates_and_deltas(tmp_path):
         want = ((raw[changed & (xfer == k)] - mean) / std).sum(0) / (c + PRIOR_STEPS)
         np.testing.assert_allclose(deltas[k], want, atol=1e-9)
     assert logit[1] < -2 and deltas[1].tolist() == [0, 0, 0, 0]  # the neutral swap: never a change
+    # the own count's mean change over the rule's valid steps (the counts capped at max_locations), shrunk
+    from rlflow.agents.world_model import count_effects
+
+    uses = count_effects(data, eps)[0]
+    e, t = np.nonzero(m)
+    counts = np.minimum(data["counts"], int(data["max_locations"]))
+    for k in range(4):
+        sel = (data["actions"][e, t, 0] == k) & data["valid"][e, t]
+        d = counts[e[sel], t[sel] + 1, k] - counts[e[sel], t[sel], k]
+        assert uses[k] == pytest.approx(d.sum() / (sel.sum() + PRIOR_STEPS))
+    assert uses[4] == 0  # the NO-OP has no count
 
 
 def test_per_rule_terms_learn_a_neutral_rule_at_once(tmp_path):
@@ -280,7 +294,7 @@ def test_per_rule_terms_learn_a_neutral_rule_at_once(tmp_path):
     model = res["model"]
     t = make_tensors(data, res["heldout_episodes"], model.delta_mean.numpy(), model.delta_std.numpy(), "cpu")
     with torch.no_grad():
-        out = model(t.z_in, t.actions)
+        out = model(t.z_in, t.actions, t.counts_in)
     valid = torch.as_tensor(data["valid"][res["heldout_episodes"]])
     sel = t.mask & (t.actions[..., 0] == 1) & valid
     assert int(sel.sum()) > 0 and (torch.sigmoid(out.changed[sel]) < 0.1).all()
@@ -405,3 +419,133 @@ def test_delta_normalisation_round_trips(tmp_path):
     back = model.double().metrics_after(prev, t.deltas.double())
     true = torch.as_tensor(data["metrics"][:, 1:])
     assert torch.allclose(back[t.mask], true[t.mask], rtol=1e-5)
+
+
+# -- counts: predicted as a change of the current graph's ------------------------------------------------------
+def test_an_untrained_world_model_predicts_the_counts_unchanged():
+    """The count head starts at zero: every rule keeps its current count (capped at max_locations, as the masks
+    are); a rule without a match stays without one."""
+    from rlflow.nn.mdnrnn import make_world_model
+
+    torch.manual_seed(0)
+    for members in (1, 2):
+        model = make_world_model(members, z_dim=3, n_xfers=4, max_locations=200, hidden=8, gaussians=2)
+        counts = torch.tensor([[0.0, 1.0, 5.0, 250.0]])
+        out = model.step(torch.randn(1, 3), torch.tensor([[1, 0]]), counts)
+        assert torch.round(model.counts(out.log_counts)).tolist() == [[0.0, 1.0, 5.0, 200.0]]
+
+
+def _consuming_latents(path, episodes=80, steps=10, seed=0):
+    """Latents where rule 0 uses up one of its matches per step (1..6 at the start), rule 1 (always 3 matches)
+    changes nothing, and z is noise that says nothing about the counts: only the current counts tell how many
+    matches of rule 0 are left."""
+    rng = np.random.default_rng(seed)
+    N, Z, L, T = 2, 4, 8, steps
+    z = rng.normal(0, 1, (episodes, T + 1, Z)).astype(np.float32)
+    actions = np.full((episodes, T, 2), -1, np.int32)
+    counts = np.zeros((episodes, T + 1, N), np.int32)
+    metrics = np.tile(np.array([10.0, 1e6, 4e6, 20.0]), (episodes, T + 1, 1))
+    done, valid = np.zeros((episodes, T), bool), np.zeros((episodes, T), bool)
+    for e in range(episodes):
+        left = int(rng.integers(1, 7))
+        counts[e, 0] = (left, 3)
+        for t in range(T):
+            xfer = 0 if left and rng.random() < 0.6 else 1
+            actions[e, t], valid[e, t] = (xfer, 0), True
+            if xfer == 0:
+                left -= 1
+                metrics[e, t + 1:, 0] *= 0.95
+            counts[e, t + 1] = (left, 3)
+        done[e, T - 1] = True
+    hold = np.zeros(episodes, bool)
+    hold[: episodes // 4] = True
+    np.savez(path, z=z, lengths=np.full(episodes, T, np.int32), actions=actions, metrics=metrics, counts=counts,
+             done=done, valid=valid, holdout=hold, n_xfers=np.int64(N), max_locations=np.int64(L), z_dim=np.int64(Z))
+    return path
+
+
+def test_a_rule_whose_matches_are_used_up_leaves_the_dream(tmp_path):
+    """The dream's counts follow the actions taken: a rule with 5 matches left is masked after 5 uses, wherever its
+    count started in training (predicted outright from z and the LSTM's history, the counts could not know it, and
+    in the dream BERT's MatMul merges never ran out)."""
+    from rlflow.agents.world_model import evaluate, load_latents, train
+    from rlflow.env.dream import DreamEnv
+    from rlflow.env.rewards import make_reward
+
+    data = load_latents(_consuming_latents(tmp_path / "l.npz"))
+    res = train(data, {"hidden": 16, "gaussians": 2, "epochs": 20, "lr": 1e-2, "batch_size": 8}, seed=0,
+                device="cpu", progress=False)
+    model = res["model"].eval()
+    assert evaluate(model, data, res["heldout_episodes"], "cpu")["mask_accuracy"] > 0.97
+    for left in (5, 2):
+        dream = DreamEnv(model, torch.zeros(4), torch.tensor([10.0, 1e6, 4e6, 20.0]), torch.tensor([left, 3.0]),
+                         make_reward("delta"), max_steps=10, max_locations=8, num_envs=4,
+                         generator=torch.Generator().manual_seed(0))
+        obs, offered = dream.reset(), []
+        for _ in range(left + 1):
+            offered.append(bool(obs["xfer_mask"][0, 0]))
+            obs, _, _ = dream.step_batch(torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long))
+        assert offered == [True] * left + [False], left
+        assert obs["xfer_mask"][:, 1].all()  # the neutral rule's 3 matches stay
+
+
+def _effects_data(steps):
+    """A latents dict (no z needed) of one episode per list in ``steps``: (rule applied, counts after), 4 rules,
+    all starting at counts (3, 3, 0, 0)."""
+    E, T, N = len(steps), max(map(len, steps)), 4
+    actions = np.full((E, T, 2), -1, np.int64)
+    counts = np.zeros((E, T + 1, N), np.int64)
+    valid = np.zeros((E, T), bool)
+    for e, ep in enumerate(steps):
+        counts[e, 0] = (3, 3, 0, 0)
+        for t, (k, after) in enumerate(ep):
+            actions[e, t], valid[e, t], counts[e, t + 1] = (k, 0), True, after
+        counts[e, len(ep) + 1:] = counts[e, len(ep)]
+    return {"z": np.zeros((E, T + 1, 1)), "lengths": np.array([len(x) for x in steps]), "actions": actions,
+            "counts": counts, "valid": valid, "metrics": np.ones((E, T + 1, 4)), "done": np.zeros((E, T), bool),
+            "n_xfers": N, "max_locations": 8}
+
+
+def test_count_effects_keep_decreases_and_one_way_raises_not_circular_ones():
+    """Rules 0 and 1 are two merges of the same pairs (each uses up one of its own and one of the other's
+    matches); rule 0 also opens a fold (rule 2, one-way); rule 3 is an un-merge that raises rule 0, and rule 0
+    raises rule 3: a circle, left out."""
+    from rlflow.agents.world_model import PRIOR_STEPS, count_effects
+
+    ep = [(0, (2, 2, 1, 1)), (1, (1, 1, 1, 1)), (3, (2, 1, 1, 0))]
+    data = _effects_data([ep, ep[:2]])
+    uses, effects, circular = count_effects(data, np.arange(2))
+    # applications: rule 0 twice, rule 1 twice, rule 3 once
+    assert uses.tolist() == pytest.approx([-2 / (2 + PRIOR_STEPS), -2 / (2 + PRIOR_STEPS), 0, -1 / (1 + PRIOR_STEPS), 0])
+    got = {(int(k), int(j)): v for k, j, v in effects}
+    assert got == pytest.approx({(0, 1): -2 / (2 + PRIOR_STEPS),      # a merge uses up the other merge's match
+                                 (1, 0): -2 / (2 + PRIOR_STEPS),
+                                 (0, 2): 2 / (2 + PRIOR_STEPS)})      # and opens the fold: one-way, kept
+    # 0 -> 3 (merge raises its un-merge, 2/3) and 3 -> 0 (un-merge raises the merge, 1/2): a circle, both out
+    assert (0, 3) not in got and (3, 0) not in got and sorted(map(tuple, circular.tolist())) == [(0, 3), (3, 0)]
+    # and the world model is not taught them: where rule 0 is applied, rule 3's target count stays as it was
+    from rlflow.agents.world_model import make_tensors
+
+    t = make_tensors(data, np.arange(2), np.zeros(4), np.ones(4), "cpu", circular)
+    assert torch.expm1(t.log_counts[0, :, 3]).round().tolist() == [0, 1, 0]  # real 1, 1, 0
+    assert torch.expm1(t.log_counts[0, :, 0]).round().tolist() == [2, 1, 1]  # real 2, 1, 2 (the un-merge raises it)
+    assert torch.expm1(t.log_counts[0, :, 2]).round().tolist() == [1, 1, 1]  # the one-way raise: taught
+
+
+@pytest.mark.parametrize("members", [1, 2])
+def test_count_effects_survive_a_checkpoint(tmp_path, members):
+    """The effects table has as many rows as the data gave: a fresh model (no rows) loads a saved one's."""
+    from rlflow.agents.world_model import load_world_model
+    from rlflow.nn.mdnrnn import make_world_model
+
+    torch.manual_seed(0)
+    args = dict(z_dim=3, n_xfers=4, max_locations=8, hidden=8, gaussians=2)
+    model = make_world_model(members, **args)
+    model.set_rule_priors(np.zeros(5), np.zeros((5, 4)), -np.ones(5), np.array([[0, 1, -1.0], [0, 2, 1.0]]))
+    path = tmp_path / "wm.pt"
+    torch.save({"model_args": {**args, "members": members}, "state_dict": model.state_dict()}, path)
+    loaded = load_world_model(path)
+    counts = torch.tensor([[2.0, 3.0, 0.0, 1.0]])
+    for m in (model.eval(), loaded):
+        out = m.step(torch.zeros(1, 3), torch.tensor([[0, 0]]), counts)
+        assert torch.round(m.counts(out.log_counts)).tolist() == [[1.0, 2.0, 1.0, 1.0]]

@@ -4,7 +4,7 @@ greedy episode, or (``episodes`` > 1, config ``controller.eval_episodes``) that 
 graph of all kept and every real step counted as an interaction.
 
 In the real run, z is the encoder's embedding of the real graph and h the world model's LSTM state, advanced
-with (z, action) after every step exactly as in the dream.
+with (z, action, the graph's match counts) after every step exactly as in the dream.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def run_in_real_env(policy, encoder, world_model, env, device: str = "cpu", gree
 class ControllerActor:
     """The controller acting in a real environment, one episode after another: :meth:`reset` at the start of each,
     :meth:`act` on each observation, :meth:`observe` after each step (z from the encoder on the real graph, h the
-    world model's LSTM state advanced with (z, action), exactly as in the dream)."""
+    world model's LSTM state advanced with (z, action, counts), exactly as in the dream; the counts are the real
+    graph's, capped at max_locations as in the world model's data)."""
 
     def __init__(self, policy, encoder, world_model, device: str, greedy: bool, generator: torch.Generator):
         self.policy, self.encoder, self.wm = policy, encoder, world_model
@@ -35,18 +36,20 @@ class ControllerActor:
         self.reset()
 
     def reset(self) -> None:
-        self.hidden, self.z = self.wm.initial_hidden(1), None
+        self.hidden, self.z, self.counts = self.wm.initial_hidden(1), None, None
 
     @torch.no_grad()
     def act(self, obs) -> tuple[int, int]:
         self.z = encode(self.encoder, [obs], self.device)
         x = torch.cat([self.z, self.hidden[0][0]], dim=-1)
-        xfer, loc, _, _ = self.policy.act(x, *mask_tensors([obs]), generator=self.generator, greedy=self.greedy)
+        xfer_mask, location_mask = mask_tensors([obs])
+        self.counts = location_mask[:, :-1].sum(-1).float()  # [1, N]: the valid locations, the NO-OP left out
+        xfer, loc, _, _ = self.policy.act(x, xfer_mask, location_mask, generator=self.generator, greedy=self.greedy)
         return int(xfer[0]), int(loc[0])
 
     @torch.no_grad()
     def observe(self, action) -> None:
-        self.hidden = self.wm.step(self.z, torch.tensor([action]), self.hidden).hidden
+        self.hidden = self.wm.step(self.z, torch.tensor([action]), self.counts, self.hidden).hidden
 
 
 def _controller_episode(policy, encoder, world_model, env, device: str, greedy: bool, gen: torch.Generator) -> dict:

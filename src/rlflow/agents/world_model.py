@@ -5,9 +5,9 @@ Input: ``latents.npz`` (stage ``train_encoder``; arrays for E episodes of at mos
 ``counts`` [E, T+1, N], ``done`` [E, T], ``valid`` [E, T], ``holdout`` [E], scalars ``n_xfers``,
 ``max_locations``, ``z_dim``.
 
-Training pairs of episode e at step t < lengths[e]: input (z_t, a_t); targets z_{t+1}, whether the step changed
+Training pairs of episode e at step t < lengths[e]: input (z_t, a_t, counts_t); targets z_{t+1}, whether the step changed
 any cost metric (changed_t), the normalised log1p-metric delta (see :mod:`rlflow.nn.mdnrnn`; mean/std over the
-training steps that changed them), done_t and log1p(counts_{t+1}). Steps t >= lengths[e] are padding: a mask
+training steps that changed them), done_t and log1p(counts_{t+1}) (counts capped at max_locations, as the masks are). Steps t >= lengths[e] are padding: a mask
 removes them from every loss term.
 
     loss = gmm NLL per dimension + BCE(changed) + MSE(deltas, over the steps that changed the metrics)
@@ -114,7 +114,8 @@ class Tensors:
     deltas: torch.Tensor     # [E, T, 4]  normalised
     changed: torch.Tensor    # [E, T]     float 0/1: the step changed a metric
     done: torch.Tensor       # [E, T]     float 0/1
-    log_counts: torch.Tensor  # [E, T, N] log1p(counts_{t+1})
+    counts_in: torch.Tensor  # [E, T, N] counts_t, capped at max_locations (the world model's input)
+    log_counts: torch.Tensor  # [E, T, N] log1p(counts_{t+1}), capped at max_locations (its target)
     mask: torch.Tensor       # [E, T] bool
     index: np.ndarray        # episode indices into the latents file
 
@@ -125,7 +126,7 @@ class Tensors:
         return Tensors(*(getattr(self, f)[idx] for f in TENSOR_FIELDS), self.index[idx.cpu().numpy()])
 
 
-TENSOR_FIELDS = ("z_in", "actions", "z_next", "deltas", "changed", "done", "log_counts", "mask")
+TENSOR_FIELDS = ("z_in", "actions", "z_next", "deltas", "changed", "done", "counts_in", "log_counts", "mask")
 
 
 def log_deltas(metrics: np.ndarray) -> np.ndarray:
@@ -149,13 +150,16 @@ def delta_stats(data: dict, episodes: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 #: pseudo-steps of the whole data's change rate (and of a zero delta) added to each rule's own steps
 PRIOR_STEPS = 1.0
+#: a rule's mean effect on another rule's count that enters the count effects, in matches per application
+EFFECT_MIN = 0.5
 
 
 def rule_priors(data: dict, episodes: np.ndarray, mean: np.ndarray, std: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per rule (N+1, the NO-OP last) over these episodes' steps: the log-odds that a step changes the metrics,
     (changes + PRIOR_STEPS x overall rate) / (steps + PRIOR_STEPS), and the mean normalised delta of its steps
     that changed them, sum / (changes + PRIOR_STEPS) (a rule seen rarely stays near the overall figures).
-    -> (change_logit [N+1], deltas [N+1, 4]); what :meth:`rlflow.nn.mdnrnn.MDNRNN.set_rule_priors` starts from."""
+    -> (change_logit [N+1], deltas [N+1, 4]); with :func:`count_effects`, what
+    :meth:`rlflow.nn.mdnrnn.MDNRNN.set_rule_priors` starts from."""
     N1 = int(data["n_xfers"]) + 1
     T = data["z"].shape[1] - 1
     m = np.arange(T)[None, :] < data["lengths"][episodes][:, None]
@@ -172,19 +176,69 @@ def rule_priors(data: dict, episodes: np.ndarray, mean: np.ndarray, std: np.ndar
     return np.log(p / (1 - p)), sums / (changes[:, None] + PRIOR_STEPS)
 
 
-def make_tensors(data: dict, episodes: np.ndarray, mean: np.ndarray, std: np.ndarray, device) -> Tensors:
+def count_effects(data: dict, episodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What applying a rule does to the match counts (capped at max_locations), over these episodes' valid steps:
+    the mean change of rule j's count when rule k is applied, sum / (applications of k + PRIOR_STEPS).
+
+    -> uses [N+1] (the diagonal: a rule's own count; 0 for the NO-OP), effects [P, 3] (rows k, j, change) of
+    the other pairs whose change is at least EFFECT_MIN in size, keeping every decrease (one merge uses up the
+    same pair's other merge rules' matches) and the increases that cannot feed back, and circular [Q, 2] (rows
+    k, j): the increases left out, where j also raises k, directly or through other rules (k and j in one
+    strongly connected component of the increases). Such raises go round in circles -- a merge raises its
+    un-merge, which raises the merge -- and a dream that followed them would offer merges the graph no longer
+    has (an earlier world model paid a controller about +0.24 per un-merge/merge cycle that way). The world model
+    is not taught them either (:func:`make_tensors` keeps j's count in the target), or its count head learns them
+    as a drift that every step adds. One-way raises, such as a scale moved next to a weight opening the fold into
+    it, are kept."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    N, L = int(data["n_xfers"]), int(data["max_locations"])
+    T = data["z"].shape[1] - 1
+    e, t = np.nonzero(np.arange(T)[None, :] < data["lengths"][episodes][:, None])
+    e = np.asarray(episodes)[e]
+    k = np.clip(data["actions"][e, t, 0], 0, N)
+    use = (k < N) & data["valid"][e, t].astype(bool)
+    e, t, k = e[use], t[use], k[use]
+    total = np.zeros((N + 1, N))
+    for rule in np.unique(k):
+        sel = k == rule
+        before = np.minimum(data["counts"][e[sel], t[sel]], L).astype(np.float64)
+        after = np.minimum(data["counts"][e[sel], t[sel] + 1], L).astype(np.float64)
+        total[rule] = (after - before).sum(0)
+    change = total / (np.bincount(k, minlength=N + 1)[:, None] + PRIOR_STEPS)
+    uses = np.append(np.diagonal(change[:N]), 0.0)
+    change[np.arange(N), np.arange(N)] = 0.0
+    up = change[:N] >= EFFECT_MIN
+    _, comp = connected_components(csr_matrix(up), directed=True, connection="strong")
+    circle = up & (comp[:, None] == comp[None, :])
+    src, dst = np.nonzero((change[:N] <= -EFFECT_MIN) | (up & ~circle))
+    effects = np.stack([src, dst, change[src, dst]], -1).astype(np.float32).reshape(-1, 3)
+    return uses, effects, np.argwhere(circle).astype(np.int64).reshape(-1, 2)
+
+
+def make_tensors(data: dict, episodes: np.ndarray, mean: np.ndarray, std: np.ndarray, device,
+                 circular: np.ndarray | None = None) -> Tensors:
+    """The padded tensors of these episodes; ``circular`` [Q, 2] (rule k, rule j; :func:`count_effects`): where k
+    is applied, the target keeps j's count as it was."""
     T = data["z"].shape[1] - 1
     z = torch.as_tensor(data["z"][episodes], dtype=torch.float32)
     lengths = data["lengths"][episodes]
     mask = torch.as_tensor(np.arange(T)[None, :] < lengths[:, None])
     raw = log_deltas(data["metrics"])[episodes]
     deltas = (raw - mean) / std
-    counts = data["counts"][episodes][:, 1:].astype(np.float64)
+    counts = np.clip(data["counts"][episodes].astype(np.float32), 0, int(data["max_locations"]))  # [E, T+1, N]
+    target = counts[:, 1:]
+    if circular is not None and len(circular):
+        N = counts.shape[-1]
+        table = np.zeros((N + 1, N), bool)
+        table[circular[:, 0], circular[:, 1]] = True
+        target = np.where(table[np.clip(data["actions"][episodes][..., 0], 0, N)], counts[:, :-1], target)
     t = Tensors(z_in=z[:, :-1], actions=torch.as_tensor(data["actions"][episodes].astype(np.int64)),
                 z_next=z[:, 1:], deltas=torch.as_tensor(deltas, dtype=torch.float32),
                 changed=torch.as_tensor((np.abs(raw).max(-1) > CHANGE_EPS).astype(np.float32)),
                 done=torch.as_tensor(data["done"][episodes].astype(np.float32)),
-                log_counts=torch.as_tensor(np.log1p(np.maximum(counts, 0)), dtype=torch.float32),
+                counts_in=torch.as_tensor(counts[:, :-1]), log_counts=torch.as_tensor(np.log1p(target)),
                 mask=mask, index=np.asarray(episodes))
     return Tensors(*(getattr(t, f).to(device) for f in TENSOR_FIELDS), t.index)
 
@@ -193,9 +247,9 @@ def losses(model: MDNRNN | EnsembleMDNRNN, b: Tensors) -> dict[str, torch.Tensor
     """The loss terms of one batch (each masked to the real steps) and their sum under ``loss``; an ensemble's
     are its members' means (each member is trained on its own predictions)."""
     if isinstance(model, EnsembleMDNRNN):
-        per = [_terms(out, b) for out in model.member_outputs(b.z_in, b.actions)]
+        per = [_terms(out, b) for out in model.member_outputs(b.z_in, b.actions, b.counts_in)]
         return {k: torch.stack([t[k] for t in per]).mean() for k in LOSS_TERMS}
-    return _terms(model(b.z_in, b.actions), b)
+    return _terms(model(b.z_in, b.actions, b.counts_in), b)
 
 
 def _terms(out, b: Tensors) -> dict[str, torch.Tensor]:
@@ -255,7 +309,7 @@ def evaluate(model: MDNRNN, data: dict, episodes: np.ndarray, device, batch_size
     pred_metrics, pred_counts, done_logits, changed_logits = [], [], [], []
     for i in range(0, len(t), batch_size):
         b = t.batch(torch.arange(i, min(i + batch_size, len(t)), device=t.mask.device))
-        out = model(b.z_in, b.actions)
+        out = model(b.z_in, b.actions, b.counts_in)
         n = int(b.mask.sum())
         if n:
             nll_sum += float(gmm_loss(b.z_next, out.mus, out.sigmas, out.logpi, b.mask)) * n
@@ -341,10 +395,11 @@ def train(data: dict, wm: dict, seed: int, device: str, checkpointer=None, progr
     model = make_world_model(int(wm.get("ensemble", 1)), z_dim=data["z_dim"], n_xfers=data["n_xfers"],
                              max_locations=data["max_locations"], hidden=wm["hidden"], gaussians=wm["gaussians"])
     model.set_delta_norm(mean, std)
-    model.set_rule_priors(*rule_priors(data, train_eps, mean, std))
+    uses, effects, circular = count_effects(data, train_eps)
+    model.set_rule_priors(*rule_priors(data, train_eps, mean, std), uses, effects)
     model.to(device)
-    tr = make_tensors(data, train_eps, mean, std, device)
-    ho = make_tensors(data, held_eps, mean, std, device) if len(held_eps) else None
+    tr = make_tensors(data, train_eps, mean, std, device, circular)
+    ho = make_tensors(data, held_eps, mean, std, device, circular) if len(held_eps) else None
     bs = int(wm["batch_size"])
     epochs = int(wm["epochs"])
     per_epoch = math.ceil(len(train_eps) / bs)

@@ -1,11 +1,12 @@
 """The dream: a batched environment that steps the learned world model (MDN-RNN) on torch, never the real one.
 
 State per copy: the latent z of the current (imagined) graph, the world model's LSTM state h, the graph's
-predicted metrics and per-rule match counts, and the step. An action (rule, location) is fed with z to the
-world model, which predicts the next z (a Gaussian mixture, sampled with temperature tau: mixture logits divided
+predicted metrics and per-rule match counts, and the step. An action (rule, location) is fed with z and the
+counts to the world model, which predicts the next z (a Gaussian mixture, sampled with temperature tau: mixture logits divided
 by tau before the softmax, the spread scaled by sqrt(tau), as in World Models), whether the metrics change at all
 (sampled: a step that changes nothing keeps the metrics exactly), the metric deltas, done, and the
-next graph's match counts, from which the next masks follow. The reward is the configured reward class applied
+next graph's match counts (as a change of the current ones: a rule whose matches are used up leaves the masks),
+from which the next masks follow. The reward is the configured reward class applied
 to the metrics before and after (predicted), so a reward change needs no new world model. With an ensemble world
 model (:class:`rlflow.nn.mdnrnn.EnsembleMDNRNN`) the members' disagreement about the step's reward (the standard
 deviation of what each expects) times ``disagreement_penalty`` is subtracted from it: where the members disagree
@@ -55,6 +56,7 @@ class DreamEnv:
         self._rows = torch.arange(num_envs)
         self._noop_count = torch.ones(num_envs, 1, dtype=torch.long)
         self._start_count = self._location_count(self.start_counts[None])[0]
+        self._start_raw = self.start_counts.clamp(0, self.max_locations)
         self._zeros = torch.zeros(num_envs)
         self._penalty = torch.full((num_envs,), reward.invalid_penalty)
         self.steps_taken = 0  # dream transitions so far (for speed figures; never real interactions)
@@ -76,6 +78,7 @@ class DreamEnv:
         self.z = torch.where(w, self.start_z, self.z)
         self.metrics = torch.where(w, self.start_metrics, self.metrics)
         self.location_count = torch.where(w, self._start_count, self.location_count)
+        self.counts = torch.where(w, self._start_raw, self.counts)
         self.steps = self.steps.masked_fill(which, 0)
         h, c = self.hidden
         self.hidden = (h.masked_fill(w[None], 0.0), c.masked_fill(w[None], 0.0))
@@ -94,6 +97,7 @@ class DreamEnv:
         self.z = self.start_z.expand(B, -1).clone()
         self.metrics = self.start_metrics.expand(B, -1).clone()
         self.location_count = self._start_count.expand(B, -1).clone()
+        self.counts = self._start_raw.expand(B, -1).clone()  # predicted counts, unrounded [B, N]
         self.steps = torch.zeros(B, dtype=torch.long)
         self.hidden = self.wm.initial_hidden(B)
         return self.observation()
@@ -123,11 +127,12 @@ class DreamEnv:
         valid = loc.clamp(0, self.max_locations - 1) < n_chosen
         noop = xfer == self.n_xfers
         move = valid & ~noop
-        out = self.wm.step(self.z, torch.stack([xfer, loc], dim=-1), self.hidden)
+        out = self.wm.step(self.z, torch.stack([xfer, loc], dim=-1), self.counts, self.hidden)
         z_next = self.wm.sample_z(out, self.temperature, self.generator)
         changed = torch.bernoulli(torch.sigmoid(out.changed), generator=self.generator).bool()
         metrics_next = self.wm.metrics_after(self.metrics, out.deltas.double(), changed)
-        count_next = self._location_count(self.wm.counts(out.log_counts))
+        raw_next = self.wm.counts(out.log_counts)
+        count_next = self._location_count(raw_next)
         prev = {k: self.metrics[:, i] for i, k in enumerate(METRIC_NAMES)}
         cur = {k: metrics_next[:, i] for i, k in enumerate(METRIC_NAMES)}
         gain = self.reward_fn(prev, cur, self.first).float()
@@ -143,6 +148,7 @@ class DreamEnv:
         self.z = torch.where(m, z_next, self.z)
         self.metrics = torch.where(m, metrics_next, self.metrics)
         self.location_count = torch.where(m, count_next, self.location_count)
+        self.counts = torch.where(m, raw_next, self.counts)
         h, c = out.hidden
         self.hidden = (torch.where(m[None], h, self.hidden[0]), torch.where(m[None], c, self.hidden[1]))
         self.steps += 1

@@ -13,8 +13,17 @@ from its output ``h_t`` the heads predict what follows action ``a_t`` in graph `
                          mixture: with probability 1 - sigmoid(changed) every delta is exactly 0, as for a
                          cost-neutral rewrite such as a commutativity swap; else ``deltas``)
     done                 a logit: the episode ends after this step
-    log_counts           log1p of the per-rule match counts of the next graph (N); rule k is applicable iff
-                         expm1(log_counts_k) > 0.5 (:meth:`MDNRNN.masks`)
+    log_counts           log1p of the per-rule match counts of the next graph (N, capped at max_locations, as
+                         the masks are), predicted as a change of the current graph's counts c_t:
+                         c_{t+1} = softplus_10(c_t + head(h_t)) (a smooth max(., 0)), the head starting at zero
+                         (no change), so that one match used up is the same -1 at any count; the applied rule's
+                         own count has a per-rule term besides (``rule_uses``), and a fixed table from the data
+                         says what applying rule k does to rule j's count (``count_effects``: one merge uses up
+                         the same pair's other merge rules' matches, moving a scale opens the fold that follows
+                         it; see :func:`rlflow.agents.world_model.rule_priors`). Rule k is applicable
+                         iff expm1(log_counts_k) > 0.5 (:meth:`MDNRNN.masks`). Predicted outright, the counts did
+                         not fall as matches were used up: in the dream BERT's MatMul merges never ran out (69 in
+                         one 100-step episode; the real graph has about 24), and the controller learned nothing else
 
 ``deltas`` and ``changed`` also have a term per rule, added to the head's output (``rule_delta``,
 ``rule_change``; a rule's effect on the cost metrics depends on the graph, but mostly on the rule: a commutativity
@@ -22,6 +31,9 @@ swap never changes them). Training starts them at the training data's per-rule s
 (:meth:`MDNRNN.set_rule_priors`): with Adam's small steps, a few hundred updates could not otherwise move a rule's
 logit far enough, and the world model kept predicting changes (and savings) for cost-neutral rewrites that the
 controller then learned to make in the dream.
+
+Besides z and the action, every step reads the current graph's counts c_t (the rollouts' counts in training,
+the dream's own predictions in the dream, the real graph's when the controller runs for real).
 
 ``forward`` runs whole padded sequences; ``step`` runs one step from a given hidden state with the same
 weights (the dream environment's cell). A hidden state of None is zeros (the start of an episode).
@@ -38,6 +50,7 @@ import torch.nn.functional as F
 
 N_METRICS = 4
 MIN_SIGMA = 1e-3
+COUNT_BETA = 10.0  # sharpness of the smooth max(., 0) of the next counts: softplus_10(0) = 0.07, rounds to 0
 
 
 class WorldModelOutput(NamedTuple):
@@ -70,12 +83,19 @@ class MDNRNN(nn.Module):
         self.gmm_head = nn.Linear(self.hidden_size, 2 * K * Z + K)
         self.delta_head = nn.Linear(self.hidden_size, N_METRICS)
         self.done_head = nn.Linear(self.hidden_size, 1)
-        self.count_head = nn.Linear(self.hidden_size, self.n_xfers)
+        self.count_change_head = nn.Linear(self.hidden_size, self.n_xfers)  # c_{t+1} - c_t
         self.change_head = nn.Linear(self.hidden_size, 1)  # created last: the other heads' init stays as it was
         self.rule_change = nn.Embedding(self.n_xfers + 1, 1)          # per-rule terms (zero until set_rule_priors)
         self.rule_delta = nn.Embedding(self.n_xfers + 1, N_METRICS)
+        self.rule_uses = nn.Embedding(self.n_xfers + 1, 1)             # the change of the applied rule's own count
+        nn.init.zeros_(self.rule_uses.weight)
         nn.init.zeros_(self.rule_change.weight)
         nn.init.zeros_(self.rule_delta.weight)
+        nn.init.zeros_(self.count_change_head.weight)                  # at first: every count stays as it is
+        nn.init.zeros_(self.count_change_head.bias)
+        # what applying rule k does to rule j's count, from the data (rows k, j, change; see set_rule_priors)
+        self.register_buffer("count_effects", torch.zeros(0, 3))
+        self._effects_dense = None  # the same as an [N+1, N] table, built on first use
         self.register_buffer("delta_mean", torch.zeros(N_METRICS))
         self.register_buffer("delta_std", torch.ones(N_METRICS))
 
@@ -88,7 +108,15 @@ class MDNRNN(nn.Module):
         scaled = (loc.to(z.dtype) / self.max_locations).unsqueeze(-1)
         return torch.cat([z, onehot, scaled, self.loc_emb(loc)], dim=-1)
 
-    def _heads(self, out: torch.Tensor, hidden: tuple, xfer: torch.Tensor) -> WorldModelOutput:
+    def next_log_counts(self, counts: torch.Tensor, out: torch.Tensor, xfer: torch.Tensor) -> torch.Tensor:
+        """counts [..., N] of the current graph (capped here at max_locations), the LSTM output [..., H], the rule
+        applied [...] -> log1p of the next graph's predicted counts (the change added, the applied rule's own
+        count changed by its per-rule term besides, then a smooth max with 0)."""
+        own = F.one_hot(xfer, self.n_xfers + 1)[..., : self.n_xfers].to(out.dtype)      # the NO-OP: no rule's
+        change = self.count_change_head(out) + own * self.rule_uses(xfer) + self._effect_table()[xfer]
+        return torch.log1p(F.softplus(counts.to(change.dtype).clamp(0, self.max_locations) + change, beta=COUNT_BETA))
+
+    def _heads(self, out: torch.Tensor, hidden: tuple, xfer: torch.Tensor, counts: torch.Tensor) -> WorldModelOutput:
         K, Z = self.gaussians, self.z_dim
         g = self.gmm_head(out)
         lead = out.shape[:-1]
@@ -98,27 +126,55 @@ class MDNRNN(nn.Module):
         deltas = self.delta_head(out) + self.rule_delta(xfer)
         changed = (self.change_head(out) + self.rule_change(xfer)).squeeze(-1)
         return WorldModelOutput(mus, sigmas, logpi, deltas, changed, self.done_head(out).squeeze(-1),
-                                self.count_head(out), hidden)
+                                self.next_log_counts(counts, out, xfer), hidden)
+
+    def _effect_table(self) -> torch.Tensor:
+        """[N+1, N]: the change of rule j's count (column) when rule k (row; the NO-OP last) is applied."""
+        e = self.count_effects
+        if self._effects_dense is None or self._effects_dense.device != e.device:
+            table = torch.zeros(self.n_xfers + 1, self.n_xfers, device=e.device)
+            if len(e):
+                table[e[:, 0].long(), e[:, 1].long()] = e[:, 2]
+            self._effects_dense = table
+        return self._effects_dense
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        effects = state_dict.get(prefix + "count_effects")
+        if effects is not None:  # as many rows as the data gave: take the saved shape
+            self.count_effects = torch.empty_like(effects, device=self.count_effects.device)
+            self._effects_dense = None
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @torch.no_grad()
-    def set_rule_priors(self, change_logit: torch.Tensor, deltas: torch.Tensor) -> None:
+    def set_rule_priors(self, change_logit: torch.Tensor, deltas: torch.Tensor, uses: torch.Tensor,
+                        effects: torch.Tensor | None = None) -> None:
         """Start the per-rule terms at the training data's statistics: change_logit [N+1] (each rule's smoothed
-        log-odds that a step changes the metrics, minus the head's bias) and deltas [N+1, 4] (each rule's mean
-        normalised delta over its steps that changed them, shrunk towards 0)."""
+        log-odds that a step changes the metrics, minus the head's bias), deltas [N+1, 4] (each rule's mean
+        normalised delta over its steps that changed them, shrunk towards 0) and uses [N+1] (the mean change of a
+        rule's own count when it is applied, shrunk towards 0: -1 for a rule whose match is used up); effects
+        [P, 3] (rows rule k, rule j, the change of j's count when k is applied: a fixed term of the count
+        prediction)."""
         self.rule_change.weight.copy_(torch.as_tensor(change_logit, dtype=torch.float32).reshape(-1, 1)
                                       - self.change_head.bias)
         self.rule_delta.weight.copy_(torch.as_tensor(deltas, dtype=torch.float32))
+        self.rule_uses.weight.copy_(torch.as_tensor(uses, dtype=torch.float32).reshape(-1, 1))
+        if effects is not None:
+            self.count_effects = torch.as_tensor(effects, dtype=torch.float32, device=self.count_effects.device)
+            self._effects_dense = None
 
     # -- running ------------------------------------------------------------------------------------------
-    def forward(self, z: torch.Tensor, actions: torch.Tensor, hidden: tuple | None = None) -> WorldModelOutput:
-        """Whole sequences: z [B, T, Z], actions [B, T, 2] -> predictions for every step (padding is computed
-        too and must be masked by the caller; it comes after the real steps so it cannot affect them)."""
+    def forward(self, z: torch.Tensor, actions: torch.Tensor, counts: torch.Tensor,
+                hidden: tuple | None = None) -> WorldModelOutput:
+        """Whole sequences: z [B, T, Z], actions [B, T, 2], counts [B, T, N] (each step's current graph's match
+        counts) -> predictions for every step (padding is computed too and must be masked by the caller; it comes
+        after the real steps so it cannot affect them)."""
         out, hidden = self.rnn(self.encode_inputs(z, actions), hidden)
-        return self._heads(out, hidden, actions[..., 0].long().clamp(0, self.n_xfers))
+        return self._heads(out, hidden, actions[..., 0].long().clamp(0, self.n_xfers), counts)
 
-    def step(self, z_t: torch.Tensor, action_t: torch.Tensor, hidden: tuple | None = None) -> WorldModelOutput:
-        """One step: z_t [B, Z], action_t [B, 2], hidden (h, c) [1, B, H] or None -> predictions without
-        the T axis, and the next hidden state.
+    def step(self, z_t: torch.Tensor, action_t: torch.Tensor, counts_t: torch.Tensor,
+             hidden: tuple | None = None) -> WorldModelOutput:
+        """One step: z_t [B, Z], action_t [B, 2], counts_t [B, N] (the current graph's match counts), hidden
+        (h, c) [1, B, H] or None -> predictions without the T axis, and the next hidden state.
 
         The same function as :meth:`forward` on a one-step sequence (a test compares them), computed as an
         LSTM cell that never builds the (N+1)-wide one-hot input: its product with the input weights is the
@@ -138,7 +194,7 @@ class MDNRNN(nn.Module):
         i, f, g, o = gates.chunk(4, dim=-1)                              # PyTorch's gate order
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         h = torch.sigmoid(o) * torch.tanh(c)
-        return self._heads(h, (h.unsqueeze(0), c.unsqueeze(0)), xfer)
+        return self._heads(h, (h.unsqueeze(0), c.unsqueeze(0)), xfer, counts_t)
 
     def initial_hidden(self, batch: int, device=None) -> tuple:
         h = torch.zeros(1, batch, self.hidden_size, device=device)
@@ -222,9 +278,9 @@ class EnsembleMDNRNN(nn.Module):
         for m in self.members:
             m.set_delta_norm(mean, std)
 
-    def set_rule_priors(self, change_logit, deltas) -> None:
+    def set_rule_priors(self, change_logit, deltas, uses, effects=None) -> None:
         for m in self.members:
-            m.set_rule_priors(change_logit, deltas)
+            m.set_rule_priors(change_logit, deltas, uses, effects)
 
     def _split(self, hidden: tuple | None) -> list:
         if hidden is None:
@@ -243,15 +299,15 @@ class EnsembleMDNRNN(nn.Module):
             (torch.cat([o.hidden[0] for o in outs], -1), torch.cat([o.hidden[1] for o in outs], -1)),
             deltas, changed)
 
-    def forward(self, z, actions, hidden=None) -> WorldModelOutput:
-        return self._join([m(z, actions, h) for m, h in zip(self.members, self._split(hidden))])
+    def forward(self, z, actions, counts, hidden=None) -> WorldModelOutput:
+        return self._join([m(z, actions, counts, h) for m, h in zip(self.members, self._split(hidden))])
 
-    def member_outputs(self, z, actions) -> list[WorldModelOutput]:
+    def member_outputs(self, z, actions, counts) -> list[WorldModelOutput]:
         """Each member's own predictions of whole sequences (training: every member has its own loss)."""
-        return [m(z, actions) for m in self.members]
+        return [m(z, actions, counts) for m in self.members]
 
-    def step(self, z_t, action_t, hidden=None) -> WorldModelOutput:
-        return self._join([m.step(z_t, action_t, h) for m, h in zip(self.members, self._split(hidden))])
+    def step(self, z_t, action_t, counts_t, hidden=None) -> WorldModelOutput:
+        return self._join([m.step(z_t, action_t, counts_t, h) for m, h in zip(self.members, self._split(hidden))])
 
     def initial_hidden(self, batch: int, device=None) -> tuple:
         h = torch.zeros(1, batch, self.hidden_size, device=device)
