@@ -112,8 +112,9 @@ class MDNRNN(nn.Module):
         """counts [..., N] of the current graph (capped here at max_locations), the LSTM output [..., H], the rule
         applied [...] -> log1p of the next graph's predicted counts (the change added, the applied rule's own
         count changed by its per-rule term besides, then a smooth max with 0)."""
-        own = F.one_hot(xfer, self.n_xfers + 1)[..., : self.n_xfers].to(out.dtype)      # the NO-OP: no rule's
-        change = self.count_change_head(out) + own * self.rule_uses(xfer) + self._effect_table()[xfer]
+        own = self.rule_uses(xfer) * (xfer < self.n_xfers).unsqueeze(-1)               # the NO-OP: no rule's
+        change = self.count_change_head(out).scatter_add(-1, xfer.clamp(max=self.n_xfers - 1).unsqueeze(-1),
+                                                         own.to(out.dtype)) + self._effect_table()[xfer]
         return torch.log1p(F.softplus(counts.to(change.dtype).clamp(0, self.max_locations) + change, beta=COUNT_BETA))
 
     def _heads(self, out: torch.Tensor, hidden: tuple, xfer: torch.Tensor, counts: torch.Tensor) -> WorldModelOutput:
