@@ -5,10 +5,10 @@ Input: ``latents.npz`` (stage ``train_encoder``; arrays for E episodes of at mos
 ``counts`` [E, T+1, N], ``done`` [E, T], ``valid`` [E, T], ``holdout`` [E], scalars ``n_xfers``,
 ``max_locations``, ``z_dim``.
 
-Training pairs of episode e at step t < lengths[e]: input (z_t, a_t, counts_t); targets z_{t+1}, whether the step changed
-any cost metric (changed_t), the normalised log1p-metric delta (see :mod:`rlflow.nn.mdnrnn`; mean/std over the
-training steps that changed them), done_t and log1p(counts_{t+1}) (counts capped at max_locations, as the masks are). Steps t >= lengths[e] are padding: a mask
-removes them from every loss term.
+Training pairs of episode e at step t < lengths[e]: input (z_t, a_t, counts_t); targets z_{t+1}, whether the
+step changed any cost metric (changed_t), the normalised log1p-metric delta (see :mod:`rlflow.nn.mdnrnn`;
+mean/std over the training steps that changed them), done_t and log1p(counts_{t+1}) (counts capped at
+max_locations, as the masks are). Steps t >= lengths[e] are padding: a mask removes them from every loss term.
 
     loss = gmm NLL per dimension + BCE(changed) + MSE(deltas, over the steps that changed the metrics)
            + BCE(done) + MSE(log1p counts)

@@ -2,8 +2,8 @@
 
 State per copy: the latent z of the current (imagined) graph, the world model's LSTM state h, the graph's
 predicted metrics and per-rule match counts, and the step. An action (rule, location) is fed with z and the
-counts to the world model, which predicts the next z (a Gaussian mixture, sampled with temperature tau: mixture logits divided
-by tau before the softmax, the spread scaled by sqrt(tau), as in World Models), whether the metrics change at all
+counts to the world model, which predicts the next z (a Gaussian mixture, sampled with temperature tau: mixture
+logits divided by tau before the softmax, the spread scaled by sqrt(tau), as in World Models), whether the metrics change at all
 (sampled: a step that changes nothing keeps the metrics exactly), the metric deltas, done, and the
 next graph's match counts (as a change of the current ones: a rule whose matches are used up leaves the masks),
 from which the next masks follow. The reward is the configured reward class applied

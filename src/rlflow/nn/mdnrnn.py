@@ -20,7 +20,7 @@ from its output ``h_t`` the heads predict what follows action ``a_t`` in graph `
                          own count has a per-rule term besides (``rule_uses``), and a fixed table from the data
                          says what applying rule k does to rule j's count (``count_effects``: one merge uses up
                          the same pair's other merge rules' matches, moving a scale opens the fold that follows
-                         it; see :func:`rlflow.agents.world_model.rule_priors`). Rule k is applicable
+                         it; see :func:`rlflow.agents.world_model.count_effects`). Rule k is applicable
                          iff expm1(log_counts_k) > 0.5 (:meth:`MDNRNN.masks`). Predicted outright, the counts did
                          not fall as matches were used up: in the dream BERT's MatMul merges never ran out (69 in
                          one 100-step episode; the real graph has about 24), and the controller learned nothing else
