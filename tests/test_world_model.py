@@ -489,31 +489,34 @@ def test_a_rule_whose_matches_are_used_up_leaves_the_dream(tmp_path):
         assert obs["xfer_mask"][:, 1].all()  # the neutral rule's 3 matches stay
 
 
-def _effects_data(steps):
+def _effects_data(steps, runtime=None):
     """A latents dict (no z needed) of one episode per list in ``steps``: (rule applied, counts after), 4 rules,
-    all starting at counts (3, 3, 0, 0)."""
+    all starting at counts (3, 3, 0, 0); ``runtime`` {rule: factor}: applying the rule multiplies the runtime by
+    it (other rules leave every metric as it was)."""
     E, T, N = len(steps), max(map(len, steps)), 4
     actions = np.full((E, T, 2), -1, np.int64)
     counts = np.zeros((E, T + 1, N), np.int64)
     valid = np.zeros((E, T), bool)
+    metrics = np.ones((E, T + 1, 4))
     for e, ep in enumerate(steps):
         counts[e, 0] = (3, 3, 0, 0)
         for t, (k, after) in enumerate(ep):
             actions[e, t], valid[e, t], counts[e, t + 1] = (k, 0), True, after
+            metrics[e, t + 1:, 0] *= (runtime or {}).get(k, 1.0)
         counts[e, len(ep) + 1:] = counts[e, len(ep)]
     return {"z": np.zeros((E, T + 1, 1)), "lengths": np.array([len(x) for x in steps]), "actions": actions,
-            "counts": counts, "valid": valid, "metrics": np.ones((E, T + 1, 4)), "done": np.zeros((E, T), bool),
+            "counts": counts, "valid": valid, "metrics": metrics, "done": np.zeros((E, T), bool),
             "n_xfers": N, "max_locations": 8}
 
 
 def test_count_effects_keep_decreases_and_one_way_raises_not_circular_ones():
     """Rules 0 and 1 are two merges of the same pairs (each uses up one of its own and one of the other's
-    matches); rule 0 also opens a fold (rule 2, one-way); rule 3 is an un-merge that raises rule 0, and rule 0
-    raises rule 3: a circle, left out."""
+    matches; they lower the runtime); rule 0 also opens a fold (rule 2, one-way); rule 3 is an un-merge that
+    raises rule 0 (and the runtime), and rule 0 raises rule 3: a circle, left out."""
     from rlflow.agents.world_model import PRIOR_STEPS, count_effects
 
     ep = [(0, (2, 2, 1, 1)), (1, (1, 1, 1, 1)), (3, (2, 1, 1, 0))]
-    data = _effects_data([ep, ep[:2]])
+    data = _effects_data([ep, ep[:2]], runtime={0: 0.9, 1: 0.9, 3: 1.1})
     uses, effects, circular = count_effects(data, np.arange(2))
     # applications: rule 0 twice, rule 1 twice, rule 3 once
     assert uses.tolist() == pytest.approx([-2 / (2 + PRIOR_STEPS), -2 / (2 + PRIOR_STEPS), 0, -1 / (1 + PRIOR_STEPS), 0])
@@ -530,6 +533,27 @@ def test_count_effects_keep_decreases_and_one_way_raises_not_circular_ones():
     assert torch.expm1(t.log_counts[0, :, 3]).round().tolist() == [0, 1, 0]  # real 1, 1, 0
     assert torch.expm1(t.log_counts[0, :, 0]).round().tolist() == [2, 1, 1]  # real 2, 1, 2 (the un-merge raises it)
     assert torch.expm1(t.log_counts[0, :, 2]).round().tolist() == [1, 1, 1]  # the one-way raise: taught
+
+
+@pytest.mark.parametrize("rule_0_runtime, rule_3_runtime, kept", [(0.9, 1.0, True), (0.9, 0.9, True),
+                                                                   (0.9, 1.1, False), (1.0, 1.0, False)])
+def test_count_effects_keep_a_circle_that_only_goes_down(rule_0_runtime, rule_3_runtime, kept):
+    """A scale that moves into a MatMul (rule 0: lowers the runtime) opens its move through the head split
+    (rule 3: no change), which opens the move into the MatMul again: a circle, but one in which no step raises
+    the runtime -- the way to the fold into the weight. Its raises stay in the table (and in the targets). With a
+    rule in it that raises the runtime (as an un-merge), or with no rule that lowers it (as Mul <-> ScalarMul),
+    they are left out."""
+    from rlflow.agents.world_model import PRIOR_STEPS, count_effects
+
+    ep = [(0, (2, 3, 0, 1)), (3, (3, 3, 0, 0))]
+    data = _effects_data([ep, ep], runtime={0: rule_0_runtime, 3: rule_3_runtime})
+    _, effects, circular = count_effects(data, np.arange(2))
+    got = {(int(k), int(j)): v for k, j, v in effects}
+    if kept:
+        assert got == pytest.approx({(0, 3): 2 / (2 + PRIOR_STEPS), (3, 0): 2 / (2 + PRIOR_STEPS)})
+        assert len(circular) == 0
+    else:
+        assert got == {} and sorted(map(tuple, circular.tolist())) == [(0, 3), (3, 0)]
 
 
 @pytest.mark.parametrize("members", [1, 2])

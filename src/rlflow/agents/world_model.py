@@ -182,14 +182,17 @@ def count_effects(data: dict, episodes: np.ndarray) -> tuple[np.ndarray, np.ndar
 
     -> uses [N+1] (the diagonal: a rule's own count; 0 for the NO-OP), effects [P, 3] (rows k, j, change) of
     the other pairs whose change is at least EFFECT_MIN in size, keeping every decrease (one merge uses up the
-    same pair's other merge rules' matches) and the increases that cannot feed back, and circular [Q, 2] (rows
-    k, j): the increases left out, where j also raises k, directly or through other rules (k and j in one
-    strongly connected component of the increases). Such raises go round in circles -- a merge raises its
-    un-merge, which raises the merge -- and a dream that followed them would offer merges the graph no longer
-    has (an earlier world model paid a controller about +0.24 per un-merge/merge cycle that way). The world model
-    is not taught them either (:func:`make_tensors` keeps j's count in the target), or its count head learns them
-    as a drift that every step adds. One-way raises, such as a scale moved next to a weight opening the fold into
-    it, are kept."""
+    same pair's other merge rules' matches) and the increases, and circular [Q, 2] (rows k, j): the increases left
+    out, those that go round in circles a dream can exploit. k and j are then in one strongly connected component
+    of the increases (j also raises k, directly or through other rules) that is not a way down: a rule in it
+    raises the runtime in at least half of its steps, or none lowers it in half of its steps. A merge raises its
+    un-merge, which raises the merge back (an earlier world model paid a controller about +0.24 per cycle); Mul
+    <-> ScalarMul changes nothing (a controller spent 52 of its 96 real steps on it). The world model is not
+    taught these raises either (:func:`make_tensors` keeps j's count in the target), or its count head learns
+    them as a drift that every step adds. A circle in which no step raises the runtime and some lower it is kept:
+    the attention scale moves into the Q MatMul (cheaper), through the head split and back, and only this way
+    reaches the fold into the weight. Leaving it out hid that fold from the dream. One-way raises, such as a
+    scale moved next to a weight opening the fold into it, are kept."""
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import connected_components
 
@@ -206,12 +209,20 @@ def count_effects(data: dict, episodes: np.ndarray) -> tuple[np.ndarray, np.ndar
         before = np.minimum(data["counts"][e[sel], t[sel]], L).astype(np.float64)
         after = np.minimum(data["counts"][e[sel], t[sel] + 1], L).astype(np.float64)
         total[rule] = (after - before).sum(0)
-    change = total / (np.bincount(k, minlength=N + 1)[:, None] + PRIOR_STEPS)
+    steps = np.bincount(k, minlength=N + 1)
+    change = total / (steps[:, None] + PRIOR_STEPS)
     uses = np.append(np.diagonal(change[:N]), 0.0)
     change[np.arange(N), np.arange(N)] = 0.0
     up = change[:N] >= EFFECT_MIN
-    _, comp = connected_components(csr_matrix(up), directed=True, connection="strong")
-    circle = up & (comp[:, None] == comp[None, :])
+    n_comp, comp = connected_components(csr_matrix(up), directed=True, connection="strong")
+    runtime = log_deltas(data["metrics"])[e, t, 0]
+    half = 0.5 * np.maximum(steps[:N], 1)
+    lowers = np.bincount(k, weights=runtime < -CHANGE_EPS, minlength=N + 1)[:N] >= half
+    raises = np.bincount(k, weights=runtime > CHANGE_EPS, minlength=N + 1)[:N] >= half
+    # per component: a way down (some rule lowers the runtime, none raises it)
+    downhill = ((np.bincount(comp, weights=lowers, minlength=n_comp) > 0)
+                & (np.bincount(comp, weights=raises, minlength=n_comp) == 0))
+    circle = up & (comp[:, None] == comp[None, :]) & ~downhill[comp][:, None]
     src, dst = np.nonzero((change[:N] <= -EFFECT_MIN) | (up & ~circle))
     effects = np.stack([src, dst, change[src, dst]], -1).astype(np.float32).reshape(-1, 3)
     return uses, effects, np.argwhere(circle).astype(np.int64).reshape(-1, 2)
