@@ -183,6 +183,41 @@ def test_search_result_replays_the_run_up_to_its_best_step(setting):
         search_result("rlflow", graph, rules, cost, bad, folded, final, 0.5)
 
 
+def test_an_episode_that_never_revisits_turns_down_the_step_back_and_counts_it(setting):
+    """add-commutativity at location 0, taken twice, gives the graph back. An agent that always wants it goes
+    back and forth; with ``no_revisit`` the step back is looked at, turned down (a counted interaction) and the
+    agent chooses again among the rest, so no graph repeats. An agent that keeps asking for a seen graph ends
+    the episode (NO-OP) after REVISIT_TRIES looks."""
+    from rlflow.agents.real_env import REVISIT_TRIES, run_episode
+
+    make, encoder, wm, rules = setting
+    k = next(i for i, r in enumerate(rules) if r.id == "b-add-comm")
+
+    def choose(obs, xm, lm):  # (k, 0) while the masks allow it, else the first allowed action
+        if lm[0, k, 0]:
+            return k, 0
+        first = int(torch.nonzero(xm[0, :-1])[0])
+        return first, int(torch.nonzero(lm[0, first])[0])
+
+    for no_revisit in (False, True):
+        env = make()
+        hashes = [env.initial_index.graph.structural_hash()]
+        start = env.total_steps
+        run = run_episode(env, choose, lambda obs, action: hashes.append(env.graph.structural_hash()), no_revisit)
+        assert len(run["actions"]) == 4 and run["steps"] == env.total_steps - start
+        if no_revisit:
+            assert len(set(hashes)) == len(hashes) == 5
+            assert run["turned_down"] >= 1 and run["steps"] == 4 + run["turned_down"]
+        else:
+            assert hashes[0] == hashes[2] == hashes[4] != hashes[1] and run["turned_down"] == 0
+            assert run["steps"] == 4
+
+    env = make()
+    stubborn = run_episode(env, lambda obs, xm, lm: (k, 0), no_revisit=True)
+    assert stubborn["actions"] == [[k, 0], [env.n_xfers, 0]]
+    assert stubborn["turned_down"] == REVISIT_TRIES and stubborn["steps"] == 2 + REVISIT_TRIES
+
+
 # ------------------------------------------------------------------ agent checkpoints
 def test_agent_checkpoint_round_trip_and_rule_check(setting, tmp_path):
     from rlflow.agents.checkpoint import Agent, load_agent, rules_fingerprint
@@ -197,7 +232,11 @@ def test_agent_checkpoint_round_trip_and_rule_check(setting, tmp_path):
     path = tmp_path / "a.pt"
     torch.save(agent.payload(), path)
     back = load_agent(path)
-    assert back.method == "rlflow" and back.env == {"max_steps": 4, "max_locations": 8, "episodes": 3}
+    assert back.method == "rlflow" and back.env == {"max_steps": 4, "max_locations": 8, "episodes": 3,
+                                                    "no_revisit": False}
+    agent.env["no_revisit"] = True
+    torch.save(agent.payload(), path)
+    assert load_agent(path).env["no_revisit"] is True
     x = torch.randn(3, args["in_dim"])
     for a, b in ((policy, back.policy),):
         torch.testing.assert_close(a.trunk(x), b.trunk(x))

@@ -230,6 +230,37 @@ def test_noop_ends_the_episode_and_max_steps_truncates(bert, rules):
     assert flags == [(False, False), (False, False), (False, True)]
 
 
+def test_peek_names_the_next_graph_counts_one_look_and_the_step_reuses_it(bert, rules):
+    """peek gives the hash of the graph a step would give without moving; each look is a counted interaction,
+    and a step that takes the rewrite just looked at is not counted again (a different one is)."""
+    env = make(bert, rules)
+    obs, _ = env.reset()
+    first, second = [(int(k), 0) for k in np.flatnonzero(obs["xfer_mask"][:-1])[:2]]
+    before, start = env.graph.structural_hash(), env.total_steps
+    looked = env.peek(first)
+    assert env.graph.structural_hash() == before and env.steps == 0 and env.total_steps == start + 1
+    env.step(first)
+    assert env.graph.structural_hash() == looked and env.total_steps == start + 1
+    # a look at one rewrite, then a step of another: both count; the step applies its own rewrite
+    env.reset()
+    env.peek(first)
+    env.step(second)
+    want = make(bert, rules)
+    want.reset()
+    want.step(second)
+    assert env.graph.structural_hash() == want.graph.structural_hash() != looked
+    assert env.total_steps == start + 3
+    # the NO-OP and an invalid action give no graph and count nothing; a reset forgets a look
+    unmatched = int(np.flatnonzero(obs["xfer_mask"][:-1] == 0)[0])
+    n = env.total_steps
+    assert env.peek((env.noop, 0)) is None and env.peek((unmatched, 0)) is None and env.total_steps == n
+    env.reset()
+    env.peek(first)
+    env.reset()
+    env.step(first)
+    assert env.total_steps == n + 2
+
+
 def test_same_actions_same_graph_and_metrics(bert, rules):
     a, b = make(bert, rules), make(bert, rules)
     actions = random_actions(a, 12, seed=3)

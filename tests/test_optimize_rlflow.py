@@ -262,7 +262,8 @@ def test_agent_checkpoint_is_self_contained(trained, name, method):
     assert data["rules"] == rules_fingerprint(load_rules(trained / "rules.json"))
     episodes = 8  # the fixture's controller.eval_episodes and model_free.eval_episodes
     n = len(load_rules(trained / "rules.json"))  # the tiny config's generated rules plus every builtin rule
-    assert data["rules"]["count"] == n and data["env"] == {"max_steps": 5, "max_locations": 200, "episodes": episodes}
+    assert data["rules"]["count"] == n and data["env"] == {"max_steps": 5, "max_locations": 200, "episodes": episodes,
+                                                    "no_revisit": False}
     agent = load_agent(trained / name)
     assert agent.method == method and agent.policy_args["n_xfers"] == n
 

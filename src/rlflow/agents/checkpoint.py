@@ -157,7 +157,7 @@ class Agent:
     encoder, the world model (the controller only: its LSTM state h is half of the policy's input), the
     fingerprint of the rule set it was trained with, and the environment settings (horizon, locations, and the
     real episodes of a run: ``controller.eval_episodes`` / ``model_free.eval_episodes``, the first greedy, the
-    others sampled with a fixed seed).
+    others sampled with a fixed seed; ``no_revisit``: config ``env.no_revisit``, False in checkpoints from before it).
 
     Built by the training stages from their networks (then :meth:`payload` is the final checkpoint) and by
     :func:`load_agent` from such a checkpoint. :meth:`optimise` runs it greedily in the real environment."""
@@ -172,7 +172,7 @@ class Agent:
         self.encoder, self.world_model = encoder, world_model
         self.rules = dict(rules)
         self.env = {"max_steps": int(env["max_steps"]), "max_locations": int(env["max_locations"]),
-                    "episodes": int(env.get("episodes", 1))}
+                    "episodes": int(env.get("episodes", 1)), "no_revisit": bool(env.get("no_revisit", False))}
         if self.env["episodes"] < 1:
             raise ValueError("episodes: at least 1")
         self.config, self.info = dict(config or {}), dict(info or {})
@@ -225,11 +225,12 @@ class Agent:
             from rlflow.agents.controller import run_in_real_env
 
             run = run_in_real_env(self.policy, self.encoder, self.world_model, env, device,
-                                  episodes=self.env["episodes"])
+                                  episodes=self.env["episodes"], no_revisit=self.env["no_revisit"])
         else:
             from rlflow.agents.model_free import run_model_free
 
-            run = run_model_free(self.policy, self.encoder, env, device, episodes=self.env["episodes"])
+            run = run_model_free(self.policy, self.encoder, env, device, episodes=self.env["episodes"],
+                                 no_revisit=self.env["no_revisit"])
         folded, final = finish(run["best_graph"], cost)
         seconds = time.perf_counter() - t0
         result = search_result(method_label or self.method, graph, rules, cost, run, folded, final, seconds,

@@ -265,7 +265,8 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
 
     used = {"seed": seed, "device": get(config, "device"), "cost.target": resolve_target(config),
             "env.reward": get(config, "env.reward"), "ppo": get(config, "ppo"), spec["section"]: section,
-            "env.max_steps": max_steps, "env.max_locations": max_locations}
+            "env.max_steps": max_steps, "env.max_locations": max_locations,
+            "env.no_revisit": get(config, "env.no_revisit")}
     if method == "rlflow":  # iterated model-based training trains the world model again
         used["world_model"] = get(config, "world_model")
     ckpt = Checkpointer(files.out, fingerprint({k: v for k, v in used.items() if k not in ("device", "cost.target")},
@@ -340,7 +341,8 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
 
     # the trained agent optimises the model in the real environment
     agent = Agent(method, policy, policy_args, encoder, rules_fingerprint(problem.rules),
-                  {"max_steps": max_steps, "max_locations": max_locations, "episodes": section["eval_episodes"]},
+                  {"max_steps": max_steps, "max_locations": max_locations, "episodes": section["eval_episodes"],
+                   "no_revisit": get(config, "env.no_revisit")},
                   world_model=world.wm, config=used,
                   info={"model": model, "cost": problem.cost.describe(), "trained_seconds": train_s})
     result, episode = agent.optimise(problem.graph, problem.rules, problem.cost, device)

@@ -63,21 +63,40 @@ class RealVectorEnv:
         return self._observe(), torch.tensor(rewards, dtype=torch.float32), torch.tensor(dones)
 
 
+#: rewrites an agent may choose at one step that all give graphs seen earlier in the episode (``no_revisit``),
+#: before the episode ends instead
+REVISIT_TRIES = 16
+
+
 @torch.no_grad()
 def run_episode(env: GraphRewriteEnv, choose: Callable[[dict, torch.Tensor, torch.Tensor], tuple[int, int]],
-                after_step: Callable[[dict, tuple[int, int]], None] | None = None) -> dict:
+                after_step: Callable[[dict, tuple[int, int]], None] | None = None, no_revisit: bool = False) -> dict:
     """One episode from the original graph. ``choose(obs, xfer_mask, location_mask) -> action``; the best
-    graph seen (lowest estimated runtime) is kept. Returns actions, metrics, steps, the best graph and its
-    metrics."""
+    graph seen (lowest estimated runtime) is kept. Returns actions, metrics, steps (the real interactions: the
+    steps and, with ``no_revisit``, the looks turned down), the best graph and its metrics.
+
+    ``no_revisit`` (config ``env.no_revisit``): the episode never steps back to a graph it has seen. Each rewrite
+    chosen is first looked at (:meth:`GraphRewriteEnv.peek`, a counted interaction); one that gives a graph
+    seen earlier is masked out and the agent chooses again, at most REVISIT_TRIES times, then the NO-OP ends
+    the episode. Without it an agent can spend its horizon going round a circle of rewrites that change
+    nothing (swapping two concats back and forth)."""
     obs, info = env.reset()
+    start = env.total_steps
+    seen = {env.graph.structural_hash()} if no_revisit else set()
     best = {k: info[k] for k in METRIC_NAMES}
     best_graph, best_step = env.graph, 0
     actions, metrics = [], [best]
-    done = False
+    done, turned_down = False, 0
     while not done:
         xm, lm = mask_tensors([obs])
-        action = choose(obs, xm, lm)
+        if no_revisit:
+            action, graph_hash, n = _first_unseen(env, choose, obs, xm, lm, seen)
+            turned_down += n
+        else:
+            action, graph_hash = choose(obs, xm, lm), None
         obs, _, terminated, truncated, info = env.step(action)
+        if graph_hash is not None:
+            seen.add(graph_hash)
         if after_step is not None:
             after_step(obs, action)
         actions.append(list(action))
@@ -86,8 +105,25 @@ def run_episode(env: GraphRewriteEnv, choose: Callable[[dict, torch.Tensor, torc
         if m["runtime_ms"] < best["runtime_ms"]:
             best, best_graph, best_step = m, env.graph, len(actions)
         done = terminated or truncated
-    return {"actions": actions, "metrics": metrics, "steps": len(actions), "best": best, "best_graph": best_graph,
-            "best_step": best_step, "initial": metrics[0]}
+    return {"actions": actions, "metrics": metrics, "steps": env.total_steps - start, "best": best,
+            "best_graph": best_graph, "best_step": best_step, "initial": metrics[0], "turned_down": turned_down}
+
+
+def _first_unseen(env: GraphRewriteEnv, choose, obs: dict, xm: torch.Tensor, lm: torch.Tensor,
+                  seen: set[str]) -> tuple[tuple[int, int], str | None, int]:
+    """The agent's first choice whose graph is not in ``seen`` (each looked at with ``env.peek``), the hash of
+    that graph (None: the NO-OP or an invalid action, the graph stays) and how many were turned down; the
+    NO-OP after REVISIT_TRIES choices that all were."""
+    xm, lm = xm.clone(), lm.clone()
+    for tries in range(REVISIT_TRIES):
+        action = tuple(choose(obs, xm, lm))
+        graph_hash = env.peek(action)
+        if graph_hash is None or graph_hash not in seen:
+            return action, graph_hash, tries
+        xfer, loc = action
+        lm[0, xfer, loc] = False
+        xm[0, xfer] = bool(lm[0, xfer].any())
+    return (env.noop, 0), None, REVISIT_TRIES
 
 
 def run_episodes(one_episode: Callable[[bool, torch.Generator], dict], episodes: int = 1, greedy: bool = True,
@@ -104,6 +140,7 @@ def run_episodes(one_episode: Callable[[bool, torch.Generator], dict], episodes:
     runs = [one_episode(greedy and i == 0, gen) for i in range(episodes)]
     best = min(range(episodes), key=lambda i: (runs[i]["best"]["runtime_ms"], i))
     return {**runs[best], "steps": sum(r["steps"] for r in runs), "best_episode": best, "episodes": episodes,
+            "turned_down": sum(r.get("turned_down", 0) for r in runs),
             "episode_steps": [r["steps"] for r in runs],
             "episode_best_runtime_ms": [r["best"]["runtime_ms"] for r in runs]}
 
@@ -155,7 +192,8 @@ def search_result(method: str, graph, rules, cost, run: dict, folded, final, sec
         expansions=run["steps"], seconds=seconds, generated=0, kept=len(trace), stop_reason=stop,
         nodes_before=len(graph.nodes), nodes_after=len(folded.nodes), settings=dict(settings or {}),
         stats={"real_steps": run["steps"], "episodes": run.get("episodes", 1),
-               "best_episode": run.get("best_episode", 0), "best_step": run["best_step"], "invalid_actions": invalid})
+               "best_episode": run.get("best_episode", 0), "best_step": run["best_step"], "invalid_actions": invalid,
+               "revisits_turned_down": run.get("turned_down", 0)})
 
 
 def agent_summary(result, diff: float, label: str) -> str:

@@ -17,6 +17,10 @@ when the reward measures real latency: the graph's latency over the episode's fi
 ``latency_meter``, 1 where no difference is detected), ``counts`` (matches per rule, not truncated at L), ``valid``, ``noop``,
 ``rule`` (the id applied) and ``step``, so a recorded episode can be re-scored with any reward.
 
+:meth:`peek` tells which graph a rewrite would give without taking the step (the agents' evaluation episodes use
+it to never step back to a graph they have seen). Looking is a real interaction too: it counts in
+``total_steps`` like a step, and a step that takes the rewrite just looked at reuses it and is not counted again.
+
 The environment is deterministic: the same actions give the same graphs (structural hash) and metrics.
 
 Defaults: no ``graph`` is :data:`DEFAULT_GRAPH` (the model zoo's tiny BERT, shipped with the package); no ``rules``
@@ -111,6 +115,7 @@ class GraphRewriteEnv(gym.Env):
         #: agent used (rlflow.agents.driver counts them from here)
         self.total_steps = 0
         self._stale_latency = False
+        self._peeked: tuple[int, int, MatchIndex] | None = None  # the last rewrite looked at (peek), not taken
 
     # ------------------------------------------------------------------ state
     @property
@@ -170,13 +175,29 @@ class GraphRewriteEnv(gym.Env):
         self._node_costs = self._initial_node_costs
         self.steps = 0
         self._stale_latency = False
+        self._peeked = None
         counts = self.counts()
         return self._observation(counts), self._info(counts, valid=True, noop=False, rule=None)
 
+    def peek(self, action) -> str | None:
+        """The structural hash of the graph that ``action`` would give (:meth:`rlflow.graph.ir.Graph.structural_hash`),
+        without taking the step; None for the NO-OP or an invalid action (they leave the graph as it is). Counts
+        one real interaction (``total_steps``); :meth:`step` with the same action next takes the rewrite looked at
+        without counting it again."""
+        xfer, loc = int(action[0]), int(action[1])
+        if not (0 <= xfer < self.n_xfers and 0 <= loc < min(self._counts[xfer], self.max_locations)):
+            return None
+        self.total_steps += 1
+        index = self.index.apply(xfer, loc)
+        self._peeked = (xfer, loc, index)
+        return index.graph.structural_hash()
+
     def step(self, action):
         xfer, loc = int(action[0]), int(action[1])
+        peeked, self._peeked = self._peeked, None
+        looked = peeked is not None and peeked[:2] == (xfer, loc)
         self.steps += 1
-        self.total_steps += 1
+        self.total_steps += 0 if looked else 1
         truncated = self.steps >= self.max_steps
         counts = self.counts()
         prev = self.metrics
@@ -190,7 +211,7 @@ class GraphRewriteEnv(gym.Env):
             extra = {"valid": False, "noop": False, "rule": None}
             terminated, reward = False, self.reward_fn.invalid_penalty
         else:
-            self._set_index(self.index.apply(xfer, loc))
+            self._set_index(peeked[2] if looked else self.index.apply(xfer, loc))
             counts = self.counts()
             terminated = False
             measure = self.reward_fn.needs_latency and (truncated or self.steps % self.reward_fn.every == 0)

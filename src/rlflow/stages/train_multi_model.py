@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     rollouts = {m: _rollouts(args.results_dir, m) for m in train_names}
     used = {"seed": seed, "encoder": get(config, "encoder"), "ppo": get(config, "ppo"), "multi_model": section,
             "env.max_steps": get(config, "env.max_steps"), "env.max_locations": get(config, "env.max_locations"),
-            "env.reward": get(config, "env.reward")}
+            "env.reward": get(config, "env.reward"), "env.no_revisit": get(config, "env.no_revisit")}
     inputs = [args.rules] + [args.results_dir / m / f for m in train_names for f in ("model.onnx", "rollouts.json")]
     live = TrainingLog(args.logs, params=used)
     enc_ckpt = Checkpointer(args.encoder, fingerprint({k: used[k] for k in ("seed", "encoder", "env.max_steps",
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         list(training.values()), encoder, config, seed, ckpt, not args.no_progress, log, live, meter)
     agent = Agent("model_free", policy, policy_args, encoder, rules_fingerprint(problems[train_names[0]].rules),
                   {"max_steps": get(config, "env.max_steps"), "max_locations": get(config, "env.max_locations"),
-                   "episodes": section["eval_episodes"]},
+                   "episodes": section["eval_episodes"], "no_revisit": get(config, "env.no_revisit")},
                   config=used, info={"models": train_names, "cost": problems[train_names[0]].cost.describe(),
                                      "trained_seconds": train_s})
 
