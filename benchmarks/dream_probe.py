@@ -115,7 +115,8 @@ def main() -> int:
             d_missed[step["rule_name"]] += not bool(d_counts[k] > 0.5)
             action = torch.tensor([[k, step["location"]]])
             d_out = wm.step(d_z, action, d_counts[None], d_hidden)  # the dream's own z and counts
-            d_hidden, d_z, d_counts = d_out.hidden, wm.sample_z(d_out, tau, gen), wm.counts(d_out.log_counts)[0]
+            d_counts = torch.round(wm.counts(d_out.log_counts)[0])  # whole matches, as the dream carries them
+            d_hidden, d_z = d_out.hidden, wm.sample_z(d_out, tau, gen)
             z = encode(agent.encoder, [obs], "cpu")
             prev = {n: torch.tensor([info[n]], dtype=torch.float64) for n in METRIC_NAMES}
             out = wm.step(z, action, torch.as_tensor(env.counts(), dtype=torch.float32)[None], hidden)
@@ -126,7 +127,7 @@ def main() -> int:
             obs, _, _, _, info = env.step((k, int(step["location"])))
             r_real.append(float(reward(prev, {n: torch.tensor([info[n]], dtype=torch.float64) for n in METRIC_NAMES},
                                        first)))
-            counts = wm.counts(out.log_counts)[0]
+            counts = torch.round(wm.counts(out.log_counts)[0])
     n = len(trace["steps"])
     err = (torch.tensor(r_pred) - torch.tensor(r_real)).abs()
     drop = lambda c: {r: m for r, m in c.most_common(8) if m}  # noqa: E731

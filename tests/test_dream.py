@@ -165,3 +165,26 @@ def test_the_ensemble_disagreement_is_subtracted_from_the_dream_reward():
     assert torch.allclose(rewards[1.0], rewards[0.0] - spread, atol=1e-5)
     with pytest.raises(RLFlowError, match="penalty"):
         dream(-1.0)
+
+
+def test_a_used_up_rule_does_not_creep_back_through_small_predicted_changes():
+    """The dream carries whole match counts. A count head that adds +0.2 to every rule at every step (a small
+    bias) must not bring a used-up rule (count 0) back into the masks, however many steps it runs: carried as
+    fractions, 0 -> 0.27 -> 0.47 -> 0.67 would offer it again at the third step (0.07 of it the smooth max's
+    offset). A change of at least half a match still counts: +0.6 opens the rule at once."""
+    for bias, opened_at in ((0.2, None), (0.6, 1)):
+        env = make_dream(num_envs=4, max_steps=20)
+        with torch.no_grad():
+            env.wm.count_change_head.weight.zero_()
+            env.wm.count_change_head.bias.fill_(bias)
+            env.wm.done_head.weight.zero_()
+            env.wm.done_head.bias.fill_(-50.0)  # never a predicted done
+        obs = env.reset()
+        assert not obs["xfer_mask"][:, 1].any()  # rule 1 starts used up
+        first = None
+        for step in range(1, 12):
+            obs, _, _ = env.step_batch(torch.full((4,), 2), torch.zeros(4, dtype=torch.long))  # rule 2: 7 matches
+            if first is None and obs["xfer_mask"][:, 1].all():
+                first = step
+            assert torch.equal(env.counts, env.counts.round())
+        assert first == opened_at

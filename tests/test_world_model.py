@@ -520,10 +520,13 @@ def test_count_effects_keep_decreases_and_one_way_raises_not_circular_ones():
     uses, effects, circular = count_effects(data, np.arange(2))
     # applications: rule 0 twice, rule 1 twice, rule 3 once
     assert uses.tolist() == pytest.approx([-2 / (2 + PRIOR_STEPS), -2 / (2 + PRIOR_STEPS), 0, -1 / (1 + PRIOR_STEPS), 0])
-    got = {(int(k), int(j)): v for k, j, v in effects}
+    got = {(int(k), int(j)): v for k, j, v, _ in effects}
     assert got == pytest.approx({(0, 1): -2 / (2 + PRIOR_STEPS),      # a merge uses up the other merge's match
                                  (1, 0): -2 / (2 + PRIOR_STEPS),
                                  (0, 2): 2 / (2 + PRIOR_STEPS)})      # and opens the fold: one-way, kept
+    # the fold was at 0 both times rule 0 opened it: the raise applies from 0 too; a decrease never does
+    at_zero = {(int(k), int(j)): v for k, j, _, v in effects}
+    assert at_zero == pytest.approx({(0, 1): 0, (1, 0): 0, (0, 2): 2 / (2 + PRIOR_STEPS)})
     # 0 -> 3 (merge raises its un-merge, 2/3) and 3 -> 0 (un-merge raises the merge, 1/2): a circle, both out
     assert (0, 3) not in got and (3, 0) not in got and sorted(map(tuple, circular.tolist())) == [(0, 3), (3, 0)]
     # and the world model is not taught them: where rule 0 is applied, rule 3's target count stays as it was
@@ -548,12 +551,31 @@ def test_count_effects_keep_a_circle_that_only_goes_down(rule_0_runtime, rule_3_
     ep = [(0, (2, 3, 0, 1)), (3, (3, 3, 0, 0))]
     data = _effects_data([ep, ep], runtime={0: rule_0_runtime, 3: rule_3_runtime})
     _, effects, circular = count_effects(data, np.arange(2))
-    got = {(int(k), int(j)): v for k, j, v in effects}
+    got = {(int(k), int(j)): v for k, j, v, _ in effects}
     if kept:
         assert got == pytest.approx({(0, 3): 2 / (2 + PRIOR_STEPS), (3, 0): 2 / (2 + PRIOR_STEPS)})
         assert len(circular) == 0
+        # rule 3 only ever raised rule 0 from 2: where rule 0 is at 0 the raise does not apply
+        assert {(int(k), int(j)): v for k, j, _, v in effects} == pytest.approx({(0, 3): 2 / (2 + PRIOR_STEPS),
+                                                                               (3, 0): 0})
     else:
         assert got == {} and sorted(map(tuple, circular.tolist())) == [(0, 3), (3, 0)]
+
+
+def test_a_raise_never_seen_from_zero_does_not_open_a_used_up_rule():
+    """bert's attention scale moved off the Q/K input makes a merge possible again (+0.61 on average), but the
+    rollouts never moved it once the merges were all made. A raise whose 4th column (the change where j's count
+    is 0) is 0 adds to a count above 0 and leaves a count at 0 alone; a 3-column table (older checkpoints)
+    applies it everywhere."""
+    from rlflow.nn.mdnrnn import MDNRNN
+
+    torch.manual_seed(0)
+    for effects, from_zero in (([[0, 2, 1.0, 0.0]], 0.0), ([[0, 2, 1.0]], 1.0)):
+        m = MDNRNN(3, 4, 8, hidden=8, gaussians=2).eval()
+        m.set_rule_priors(np.zeros(5), np.zeros((5, 4)), -np.ones(5), np.array(effects))
+        for c2, want in ((0.0, from_zero), (1.0, 2.0)):
+            out = m.step(torch.zeros(1, 3), torch.tensor([[0, 0]]), torch.tensor([[2.0, 3.0, c2, 1.0]]))
+            assert float(torch.round(m.counts(out.log_counts))[0, 2]) == want
 
 
 @pytest.mark.parametrize("members", [1, 2])

@@ -180,8 +180,8 @@ def count_effects(data: dict, episodes: np.ndarray) -> tuple[np.ndarray, np.ndar
     """What applying a rule does to the match counts (capped at max_locations), over these episodes' valid steps:
     the mean change of rule j's count when rule k is applied, sum / (applications of k + PRIOR_STEPS).
 
-    -> uses [N+1] (the diagonal: a rule's own count; 0 for the NO-OP), effects [P, 3] (rows k, j, change) of
-    the other pairs whose change is at least EFFECT_MIN in size, keeping every decrease (one merge uses up the
+    -> uses [N+1] (the diagonal: a rule's own count; 0 for the NO-OP), effects [P, 4] (rows k, j, change,
+    change where j's count is 0) of the other pairs whose change is at least EFFECT_MIN in size, keeping every decrease (one merge uses up the
     same pair's other merge rules' matches) and the increases, and circular [Q, 2] (rows k, j): the increases left
     out, those that go round in circles a dream can exploit. k and j are then in one strongly connected component
     of the increases (j also raises k, directly or through other rules) that is not a way down: a rule in it
@@ -192,7 +192,13 @@ def count_effects(data: dict, episodes: np.ndarray) -> tuple[np.ndarray, np.ndar
     them as a drift that every step adds. A circle in which no step raises the runtime and some lower it is kept:
     the attention scale moves into the Q MatMul (cheaper), through the head split and back, and only this way
     reaches the fold into the weight. Leaving it out hid that fold from the dream. One-way raises, such as a
-    scale moved next to a weight opening the fold into it, are kept."""
+    scale moved next to a weight opening the fold into it, are kept.
+
+    A raise applies to a rule whose count is 0 (the last column) only where the data saw k open j from nothing:
+    the mean count of j after k, over k's steps with j at 0, is at least EFFECT_MIN (shrunk by PRIOR_STEPS; else
+    0). Moving bert's attention scale off the Q/K input makes a merge possible again (+0.61 on average), but
+    the rollouts never moved it once every merge was made; applied there anyway, the dream gave a controller a
+    phantom merge after every scale move."""
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import connected_components
 
@@ -203,14 +209,19 @@ def count_effects(data: dict, episodes: np.ndarray) -> tuple[np.ndarray, np.ndar
     k = np.clip(data["actions"][e, t, 0], 0, N)
     use = (k < N) & data["valid"][e, t].astype(bool)
     e, t, k = e[use], t[use], k[use]
-    total = np.zeros((N + 1, N))
+    total, from_zero, at_zero = np.zeros((N + 1, N)), np.zeros((N + 1, N)), np.zeros((N + 1, N))
     for rule in np.unique(k):
         sel = k == rule
         before = np.minimum(data["counts"][e[sel], t[sel]], L).astype(np.float64)
         after = np.minimum(data["counts"][e[sel], t[sel] + 1], L).astype(np.float64)
         total[rule] = (after - before).sum(0)
+        zero = before == 0
+        from_zero[rule] = np.where(zero, after, 0.0).sum(0)
+        at_zero[rule] = zero.sum(0)
     steps = np.bincount(k, minlength=N + 1)
     change = total / (steps[:, None] + PRIOR_STEPS)
+    # a raise of a rule whose count is 0 only where the data saw k open j from nothing, often enough
+    opens = from_zero / (at_zero + PRIOR_STEPS)
     uses = np.append(np.diagonal(change[:N]), 0.0)
     change[np.arange(N), np.arange(N)] = 0.0
     up = change[:N] >= EFFECT_MIN
@@ -224,7 +235,8 @@ def count_effects(data: dict, episodes: np.ndarray) -> tuple[np.ndarray, np.ndar
                 & (np.bincount(comp, weights=raises, minlength=n_comp) == 0))
     circle = up & (comp[:, None] == comp[None, :]) & ~downhill[comp][:, None]
     src, dst = np.nonzero((change[:N] <= -EFFECT_MIN) | (up & ~circle))
-    effects = np.stack([src, dst, change[src, dst]], -1).astype(np.float32).reshape(-1, 3)
+    raise_at_zero = np.where((change[src, dst] > 0) & (opens[src, dst] >= EFFECT_MIN), change[src, dst], 0.0)
+    effects = np.stack([src, dst, change[src, dst], raise_at_zero], -1).astype(np.float32).reshape(-1, 4)
     return uses, effects, np.argwhere(circle).astype(np.int64).reshape(-1, 2)
 
 

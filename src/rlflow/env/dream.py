@@ -6,7 +6,7 @@ counts to the world model, which predicts the next z (a Gaussian mixture, sample
 logits divided by tau before the softmax, the spread scaled by sqrt(tau), as in World Models), whether the metrics change at all
 (sampled: a step that changes nothing keeps the metrics exactly), the metric deltas, done, and the
 next graph's match counts (as a change of the current ones: a rule whose matches are used up leaves the masks),
-from which the next masks follow. The reward is the configured reward class applied
+rounded to whole matches (the counts the world model was trained on are whole), from which the next masks follow. The reward is the configured reward class applied
 to the metrics before and after (predicted), so a reward change needs no new world model. With an ensemble world
 model (:class:`rlflow.nn.mdnrnn.EnsembleMDNRNN`) the members' disagreement about the step's reward (the standard
 deviation of what each expects) times ``disagreement_penalty`` is subtracted from it: where the members disagree
@@ -97,7 +97,7 @@ class DreamEnv:
         self.z = self.start_z.expand(B, -1).clone()
         self.metrics = self.start_metrics.expand(B, -1).clone()
         self.location_count = self._start_count.expand(B, -1).clone()
-        self.counts = self._start_raw.expand(B, -1).clone()  # predicted counts, unrounded [B, N]
+        self.counts = self._start_raw.expand(B, -1).clone()  # predicted counts, whole numbers [B, N]
         self.steps = torch.zeros(B, dtype=torch.long)
         self.hidden = self.wm.initial_hidden(B)
         return self.observation()
@@ -131,7 +131,10 @@ class DreamEnv:
         z_next = self.wm.sample_z(out, self.temperature, self.generator)
         changed = torch.bernoulli(torch.sigmoid(out.changed), generator=self.generator).bool()
         metrics_next = self.wm.metrics_after(self.metrics, out.deltas.double(), changed)
-        raw_next = self.wm.counts(out.log_counts)
+        # whole matches, as the world model saw them in training: carrying fractions let a count at 0 creep up by
+        # the smooth max's offset and the head's small bias, step after step, until a used-up merge was offered
+        # again (a controller learned to wait 3-4 neutral steps for each phantom merge)
+        raw_next = torch.round(self.wm.counts(out.log_counts)).clamp_(0, self.max_locations)
         count_next = self._location_count(raw_next)
         prev = {k: self.metrics[:, i] for i, k in enumerate(METRIC_NAMES)}
         cur = {k: metrics_next[:, i] for i, k in enumerate(METRIC_NAMES)}

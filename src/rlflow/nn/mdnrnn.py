@@ -20,7 +20,8 @@ from its output ``h_t`` the heads predict what follows action ``a_t`` in graph `
                          own count has a per-rule term besides (``rule_uses``), and a fixed table from the data
                          says what applying rule k does to rule j's count (``count_effects``: one merge uses up
                          the same pair's other merge rules' matches, moving a scale opens the fold that follows
-                         it; see :func:`rlflow.agents.world_model.count_effects`). Rule k is applicable
+                         it; a raise applies to a rule at 0 only if the data saw k open j from 0; see
+                         :func:`rlflow.agents.world_model.count_effects`). Rule k is applicable
                          iff expm1(log_counts_k) > 0.5 (:meth:`MDNRNN.masks`). Predicted outright, the counts did
                          not fall as matches were used up: in the dream BERT's MatMul merges never ran out (69 in
                          one 100-step episode; the real graph has about 24), and the controller learned nothing else
@@ -94,7 +95,7 @@ class MDNRNN(nn.Module):
         nn.init.zeros_(self.count_change_head.weight)                  # at first: every count stays as it is
         nn.init.zeros_(self.count_change_head.bias)
         # what applying rule k does to rule j's count, from the data (rows k, j, change; see set_rule_priors)
-        self.register_buffer("count_effects", torch.zeros(0, 3))
+        self.register_buffer("count_effects", torch.zeros(0, 4))
         self._effects_dense = None  # the same as an [N+1, N] table, built on first use
         self.register_buffer("delta_mean", torch.zeros(N_METRICS))
         self.register_buffer("delta_std", torch.ones(N_METRICS))
@@ -113,8 +114,10 @@ class MDNRNN(nn.Module):
         applied [...] -> log1p of the next graph's predicted counts (the change added, the applied rule's own
         count changed by its per-rule term besides, then a smooth max with 0)."""
         own = self.rule_uses(xfer) * (xfer < self.n_xfers).unsqueeze(-1)               # the NO-OP: no rule's
+        table, at_zero = self._effect_table()
+        effect = torch.where(counts > 0.5, table[xfer], at_zero[xfer])  # a rule at 0: only raises seen from 0
         change = self.count_change_head(out).scatter_add(-1, xfer.clamp(max=self.n_xfers - 1).unsqueeze(-1),
-                                                         own.to(out.dtype)) + self._effect_table()[xfer]
+                                                         own.to(out.dtype)) + effect
         return torch.log1p(F.softplus(counts.to(change.dtype).clamp(0, self.max_locations) + change, beta=COUNT_BETA))
 
     def _heads(self, out: torch.Tensor, hidden: tuple, xfer: torch.Tensor, counts: torch.Tensor) -> WorldModelOutput:
@@ -129,14 +132,18 @@ class MDNRNN(nn.Module):
         return WorldModelOutput(mus, sigmas, logpi, deltas, changed, self.done_head(out).squeeze(-1),
                                 self.next_log_counts(counts, out, xfer), hidden)
 
-    def _effect_table(self) -> torch.Tensor:
-        """[N+1, N]: the change of rule j's count (column) when rule k (row; the NO-OP last) is applied."""
+    def _effect_table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two [N+1, N] tables: the change of rule j's count (column) when rule k (row; the NO-OP last) is
+        applied, and the same where j's count is 0 (the effects' 4th column; a table of 3 columns, from before
+        it, uses the change there too)."""
         e = self.count_effects
-        if self._effects_dense is None or self._effects_dense.device != e.device:
-            table = torch.zeros(self.n_xfers + 1, self.n_xfers, device=e.device)
+        if self._effects_dense is None or self._effects_dense[0].device != e.device:
+            table = torch.zeros(2, self.n_xfers + 1, self.n_xfers, device=e.device)
             if len(e):
-                table[e[:, 0].long(), e[:, 1].long()] = e[:, 2]
-            self._effects_dense = table
+                rows, cols = e[:, 0].long(), e[:, 1].long()
+                table[0, rows, cols] = e[:, 2]
+                table[1, rows, cols] = e[:, 3] if e.shape[1] > 3 else e[:, 2]
+            self._effects_dense = (table[0], table[1])
         return self._effects_dense
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -153,8 +160,8 @@ class MDNRNN(nn.Module):
         log-odds that a step changes the metrics, minus the head's bias), deltas [N+1, 4] (each rule's mean
         normalised delta over its steps that changed them, shrunk towards 0) and uses [N+1] (the mean change of a
         rule's own count when it is applied, shrunk towards 0: -1 for a rule whose match is used up); effects
-        [P, 3] (rows rule k, rule j, the change of j's count when k is applied: a fixed term of the count
-        prediction)."""
+        [P, 4] (rows rule k, rule j, the change of j's count when k is applied, the change where j's count is 0:
+        a fixed term of the count prediction)."""
         self.rule_change.weight.copy_(torch.as_tensor(change_logit, dtype=torch.float32).reshape(-1, 1)
                                       - self.change_head.bias)
         self.rule_delta.weight.copy_(torch.as_tensor(deltas, dtype=torch.float32))
