@@ -562,6 +562,24 @@ def test_count_effects_keep_a_circle_that_only_goes_down(rule_0_runtime, rule_3_
         assert got == {} and sorted(map(tuple, circular.tolist())) == [(0, 3), (3, 0)]
 
 
+def test_a_circle_that_goes_down_does_not_reopen_its_way_in():
+    """The attention scale's circle: moving it into the MatMul (rule 0, which the first graph offers 3 times;
+    lowers the runtime) opens the move through the head split (rule 3) from 0, and that opens rule 0 again, even
+    from 0 in the data. In the dream the second raise pumped the circle (into the MatMul, through the split,
+    into the MatMul again, paid every time). So where the raised rule is one the first graph had matches of
+    (the way in), the raise only adds to a count above 0; the way down (rule 0 opening rule 3) still opens
+    from 0."""
+    from rlflow.agents.world_model import PRIOR_STEPS, count_effects
+
+    ep = [(0, (2, 3, 0, 1)), (0, (1, 3, 0, 2)), (0, (0, 3, 0, 3)), (3, (1, 3, 0, 2))]
+    data = _effects_data([ep, ep], runtime={0: 0.9})
+    _, effects, circular = count_effects(data, np.arange(2))
+    assert len(circular) == 0  # a circle that goes down: kept
+    got = {(int(k), int(j)): (v, z) for k, j, v, z in effects}
+    assert got[(0, 3)] == pytest.approx((6 / (6 + PRIOR_STEPS), 6 / (6 + PRIOR_STEPS)))  # opens from 0
+    assert got[(3, 0)] == pytest.approx((2 / (2 + PRIOR_STEPS), 0.0))  # seen from 0 twice, but the way in
+
+
 def test_a_raise_never_seen_from_zero_does_not_open_a_used_up_rule():
     """bert's attention scale moved off the Q/K input makes a merge possible again (+0.61 on average), but the
     rollouts never moved it once the merges were all made. A raise whose 4th column (the change where j's count

@@ -198,7 +198,9 @@ def count_effects(data: dict, episodes: np.ndarray) -> tuple[np.ndarray, np.ndar
     the mean count of j after k, over k's steps with j at 0, is at least EFFECT_MIN (shrunk by PRIOR_STEPS; else
     0). Moving bert's attention scale off the Q/K input makes a merge possible again (+0.61 on average), but
     the rollouts never moved it once every merge was made; applied there anyway, the dream gave a controller a
-    phantom merge after every scale move."""
+    phantom merge after every scale move. Nor does a circle that goes down reopen its way in (a rule the first
+    graph had matches of) from 0: moving the scale through the head split reopens the move into the MatMul, and
+    a controller pumped that circle for +0.03 a lap, 34 times in one dream episode."""
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import connected_components
 
@@ -233,9 +235,14 @@ def count_effects(data: dict, episodes: np.ndarray) -> tuple[np.ndarray, np.ndar
     # per component: a way down (some rule lowers the runtime, none raises it)
     downhill = ((np.bincount(comp, weights=lowers, minlength=n_comp) > 0)
                 & (np.bincount(comp, weights=raises, minlength=n_comp) == 0))
-    circle = up & (comp[:, None] == comp[None, :]) & ~downhill[comp][:, None]
+    same = up & (comp[:, None] == comp[None, :])
+    circle = same & ~downhill[comp][:, None]
     src, dst = np.nonzero((change[:N] <= -EFFECT_MIN) | (up & ~circle))
-    raise_at_zero = np.where((change[src, dst] > 0) & (opens[src, dst] >= EFFECT_MIN), change[src, dst], 0.0)
+    # a circle that goes down never reopens a rule the first graph already had matches of (its way in): the
+    # circle's other rules open from 0 on the way down, but reopening the way in would pump the circle
+    way_in = (np.minimum(data["counts"][np.asarray(episodes), 0], L) > 0).any(0)
+    opens_from_zero = (opens[src, dst] >= EFFECT_MIN) & ~(same[src, dst] & way_in[dst])
+    raise_at_zero = np.where((change[src, dst] > 0) & opens_from_zero, change[src, dst], 0.0)
     effects = np.stack([src, dst, change[src, dst], raise_at_zero], -1).astype(np.float32).reshape(-1, 4)
     return uses, effects, np.argwhere(circle).astype(np.int64).reshape(-1, 2)
 
