@@ -135,13 +135,14 @@ def test_ppo_learns_the_best_valid_action():
 class FakeRewriteEnv:
     """A stand-in real environment for the controller's evaluation: 3 rules + NO-OP, 2 locations each; rule 0
     lowers the runtime by 1, rule 1 raises it by 1, rule 2 leaves it; horizon 4. The 'graph' is the action
-    history, so the best graph names the actions that reached it."""
+    history, so the best graph names the actions that reached it. It counts its steps in ``total_steps``, as the real
+    environment does."""
 
     def __init__(self):
         self.xm = np.ones(4, np.int8)
         self.lm = np.ones((4, 2), np.int8)
         self.lm[3, 1] = 0
-        self.real_steps = 0
+        self.total_steps = 0
 
     def _obs(self):
         return {"xfer_mask": self.xm, "location_mask": self.lm}
@@ -154,7 +155,7 @@ class FakeRewriteEnv:
         return self._obs(), self._info()
 
     def step(self, action):
-        self.real_steps += 1
+        self.total_steps += 1
         self.t += 1
         xfer, _ = action
         if xfer < 3:
@@ -172,10 +173,10 @@ def test_controller_evaluation_keeps_the_best_of_several_episodes_and_counts_eve
     pol = HierarchicalPolicy(in_dim=3 + 5, n_xfers=3, max_locations=2, hidden=8)
     env = FakeRewriteEnv()
     one = controller.run_in_real_env(pol, None, wm, env)
-    assert one["episodes"] == 1 and one["steps"] == env.real_steps
-    env.real_steps = 0
+    assert one["episodes"] == 1 and one["steps"] == env.total_steps
+    env.total_steps = 0
     many = controller.run_in_real_env(pol, None, wm, env, episodes=6, seed=3)
-    assert many["steps"] == env.real_steps == sum(many["episode_steps"]) and len(many["episode_steps"]) == 6
+    assert many["steps"] == env.total_steps == sum(many["episode_steps"]) and len(many["episode_steps"]) == 6
     assert many["episode_steps"][0] == one["steps"] and many["episode_best_runtime_ms"][0] == one["best"]["runtime_ms"]
     best = many["best"]["runtime_ms"]
     assert best == min(many["episode_best_runtime_ms"]) <= one["best"]["runtime_ms"]
