@@ -188,3 +188,43 @@ def test_a_used_up_rule_does_not_creep_back_through_small_predicted_changes():
                 first = step
             assert torch.equal(env.counts, env.counts.round())
         assert first == opened_at
+
+
+def test_a_branched_episode_starts_from_a_real_state_with_its_step_and_lstm_state():
+    """With ``branch`` 1 every copy starts from one of the given real states: its z, metrics, counts (so its
+    masks), its LSTM state and its step, so the horizon counts from there (a state at step 4 of a 5-step horizon
+    has one step left). With ``branch`` 0 the copies start from the first graph, as before."""
+    from rlflow.env.dream import DreamStarts
+
+    H = 16
+    starts = DreamStarts(z=torch.arange(2 * Z, dtype=torch.float32).view(2, Z),
+                         metrics=torch.tensor([[9.0, 1e6, 1e5, 19.0], [8.0, 1e6, 1e5, 18.0]], dtype=torch.float64),
+                         counts=torch.tensor([[0.0, 3.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0, 1.0]]),
+                         steps=torch.tensor([4, 2]), h=torch.full((2, H), 0.5), c=torch.full((2, H), -0.5))
+    env = make_dream(num_envs=32, max_steps=5)
+    env.starts, env.branch = starts, 1.0
+    obs = env.reset()
+    first = (obs["features"][:, :Z] == starts.z[0]).all(-1)
+    assert first.any() and (~first).any()  # both states drawn
+    assert torch.equal(obs["features"][~first, :Z], starts.z[1].expand(int((~first).sum()), -1))
+    assert obs["xfer_mask"][first].tolist()[0] == [False, True, False, False, True, True]
+    assert obs["location_count"][first].tolist()[0] == [0, 3, 0, 0, 1, 1]
+    assert torch.equal(obs["features"][:, Z:], torch.full((32, H), 0.5))  # the real steps' LSTM state
+    assert torch.equal(env.hidden[1][0], torch.full((32, H), -0.5))
+    assert torch.equal(env.metrics[first, 0], torch.full((int(first.sum()),), 9.0, dtype=torch.float64))
+    assert env.steps[first].eq(4).all() and env.steps[~first].eq(2).all()
+    with torch.no_grad():
+        env.wm.done_head.bias.fill_(-50.0)  # no predicted done: only the horizon ends an episode
+        env.wm.done_head.weight.zero_()
+    xfer = torch.where(first, 1, 0)  # a rule each state has a match of
+    _, _, done = env.step_batch(xfer, torch.zeros(32, dtype=torch.long))
+    assert torch.equal(done, first)  # step 4 -> 5: the horizon; step 2 -> 3: not yet
+
+    env = make_dream(num_envs=8, max_steps=5)
+    obs = env.reset()
+    assert torch.equal(obs["features"][:, :Z], env.start_z.expand(8, -1)) and env.steps.eq(0).all()
+    with pytest.raises(RLFlowError, match="branch probability"):
+        DreamEnv(env.wm, env.start_z, env.start_metrics, env.start_counts, make_reward("delta"), 5, L, branch=1.5,
+                 starts=starts)
+    with pytest.raises(RLFlowError, match="none were given"):
+        DreamEnv(env.wm, env.start_z, env.start_metrics, env.start_counts, make_reward("delta"), 5, L, branch=0.5)

@@ -222,13 +222,24 @@ def test_iterated_model_based_training_counts_its_real_steps_and_resumes(trained
                                                                           capsys):
     """controller.iterations=2: after update 2 of 4 the controller runs real episodes, the world model is trained
     again on the rollouts plus those steps, and PPO goes on in its dream; the steps are counted as training
-    interactions, and a run killed after the refit resumes without refitting again."""
+    interactions, and a run killed after the refit resumes without refitting again. With branch_starts the
+    dream after the refit also starts from the collected episodes' graphs, in the resumed run too."""
     from rlflow.agents.checkpoint import load_agent
     from rlflow.agents.world_model import load_world_model
+    from rlflow.env.dream import DreamEnv
 
+    starts = []
+    real_init = DreamEnv.__init__
+
+    def spy(self, *args, **kwargs):
+        starts.append(kwargs["starts"])
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(DreamEnv, "__init__", spy)
     out = tmp_path / "ctl"
     argv = _agent_args(root, trained, "controller", out, "--set", "controller.updates=4", "--set",
-                       "controller.iterations=2", "--set", "controller.collect_episodes=2")
+                       "controller.iterations=2", "--set", "controller.collect_episodes=2", "--set",
+                       "controller.branch_starts=0.5")
     real = _kill_at_update(monkeypatch, 3)  # killed at update 3, after the refit that followed update 2
     assert main(argv) == 130
     first = capsys.readouterr().out
@@ -244,9 +255,36 @@ def test_iterated_model_based_training_counts_its_real_steps_and_resumes(trained
     trace = json.loads((out / "trace.json").read_text())
     assert trace["real_interactions"]["training"] == it["real_steps"] == metrics["real_interactions"]["training"]
     assert [int(r["step"]) for r in _tsv(out / "live/plots/metrics/dream/reward.tsv")] == [1, 2, 3, 4]
+    first, refit, resumed = starts  # the rollouts' graphs; with the collected ones; the same after the resume
+    assert len(refit) == len(resumed) == len(first) + it["real_steps"] - 2  # each episode but its first graph
+    assert torch.equal(refit.z, resumed.z)
+    assert torch.equal(refit.z[:len(first)], first.z)
     refitted = load_agent(out / "controller.pt").world_model
     given = load_world_model(trained / "wm/world_model.pt")
     assert not all(torch.equal(a, b) for a, b in zip(refitted.state_dict().values(), given.state_dict().values()))
+
+
+def test_the_controller_stage_branches_its_dream_from_the_rollouts_real_graphs(trained, root, tmp_path, monkeypatch):
+    """controller.branch_starts reaches the dream, which gets every rollout graph part way through its episode as
+    a start (within the horizon); 0 (the default) gives it none."""
+    from rlflow.agents.world_model import load_latents
+    from rlflow.env.dream import DreamEnv
+
+    seen = []
+    real_init = DreamEnv.__init__
+
+    def spy(self, *args, **kwargs):
+        seen.append((kwargs.get("branch"), kwargs.get("starts")))
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(DreamEnv, "__init__", spy)
+    lengths = load_latents(trained / "enc/latents.npz")["lengths"]
+    for branch in (0.5, 0.0):
+        _run(_agent_args(root, trained, "controller", tmp_path / str(branch), "--set", "controller.updates=1",
+                         "--set", f"controller.branch_starts={branch}"))
+    (b, starts), (b0, none) = seen
+    assert b == 0.5 and len(starts) == int((np.minimum(lengths, 5) - 1).clip(0).sum())  # tiny.yaml: horizon 5
+    assert b0 == 0.0 and none is None
 
 
 # ------------------------------------------------------------------ self-contained checkpoints

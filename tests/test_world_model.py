@@ -613,3 +613,39 @@ def test_count_effects_survive_a_checkpoint(tmp_path, members):
     for m in (model.eval(), loaded):
         out = m.step(torch.zeros(1, 3), torch.tensor([[0, 0]]), counts)
         assert torch.round(m.counts(out.log_counts)).tolist() == [[1.0, 2.0, 1.0, 1.0]]
+
+
+def test_dream_starts_are_the_real_graphs_part_way_with_the_lstm_state_of_the_steps_before_them(tmp_path):
+    """Every graph after an episode's first step and before its last (and before the horizon) is a start, with
+    its own z, counts (capped), metrics and step; its LSTM state is the one the world model reaches over the
+    real steps before it (the same as running the sequence through it, for an episode of valid moves)."""
+    from rlflow.agents.world_model import dream_starts, load_latents
+
+    data = load_latents(synthetic_latents(tmp_path / "l.npz", episodes=12))
+    torch.manual_seed(0)
+    wm = MDNRNN(6, 4, 3, hidden=8, gaussians=2)
+    s = dream_starts(wm, data, max_steps=100)
+    lengths = data["lengths"]
+    assert len(s) == int(np.maximum(lengths - 1, 0).sum())
+    assert int(s.steps.min()) == 1 and all(int(t) < lengths.max() for t in s.steps)
+    # the LSTM state of a start: the sequence of the real steps before it that moved the graph, run through the
+    # world model (an invalid step or the NO-OP leaves it as it was, as in the dream)
+    moved = data["valid"] & (data["actions"][..., 0] < 4) & (data["actions"][..., 0] >= 0)
+    i = 0
+    for e in range(12):
+        for t in range(1, int(lengths[e])):
+            assert int(s.steps[i]) == t
+            assert torch.equal(s.z[i], torch.as_tensor(data["z"][e, t]))
+            assert torch.equal(s.counts[i], torch.as_tensor(np.minimum(data["counts"][e, t], 3), dtype=torch.float32))
+            assert torch.equal(s.metrics[i], torch.as_tensor(data["metrics"][e, t]))
+            steps = np.nonzero(moved[e, :t])[0]
+            if len(steps) == 0:
+                assert not s.h[i].any() and not s.c[i].any()
+            else:
+                z = torch.as_tensor(data["z"][e:e + 1, steps])
+                a = torch.as_tensor(data["actions"][e:e + 1, steps]).long()
+                c = torch.as_tensor(data["counts"][e:e + 1, steps], dtype=torch.float32)
+                h, cell = wm(z, a, c).hidden
+                assert torch.allclose(s.h[i], h[0, 0], atol=1e-5) and torch.allclose(s.c[i], cell[0, 0], atol=1e-5)
+            i += 1
+    assert len(dream_starts(wm, data, max_steps=2)) == int((np.minimum(lengths, 2) - 1).clip(0).sum())

@@ -82,7 +82,9 @@ def describe_cost(problem, costs_path) -> dict:
 
 
 class _Dream:
-    """The controller's training world: the dream of the world model, from the first rollout step's z.
+    """The controller's training world: the dream of the world model, from the first rollout step's z (and with
+    ``controller.branch_starts`` > 0 that share of its episodes from a real graph of the world model's data, part
+    way through its episode: :func:`rlflow.agents.world_model.dream_starts`).
 
     Iterated model-based training (``controller.iterations`` > 1): at each iteration boundary :meth:`refit` runs
     the controller as it is now in a real environment for ``controller.collect_episodes`` sampled episodes (each
@@ -111,8 +113,10 @@ class _Dream:
                       torch.from_numpy(lat["counts"][0, 0]).float())
         self.args = (reward, max_steps, max_locations, section["temperature"], section["num_envs"])
         self.penalty = float(section.get("disagreement_penalty", 0.0))
+        self.branch = float(section.get("branch_starts", 0.0))
         self.in_dim = self.start[0].shape[-1] + self.wm.hidden_size
         self.problem, self.encoder, self.latents, self.wm_config = problem, encoder, lat, wm_config
+        self.data = lat  # the world model's data: the rollouts, and after a refit the collected episodes too
         self.collect_episodes = int(section.get("collect_episodes", 0))
         self.collected: list[dict] = []  # the real episodes of the iterations so far
         self.iteration = 0
@@ -131,7 +135,7 @@ class _Dream:
         actor = ControllerActor(policy, self.encoder, self.wm, p.device, False,
                                 torch.Generator().manual_seed(seed + self.iteration))
         self.collected += collect(env, self.collect_episodes, 0.0, seed + self.iteration, actor=actor)
-        data = self._data(env)
+        data = self.data = self._data(env)
         res = train(data, self.wm_config, seed + self.iteration, p.device, progress=progress)
         self.wm = res["model"].to("cpu").eval()
         quality = evaluate(self.wm, data, res["heldout_episodes"], "cpu")
@@ -170,11 +174,18 @@ class _Dream:
             self.wm.eval()
 
     def vector_env(self, generator):
+        from rlflow.agents.world_model import dream_starts
         from rlflow.env.dream import DreamEnv
 
         reward, max_steps, max_locations, tau, n = self.args
+        if self.branch > 0 and self.collected and self.data is self.latents:  # resumed after a refit
+            from rlflow.env import make_env
+
+            p = self.problem
+            self.data = self._data(make_env(p.config, p.graph, p.rules, p.cost))
+        starts = dream_starts(self.wm, self.data, max_steps) if self.branch > 0 else None
         self.env = DreamEnv(self.wm, *self.start, reward, max_steps, max_locations, tau, n, generator=generator,
-                            disagreement_penalty=self.penalty)
+                            disagreement_penalty=self.penalty, starts=starts, branch=self.branch)
         return self.env
 
     def update_stats(self) -> dict:

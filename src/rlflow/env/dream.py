@@ -12,7 +12,11 @@ model (:class:`rlflow.nn.mdnrnn.EnsembleMDNRNN`) the members' disagreement about
 deviation of what each expects) times ``disagreement_penalty`` is subtracted from it: where the members disagree
 the model is guessing, and the controller is not paid for exploiting a guess. The NO-OP (rule N)
 ends the episode; so do a predicted done and the hard horizon ``max_steps``. Ended copies restart from the
-original graph inside the same call.
+original graph inside the same call, or, with ``starts`` (:class:`DreamStarts`) and probability ``branch``, from a
+real graph of the world model's data, part way through its episode (its z, metrics, counts, step, and the LSTM
+state after the real steps that led there): a dream from the first graph reaches few of the states a good
+policy passes through (bert: the fold of the attention scale into a merged weight is possible only after the
+merges, which the random rollouts seldom make), and a short branch from a real state compounds less model error.
 
 The world model is passed in (anything with ``step``, ``sample_z``, ``metrics_after``, ``counts``,
 ``initial_hidden``: :class:`rlflow.nn.mdnrnn.MDNRNN`), so this module depends on no network code and holds no
@@ -27,6 +31,8 @@ on the hot path (the policy derives the chosen rule's row from the counts, see
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rlflow.cost import METRIC_NAMES
@@ -34,11 +40,27 @@ from rlflow.env.rewards import Reward
 from rlflow.errors import RLFlowError
 
 
+@dataclass
+class DreamStarts:
+    """Real states a dream episode may start from, S of them: z [S, Z], metrics [S, 4] (double), counts [S, N]
+    (whole, capped at max_locations), steps [S] (long: how far into its real episode the state is) and the world
+    model's LSTM state after the real steps that led there, h and c [S, H]."""
+    z: torch.Tensor
+    metrics: torch.Tensor
+    counts: torch.Tensor
+    steps: torch.Tensor
+    h: torch.Tensor
+    c: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.z)
+
+
 class DreamEnv:
     def __init__(self, world_model, start_z: torch.Tensor, start_metrics: torch.Tensor, start_counts: torch.Tensor,
                  reward: Reward, max_steps: int, max_locations: int, temperature: float = 1.0, num_envs: int = 16,
                  generator: torch.Generator | None = None, done_threshold: float = 0.5,
-                 disagreement_penalty: float = 0.0):
+                 disagreement_penalty: float = 0.0, starts: DreamStarts | None = None, branch: float = 0.0):
         if reward.needs_latency:
             raise RLFlowError(f"reward '{reward.name}' needs real latency measurements: it cannot be used in the dream")
         if temperature <= 0:
@@ -64,6 +86,11 @@ class DreamEnv:
             raise RLFlowError("the dream's disagreement penalty must be >= 0")
         self.disagreement_penalty = float(disagreement_penalty)
         self.disagreement_sum, self.disagreement_moves = 0.0, 0  # an ensemble's disagreement over the moves
+        if not 0.0 <= branch <= 1.0:
+            raise RLFlowError(f"the dream's branch probability must be in [0, 1], got {branch}")
+        if branch > 0 and (starts is None or len(starts) == 0):
+            raise RLFlowError("the dream cannot branch from real states: none were given")
+        self.starts, self.branch = starts, float(branch)
 
     # ------------------------------------------------------------------ state
     def _location_count(self, counts: torch.Tensor) -> torch.Tensor:
@@ -82,6 +109,26 @@ class DreamEnv:
         self.steps = self.steps.masked_fill(which, 0)
         h, c = self.hidden
         self.hidden = (h.masked_fill(w[None], 0.0), c.masked_fill(w[None], 0.0))
+        if self.branch > 0:
+            self._branch(which)
+
+    def _branch(self, which: torch.Tensor) -> None:
+        """Copies in ``which`` (just restarted from the first graph) start, with probability ``branch``, from a
+        random real state of ``starts`` instead."""
+        u = torch.rand(len(which), generator=self.generator)
+        pick = which & (u < self.branch)
+        if not bool(pick.any()):
+            return
+        rows = pick.nonzero().squeeze(-1)
+        s = self.starts
+        i = torch.randint(len(s), (len(rows),), generator=self.generator)
+        self.z[rows] = s.z[i]
+        self.metrics[rows] = s.metrics[i]
+        self.counts[rows] = s.counts[i]
+        self.location_count[rows] = self._location_count(s.counts[i])
+        self.steps[rows] = s.steps[i]
+        self.hidden[0][0, rows] = s.h[i]
+        self.hidden[1][0, rows] = s.c[i]
 
     def masks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """xfer mask [B, N+1] and the dense location mask [B, N+1, L] (for inspection and tests only)."""
@@ -100,6 +147,8 @@ class DreamEnv:
         self.counts = self._start_raw.expand(B, -1).clone()  # predicted counts, whole numbers [B, N]
         self.steps = torch.zeros(B, dtype=torch.long)
         self.hidden = self.wm.initial_hidden(B)
+        if self.branch > 0:
+            self._branch(torch.ones(B, dtype=torch.bool))
         return self.observation()
 
     # ------------------------------------------------------------------ stepping
