@@ -615,16 +615,17 @@ def test_count_effects_survive_a_checkpoint(tmp_path, members):
         assert torch.round(m.counts(out.log_counts)).tolist() == [[1.0, 2.0, 1.0, 1.0]]
 
 
-def test_dream_starts_are_the_real_graphs_part_way_with_the_lstm_state_of_the_steps_before_them(tmp_path):
+def test_data_starts_are_the_real_graphs_part_way_with_the_lstm_state_of_the_steps_before_them(tmp_path):
     """Every graph after an episode's first step and before its last (and before the horizon) is a start, with
     its own z, counts (capped), metrics and step; its LSTM state is the one the world model reaches over the
     real steps before it (the same as running the sequence through it, for an episode of valid moves)."""
-    from rlflow.agents.world_model import dream_starts, load_latents
+    from rlflow.agents.world_model import load_latents
+    from rlflow.env.dream import data_starts
 
     data = load_latents(synthetic_latents(tmp_path / "l.npz", episodes=12))
     torch.manual_seed(0)
     wm = MDNRNN(6, 4, 3, hidden=8, gaussians=2)
-    s = dream_starts(wm, data, max_steps=100)
+    s = data_starts(wm, data, max_steps=100)
     lengths = data["lengths"]
     assert len(s) == int(np.maximum(lengths - 1, 0).sum())
     assert int(s.steps.min()) == 1 and all(int(t) < lengths.max() for t in s.steps)
@@ -648,4 +649,4 @@ def test_dream_starts_are_the_real_graphs_part_way_with_the_lstm_state_of_the_st
                 h, cell = wm(z, a, c).hidden
                 assert torch.allclose(s.h[i], h[0, 0], atol=1e-5) and torch.allclose(s.c[i], cell[0, 0], atol=1e-5)
             i += 1
-    assert len(dream_starts(wm, data, max_steps=2)) == int((np.minimum(lengths, 2) - 1).clip(0).sum())
+    assert len(data_starts(wm, data, max_steps=2)) == int((np.minimum(lengths, 2) - 1).clip(0).sum())

@@ -84,7 +84,7 @@ def describe_cost(problem, costs_path) -> dict:
 class _Dream:
     """The controller's training world: the dream of the world model, from the first rollout step's z (and with
     ``controller.branch_starts`` > 0 that share of its episodes from a real graph of the world model's data, part
-    way through its episode: :func:`rlflow.agents.world_model.dream_starts`).
+    way through its episode: :func:`rlflow.env.dream.data_starts`).
 
     Iterated model-based training (``controller.iterations`` > 1): at each iteration boundary :meth:`refit` runs
     the controller as it is now in a real environment for ``controller.collect_episodes`` sampled episodes (each
@@ -174,8 +174,7 @@ class _Dream:
             self.wm.eval()
 
     def vector_env(self, generator):
-        from rlflow.agents.world_model import dream_starts
-        from rlflow.env.dream import DreamEnv
+        from rlflow.env.dream import DreamEnv, data_starts
 
         reward, max_steps, max_locations, tau, n = self.args
         if self.branch > 0 and self.collected and self.data is self.latents:  # resumed after a refit
@@ -183,7 +182,7 @@ class _Dream:
 
             p = self.problem
             self.data = self._data(make_env(p.config, p.graph, p.rules, p.cost))
-        starts = dream_starts(self.wm, self.data, max_steps) if self.branch > 0 else None
+        starts = data_starts(self.wm, self.data, max_steps) if self.branch > 0 else None
         self.env = DreamEnv(self.wm, *self.start, reward, max_steps, max_locations, tau, n, generator=generator,
                             disagreement_penalty=self.penalty, starts=starts, branch=self.branch)
         return self.env

@@ -389,37 +389,6 @@ def evaluate(model: MDNRNN, data: dict, episodes: np.ndarray, device, batch_size
 
 
 # -- training -----------------------------------------------------------------------------------------------
-@torch.no_grad()
-def dream_starts(model: MDNRNN | EnsembleMDNRNN, data: dict, max_steps: int):
-    """The real states of these latents that a dream episode may branch from (:class:`rlflow.env.dream.DreamStarts`):
-    every graph of every episode after its first step and before its last (and before step ``max_steps``), with
-    the world model's LSTM state after the real steps that led there. The LSTM takes the steps as the dream does:
-    a step that moved the graph (a valid rule) advances it, an invalid one or the NO-OP keeps it."""
-    from rlflow.env.dream import DreamStarts
-
-    E, T = data["actions"].shape[:2]
-    L = int(data["max_locations"])
-    lengths = torch.as_tensor(data["lengths"]).long()
-    z = torch.as_tensor(data["z"], dtype=torch.float32)
-    counts = torch.as_tensor(np.minimum(data["counts"], L), dtype=torch.float32)
-    actions = torch.as_tensor(data["actions"]).long()
-    moved = (torch.as_tensor(data["valid"]).bool() & (actions[..., 0] >= 0)
-             & (actions[..., 0] < int(data["n_xfers"])))
-    h, c = model.initial_hidden(E)
-    hs, cs = [h[0]], [c[0]]
-    for t in range(min(T, int(lengths.max()))):
-        out = model.step(z[:, t], actions[:, t].clamp(min=0), counts[:, t], (h, c))
-        m = moved[:, t][None, :, None]
-        h, c = torch.where(m, out.hidden[0], h), torch.where(m, out.hidden[1], c)
-        hs.append(h[0])
-        cs.append(c[0])
-    t_all = torch.arange(len(hs))
-    keep = (t_all[None, :] >= 1) & (t_all[None, :] < lengths[:, None]) & (t_all[None, :] < max_steps)
-    e, t = keep.nonzero(as_tuple=True)
-    return DreamStarts(z[e, t], torch.as_tensor(data["metrics"], dtype=torch.float64)[e, t], counts[e, t], t,
-                       torch.stack(hs, 1)[e, t], torch.stack(cs, 1)[e, t])
-
-
 def poly_decay(total_steps: int, power: float = 2.0) -> Callable[[int], float]:
     """LambdaLR factor: (1 - step / total)^power, reaching 0 after the last step."""
     return lambda step: max(0.0, 1.0 - step / max(1, total_steps)) ** power

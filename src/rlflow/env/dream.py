@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rlflow.cost import METRIC_NAMES
@@ -54,6 +55,36 @@ class DreamStarts:
 
     def __len__(self) -> int:
         return len(self.z)
+
+
+@torch.no_grad()
+def data_starts(model, data: dict, max_steps: int) -> DreamStarts:
+    """The real states of the world model's data (latents, :func:`rlflow.agents.world_model.load_latents`) that a
+    dream episode may branch from (``model``: anything with ``step`` and ``initial_hidden``, as for DreamEnv):
+    every graph of every episode after its first step and before its last (and before step ``max_steps``), with
+    the world model's LSTM state after the real steps that led there. The LSTM takes the steps as the dream does:
+    a step that moved the graph (a valid rule) advances it, an invalid one or the NO-OP keeps it."""
+    E, T = data["actions"].shape[:2]
+    L = int(data["max_locations"])
+    lengths = torch.as_tensor(data["lengths"]).long()
+    z = torch.as_tensor(data["z"], dtype=torch.float32)
+    counts = torch.as_tensor(np.minimum(data["counts"], L), dtype=torch.float32)
+    actions = torch.as_tensor(data["actions"]).long()
+    moved = (torch.as_tensor(data["valid"]).bool() & (actions[..., 0] >= 0)
+             & (actions[..., 0] < int(data["n_xfers"])))
+    h, c = model.initial_hidden(E)
+    hs, cs = [h[0]], [c[0]]
+    for t in range(min(T, int(lengths.max()))):
+        out = model.step(z[:, t], actions[:, t].clamp(min=0), counts[:, t], (h, c))
+        m = moved[:, t][None, :, None]
+        h, c = torch.where(m, out.hidden[0], h), torch.where(m, out.hidden[1], c)
+        hs.append(h[0])
+        cs.append(c[0])
+    t_all = torch.arange(len(hs))
+    keep = (t_all[None, :] >= 1) & (t_all[None, :] < lengths[:, None]) & (t_all[None, :] < max_steps)
+    e, t = keep.nonzero(as_tuple=True)
+    return DreamStarts(z[e, t], torch.as_tensor(data["metrics"], dtype=torch.float64)[e, t], counts[e, t], t,
+                       torch.stack(hs, 1)[e, t], torch.stack(cs, 1)[e, t])
 
 
 class DreamEnv:
