@@ -71,6 +71,7 @@ def test_rule_all_builds_the_report_and_the_summary(tiny_repo):
     assert [r["graph"] for r in gen["rows"]] == ["bert (trained)", "bert seq=4", "bert seq=16"]
     assert all(set(r["agents"]) == {"model_free", "rlflow"} for r in gen["rows"])
     assert "bert seq=16" in html and "stage generalise has not run" not in html
+    assert_trained_row_is_the_agents_own_run(root, gen["rows"][0])
     assert all(r["status"] in ("ok", "unsupported") for r in rows)
     assert all(float(r["max_rel_diff"]) <= 1e-4 for r in rows if r["status"] == "ok")
     for r in rows:  # every timed row has its ratio to the original with an interval and a verdict
@@ -79,6 +80,25 @@ def test_rule_all_builds_the_report_and_the_summary(tiny_repo):
             assert r["verdict"] in ("faster", "slower", "no detectable difference") and r["too_noisy"] in ("True", "False")
     with open(root / "results/summary.csv") as f:
         assert "best_backend" not in f.readline()
+
+
+def assert_trained_row_is_the_agents_own_run(root, row):
+    """generalise reads the trained shape's figures from the agent stages' traces; running the trained agents
+    again on the model (what it did before) gives the same figures."""
+    from rlflow.agents.checkpoint import load_agent
+    from rlflow.agents.zero_shot import score_graph
+    from rlflow.problem import load_problem
+
+    cfg = load_config([root / "config.yaml"])
+    res = root / "results"
+    p = load_problem(cfg, res / "bert/model.onnx", res / "rules/rules.json", res / f"costs/{cfg['device']}/bert.json")
+    agents = {"model_free": load_agent(res / "bert/model_free/model_free.pt"),
+              "rlflow": load_agent(res / "bert/controller/controller.pt")}
+    again = score_graph(agents, p.graph, p.rules, p.cost, cfg)
+    assert row["from_traces"] and row["greedy_pct"] == pytest.approx(again["greedy_pct"], rel=1e-9, abs=1e-12)
+    for m, a in again["agents"].items():
+        for k in ("improvement_pct", "final_ms", "real_steps"):
+            assert row["agents"][m][k] == pytest.approx(a[k], rel=1e-9, abs=1e-12), (m, k)
 
 
 def test_snakemake_run_is_recorded_in_dvc(tiny_repo):

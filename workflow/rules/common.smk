@@ -74,8 +74,9 @@ def stage_conda(name):
 
 
 def stage_threads(name):
-    """Every core for a stage that times ops (nothing runs beside it), else one."""
-    return workflow.cores if registry.stage(name).all_cores else 1
+    """Every core for a stage that times ops (nothing runs beside it), else the processes it runs at once."""
+    st = registry.stage(name)
+    return workflow.cores if st.all_cores else min(st.cores, workflow.cores)
 
 
 def stage_shell(name):

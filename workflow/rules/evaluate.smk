@@ -26,6 +26,7 @@ rule evaluate:
 
 # Stage generalise: each trained agent (model_free, the RLFlow controller) run zero-shot on the shapes in
 # generalise.variants.<model> -> results/<model>/generalise.json (improvement kept per variant; greedy beside).
+# The shape they trained on is read from their own stages' traces; the variants run two at a time.
 # Code: src/rlflow/stages/generalise.py. Paths, command line and config keys: STAGES["generalise"] in
 # src/rlflow/pipeline/registry.py.
 
@@ -41,6 +42,7 @@ rule generalise:
         stage_log("generalise"),
     benchmark:
         stage_benchmark("generalise")
+    threads: stage_threads("generalise")
     priority: stage_priority("generalise")
     conda:
         stage_conda("generalise")

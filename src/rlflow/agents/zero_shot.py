@@ -84,36 +84,107 @@ def row_line(label: str, row: dict) -> str:
             + f"; greedy {row['greedy_pct']:+.3f}%" + (f"; taso {row['taso_pct']:+.3f}%" if "taso_pct" in row else ""))
 
 
-def zero_shot(agents: dict, model: str, graph, variants: list[tuple[str, dict[str, int]]], rules, cost,
-              config: dict, device: str = "cpu", taso: bool = False,
-              log: Callable[[str], None] = print) -> list[dict]:
-    """One row per graph -- ``graph`` (the shape the agents were trained on) first, then each variant exported
-    with its sizes over the config's ``zoo.<name>`` -- from :func:`score_graph`: each agent's improvement and
-    ``kept``, greedy's (and TASO's with ``taso``). ``agents``: method -> :class:`rlflow.agents.checkpoint.Agent`."""
+def trained_row(graph, cost, agent_traces: dict, greedy_trace) -> dict:
+    """The :func:`score_graph` row of the shape the agents were trained on, read from their stages' own runs
+    instead of running them again: each agent stage optimises the model with the same
+    :meth:`rlflow.agents.checkpoint.Agent.optimise` and checks its graph against the original, and search_greedy
+    runs greedy on it. ``agent_traces``: method -> :class:`rlflow.evaluation.traces.TraceSummary`; the figures are
+    the graph each found (``searched``), before the never-slower check. Every trace must start from ``graph``
+    under ``cost`` (its initial cost and node count): otherwise a one-line RLFlowError naming it."""
+    initial = cost.graph_metrics(graph)
+    for t in [*agent_traces.values(), greedy_trace]:
+        ms = t.initial["runtime_ms"]
+        if t.initial["nodes"] != len(graph.nodes) or abs(ms - initial.runtime_ms) > 1e-9 * max(abs(ms), 1.0):
+            raise RLFlowError(f"{t.path}: its graph starts at {int(t.initial['nodes'])} nodes and {ms:.6g} ms, the "
+                              f"model here at {len(graph.nodes)} nodes and {initial.runtime_ms:.6g} ms: the trace "
+                              f"was made with another model or cost model")
+    pct = lambda t: (t.initial["runtime_ms"] - t.searched["runtime_ms"]) / t.initial["runtime_ms"] * 100  # noqa: E731
+    row = {"nodes": len(graph.nodes), "initial_ms": initial.runtime_ms, "agents": {}, "greedy_pct": pct(greedy_trace),
+           "from_traces": True}
+    for method, t in agent_traces.items():
+        p = pct(t)
+        row["agents"][method] = {"improvement_pct": p, "kept": 1.0 if p > 0 else None,
+                                 "final_ms": t.searched["runtime_ms"], "max_rel_diff": t.max_rel_diff,
+                                 "seconds": t.optimisation_s, "real_steps": t.expansions,
+                                 "vs_greedy": p / row["greedy_pct"] if row["greedy_pct"] > 0 else None}
+    return row
+
+
+#: what :func:`_score_variant` works with: set by :func:`zero_shot`, and in each of its worker processes by
+#: :func:`_start_worker`
+_JOB: dict = {}
+
+
+def _start_worker(job: dict) -> None:
+    """A worker process of :func:`zero_shot` (spawned: a forked one can inherit a lock another thread holds) gets
+    the job once: agents, rules, cost model and config, pickled."""
+    from rlflow.problem import single_cpu_thread
+
+    single_cpu_thread(job["device"])
+    _JOB.update(job)
+
+
+def _score_variant(i: int) -> tuple[dict, str]:
+    """Export variant ``i`` of ``_JOB`` (1-based: 0 is the trained shape) and score it: (row, its log line)."""
     from rlflow.graph import load_onnx, zoo
 
-    rows: list[dict] = []
-    base: dict[str, float] = {}
+    j = _JOB
+    name, overrides = j["variants"][i - 1]
+    label = variant_label(name, overrides, j["model"])
+    config = j["config"]
+    sizes = {**get(config, f"zoo.{name}"), **overrides}
+    path = Path(j["tmp"]) / f"variant-{i}.onnx"
+    try:
+        zoo.export_model(name, path, sizes, opset=get(config, "export.opset"),
+                         exporter=get(config, "export.exporter"), seed=get(config, "seed"))
+    except (ValueError, RLFlowError) as e:
+        raise RLFlowError(f"generalise variant {label}: cannot export with these sizes: {e}") from None
+    row = {"graph": label, "model": name, "sizes": overrides, "trained": False,
+           **score_graph(j["agents"], load_onnx(path), j["rules"], j["cost"], config, j["base"], j["device"],
+                         j["taso"], label)}
+    return row, row_line(label, row)
+
+
+def zero_shot(agents: dict, model: str, graph, variants: list[tuple[str, dict[str, int]]], rules, cost,
+              config: dict, device: str = "cpu", taso: bool = False,
+              log: Callable[[str], None] = print, trained: dict | None = None, workers: int = 1) -> list[dict]:
+    """One row per graph -- ``graph`` (the shape the agents were trained on) first, then each variant exported
+    with its sizes over the config's ``zoo.<name>`` -- from :func:`score_graph`: each agent's improvement and
+    ``kept``, greedy's (and TASO's with ``taso``). ``agents``: method -> :class:`rlflow.agents.checkpoint.Agent`.
+
+    ``trained``: the trained shape's row when it is known already (:func:`trained_row`, from the agent stages'
+    traces), else it is scored here. ``workers`` > 1 scores the variants in that many processes at once (on the
+    CPU; one torch thread each); each run is deterministic, so the rows are the same."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if trained is None:
+        trained = score_graph(agents, graph, rules, cost, config, None, device, taso, variant_label(model, {}, model))
+        for a in trained["agents"].values():
+            a["kept"] = 1.0 if a["improvement_pct"] > 0 else None
+    label = variant_label(model, {}, model)
+    rows = [{"graph": label, "model": model, "sizes": {}, "trained": True, **trained}]
+    log(row_line(label, rows[0]))
+    base = {m: a["improvement_pct"] for m, a in trained["agents"].items()}
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, overrides) in enumerate([(model, {})] + list(variants)):
-            label = variant_label(name, overrides, model)
-            if i == 0:
-                g = graph
+        job = dict(agents=agents, model=model, variants=list(variants), rules=rules, cost=cost, config=config,
+                   device=device, taso=taso, base=base, tmp=tmp)
+        _JOB.update(job)
+        try:
+            n = range(1, len(variants) + 1)
+            workers = min(workers, len(variants)) if device == "cpu" else 1
+            if workers > 1:
+                with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=_start_worker, initargs=(job,)) as pool:
+                    done = pool.map(_score_variant, n)
+                    for row, line in done:
+                        rows.append(row)
+                        log(line)
             else:
-                sizes = {**get(config, f"zoo.{name}"), **overrides}
-                path = Path(tmp) / f"variant-{i}.onnx"
-                try:
-                    zoo.export_model(name, path, sizes, opset=get(config, "export.opset"),
-                                     exporter=get(config, "export.exporter"), seed=get(config, "seed"))
-                except (ValueError, RLFlowError) as e:
-                    raise RLFlowError(f"generalise variant {label}: cannot export with these sizes: {e}") from None
-                g = load_onnx(path)
-            row = {"graph": label, "model": name, "sizes": overrides, "trained": i == 0,
-                   **score_graph(agents, g, rules, cost, config, base if i else None, device, taso, label)}
-            if i == 0:
-                base = {m: a["improvement_pct"] for m, a in row["agents"].items()}
-                for a in row["agents"].values():
-                    a["kept"] = 1.0 if a["improvement_pct"] > 0 else None
-            rows.append(row)
-            log(row_line(label, row))
+                for i in n:
+                    row, line = _score_variant(i)
+                    rows.append(row)
+                    log(line)
+        finally:
+            _JOB.clear()
     return rows

@@ -49,6 +49,12 @@ class TraceSummary:
     speed_check: str | None = None
     """The never-slower check (trace ``speed_check.kept``): ``kept optimised`` | ``kept original``; None if the
     trace has no check."""
+    searched: dict[str, float] | None = None
+    """Cost estimate of the graph the method found (the trace's ``final``), whatever the never-slower check kept."""
+    expansions: int | None = None
+    """The trace's ``expansions`` (for the RL agents: their real steps while optimising), if any."""
+    max_rel_diff: float | None = None
+    """The written graph's largest relative output difference from the original (``max_rel_diff``), if any."""
 
 
 def _number(doc: dict, key: str, path: Path, where: str = "") -> float:
@@ -109,6 +115,9 @@ def load_trace(path: str | Path) -> TraceSummary:
         training_s=None if training is None else _number(doc, "training_seconds", path),
         real_interactions=_interactions(doc.get("real_interactions"), path),
         speed_check=_speed_check(doc.get("speed_check"), path),
+        searched=_costs(doc, "final", path),
+        expansions=None if doc.get("expansions") is None else int(_number(doc, "expansions", path)),
+        max_rel_diff=None if doc.get("max_rel_diff") is None else _number(doc, "max_rel_diff", path),
     )
 
 

@@ -117,6 +117,9 @@ class Stage:
     """Conda env file (repository-relative) for ``snakemake --use-conda``."""
     all_cores: bool = False
     """The stage times things: Snakemake gives it every core, so no other job runs beside it and skews them."""
+    cores: int = 1
+    """The most processes its work runs at once (generalise scores its variants in parallel): Snakemake gives it
+    that many cores, at most ``--cores`` (``stage_threads`` in workflow/rules/common.smk), and the stage uses no more."""
     priority: int = 0
     """Snakemake starts ready jobs of higher priority first. The stages on the pipeline's longest chain (rollouts ->
     encoder -> world model -> controller) have 1, so with ``--cores all`` on a small machine the searches fill the
@@ -644,13 +647,19 @@ STAGES: dict[str, Stage] = {
             name="generalise",
             doc="Run the trained agents zero-shot on other input shapes of the model (generalise.variants).",
             inputs={**PROBLEM_INPUTS, "model_free": "results/{model}/model_free/model_free.pt",
-                    "controller": "results/{model}/controller/controller.pt"},
+                    "controller": "results/{model}/controller/controller.pt",
+                    "model_free_trace": "results/{model}/model_free/trace.json",
+                    "rlflow_trace": "results/{model}/controller/trace.json",
+                    "greedy_trace": "results/{model}/greedy/trace.json"},
             outputs={"generalise": "results/{model}/generalise.json"},
             params={**SCORING_PARAMS, "export": "export", "zoo": "zoo", "generalise": "generalise",
                     "tolerance": "evaluate.tolerance"},
             args=(*PROBLEM_ARGS, ("--model-free", "{input.model_free}"), ("--controller", "{input.controller}"),
-                  ("--out", "{output.generalise}")),
+                  ("--model-free-trace", "{input.model_free_trace}"), ("--rlflow-trace", "{input.rlflow_trace}"),
+                  ("--greedy-trace", "{input.greedy_trace}"), ("--out", "{output.generalise}")),
             metrics=("generalise",),
+            cli_optional=("--model-free-trace", "--rlflow-trace", "--greedy-trace"),
+            cores=2,  # the two default variants (bert seq 64 and 256) at once
         ),
         Stage(
             name="evaluate",

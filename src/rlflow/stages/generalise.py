@@ -12,22 +12,30 @@ improvement(trained shape) (issue K's goal: >= 0.9 at bert seq 64 and 256).
 Every agent's zero-shot graph is checked equal to its original under onnxruntime (``evaluate.tolerance``): the
 stage fails, naming the graph, if one differs.
 
+The trained shape's row comes from the agents' own stages when their traces are given (``--model-free-trace``,
+``--rlflow-trace``, and ``--greedy-trace`` for greedy; the pipeline passes all three): those stages optimise the
+model with the same :meth:`~rlflow.agents.checkpoint.Agent.optimise` and check the graph, so running them again
+here would give the same figures. Without them the trained shape is scored here too. The variants are scored in
+parallel, at most ``cores`` of the stage's registry entry (2) at once, on the CPU.
+
 Reads: seed, device, cost.*, export.opset, export.exporter, zoo (the sizes of every model a variant names),
-generalise.variants.<model>, evaluate.tolerance. Writes ``--out`` (JSON ``rlflow.generalise/1``), atomically. The same rows are
-printed by ``benchmarks/generalise.py`` for any checkpoint. The code that runs and scores the agents:
-:mod:`rlflow.agents.zero_shot`.
+generalise.variants.<model>, evaluate.tolerance; the traces, when given. Writes ``--out`` (JSON
+``rlflow.generalise/1``), atomically. The same rows are printed by ``benchmarks/generalise.py`` for any
+checkpoint. The code that runs and scores the agents: :mod:`rlflow.agents.zero_shot`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 from rlflow.config import get
 from rlflow.errors import RLFlowError
 
-HELP = "run the trained agents zero-shot on other input shapes of their model (pipeline stage generalise)"
+HELP = ("run the trained agents zero-shot on other input shapes of their model (pipeline stage generalise); the "
+        "shape they trained on is read from their stages' traces when given")
 SET_EXAMPLE = "generalise.variants.bert=[seq=64,seq=256]"
 
 FORMAT = "rlflow.generalise/1"
@@ -37,11 +45,18 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.agents.checkpoint import load_agent
     from rlflow.atomic import write_text
     from rlflow.cost.targets import resolve_target
-    from rlflow.agents.zero_shot import parse_variant, variant_label, zero_shot
+    from rlflow.agents.zero_shot import parse_variant, trained_row, variant_label, zero_shot
+    from rlflow.evaluation.traces import load_trace
+    from rlflow.pipeline.registry import stage
     from rlflow.stages.common import load_problem
 
     if args.out.is_dir():
         raise RLFlowError(f"{args.out}: is a folder, expected a file path")
+    traces = {"model_free": args.model_free_trace, "rlflow": args.rlflow_trace}
+    given = [p is not None for p in (*traces.values(), args.greedy_trace)]
+    if any(given) and not all(given):
+        raise RLFlowError("generalise: give all three traces (--model-free-trace, --rlflow-trace, --greedy-trace) "
+                          "or none")
     problem = load_problem(args)
     config = problem.config
     variants = [parse_variant(v, args.model) for v in (get(config, "generalise.variants") or {}).get(args.model, [])]
@@ -49,11 +64,19 @@ def run(args: argparse.Namespace) -> int:
     for method, path in (("model_free", args.model_free), ("rlflow", args.controller)):
         agents[method] = load_agent(path, problem.device)
         agents[method].check_rules(problem.rules, str(args.rules))
+    trained = None
+    if all(given):
+        trained = trained_row(problem.graph, problem.cost, {m: load_trace(p) for m, p in traces.items()},
+                              load_trace(args.greedy_trace))
+    workers = max(1, min(stage("generalise").cores, os.cpu_count() or 1))
     t0 = time.perf_counter()
     print(f"generalise: {args.model}: {len(variants)} variant(s), agents {', '.join(agents)}, cost target "
-          f"{resolve_target(config)} ({problem.cost.label})", flush=True)
+          f"{resolve_target(config)} ({problem.cost.label}); the trained shape "
+          f"{'read from the agent stages' if trained else 'scored here'}, at most {workers} variant(s) at once",
+          flush=True)
     rows = zero_shot(agents, args.model, problem.graph, variants, problem.rules, problem.cost, config,
-                     device=problem.device, log=lambda line: print(f"generalise: {line}", flush=True))
+                     device=problem.device, log=lambda line: print(f"generalise: {line}", flush=True),
+                     trained=trained, workers=workers)
     doc = {"format": FORMAT, "model": args.model, "cost_target": resolve_target(config), "cost_label": problem.cost.label,
            "variants": [variant_label(n, o, args.model) for n, o in variants], "rows": rows,
            "seconds": time.perf_counter() - t0}
