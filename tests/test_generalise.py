@@ -176,3 +176,20 @@ def test_generalise_stage_wants_all_three_traces_or_none(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code != 0 and len(err.splitlines()) == 1 and "give all three traces" in err
     assert not (tmp_path / "o.json").exists()
+
+
+def test_a_zero_shot_worker_runs_torch_on_one_thread_whatever_omp_num_threads_says(monkeypatch):
+    """Snakemake sets OMP_NUM_THREADS to the job's cores; two workers with that many threads each stall."""
+    import torch
+
+    from rlflow.agents import zero_shot as zs
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    try:
+        torch.set_num_threads(2)
+        zs._start_worker({"model": "bert"})
+        assert torch.get_num_threads() == 1 and zs._JOB["model"] == "bert"
+    finally:
+        zs._JOB.clear()
+        torch.set_num_threads(before)
