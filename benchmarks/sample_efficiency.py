@@ -52,11 +52,13 @@ def one_budget(model: str, episodes: int, config: list[str], tmp: Path) -> dict:
     costs = ROOT / f"results/costs/auto/{model}.json"
     if costs.is_file():
         prob += ["--costs", str(costs)]
-    _run(["collect-rollouts", *conf, *prob, "--shard", "0", "--out", str(d / "rollouts/shard-0.json")], log)
+    _run(["collect-rollouts", *conf, *prob, "--shard", "0", "--out", str(d / "rollouts/shard-0.json"),
+          "--graphs", str(d / "rollouts/shard-0.graphs.npz")], log)
     _run(["merge-rollouts", *conf, "--model", model, "--shards-dir", str(d / "rollouts"), "--out",
-          str(d / "rollouts.json")], log)
-    _run(["train-encoder", *conf, *prob, "--rollouts", str(d / "rollouts.json"), "--out", str(d / "encoder.pt"),
-          "--latents", str(d / "latents.npz"), "--metrics", str(d / "encoder.json")], log)
+          str(d / "rollouts.json"), "--graphs", str(d / "rollouts.graphs.npz")], log)
+    _run(["train-encoder", *conf, *prob, "--rollouts", str(d / "rollouts.json"), "--graphs",
+          str(d / "rollouts.graphs.npz"), "--out", str(d / "encoder.pt"), "--latents", str(d / "latents.npz"),
+          "--metrics", str(d / "encoder.json")], log)
     _run(["train-world-model", *conf, "--model", model, "--latents", str(d / "latents.npz"), "--out",
           str(d / "wm.pt"), "--metrics", str(d / "wm.json"), "--curve", str(d / "loss.csv")], log)
     out = {}

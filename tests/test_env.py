@@ -358,3 +358,48 @@ def test_rollout_stages_end_to_end(tiny_zoo, rules_file, tmp_path, root):
     assert main(["merge-rollouts", *base, "--set", "rollouts.shards=[0,1,2]", "--model", "bert",
                  "--shards-dir", str(tmp_path), "--out", str(out2)]) == 2
     assert not out2.exists()
+
+
+def test_rollout_stages_store_and_join_the_graphs(tiny_zoo, rules_file, tmp_path, root, capsys):
+    """collect-rollouts --graphs stores every step's graph, as the environment observed it; merge-rollouts
+    --graphs joins the shards' files in shard order, and refuses a shard's file that belongs to other episodes."""
+    import shutil
+
+    from rlflow.agents.rollouts import read_graphs, unpack_graphs
+    from rlflow.cli import main
+
+    base = ["--config", str(root / "config.yaml"), "--set", "cost.model=analytic", "--set", "rollouts.episodes=3",
+            "--set", "env.max_steps=4"]
+    for k in (0, 1):
+        assert main(["rollouts", *base, "--model", "bert", "--shard", str(k), "--onnx", str(tiny_zoo["bert"]),
+                     "--rules", str(rules_file), "--out", str(tmp_path / f"shard-{k}.json"),
+                     "--graphs", str(tmp_path / f"shard-{k}.graphs.npz"), "--no-progress"]) == 0
+    shard = json.loads((tmp_path / "shard-0.json").read_text())
+    env = make(load_onnx(tiny_zoo["bert"]), load_rules(rules_file), max_steps=4)
+    for ep, seq in zip(shard["episodes"], unpack_graphs(read_graphs(tmp_path / "shard-0.graphs.npz"),
+                                                        shard["episodes"], "shard-0")):
+        obs, _ = env.reset()
+        observed = [obs["graph"]] + [env.step(a)[0]["graph"] for a in ep["actions"]]
+        assert len(seq) == len(observed) == len(ep["actions"]) + 1
+        for want, got in zip(observed, seq):
+            for name in ("nodes", "edges", "edge_links"):
+                np.testing.assert_array_equal(getattr(want, name), getattr(got, name), err_msg=name)
+    merge = ["merge-rollouts", *base, "--set", "rollouts.shards=[0,1]", "--model", "bert", "--shards-dir",
+             str(tmp_path), "--out", str(tmp_path / "rollouts.json"), "--graphs", str(tmp_path / "rollouts.graphs.npz")]
+    assert main(merge) == 0
+    merged = json.loads((tmp_path / "rollouts.json").read_text())
+    joined, parts = read_graphs(tmp_path / "rollouts.graphs.npz"), [read_graphs(tmp_path / f"shard-{k}.graphs.npz")
+                                                                    for k in (0, 1)]
+    for name in ("graph_nodes", "graph_edges", "node_type", "node_runtime", "edges", "edge_links"):
+        np.testing.assert_array_equal(joined[name], np.concatenate([p[name] for p in parts]), err_msg=name)
+    assert len(list(unpack_graphs(joined, merged["episodes"], "merged"))) == 6
+    # shard 1's graphs file replaced by shard 0's: one line naming it, and neither output
+    for name in ("rollouts.json", "rollouts.graphs.npz"):
+        (tmp_path / name).unlink()
+    shutil.copy(tmp_path / "shard-0.graphs.npz", tmp_path / "shard-1.graphs.npz")
+    capsys.readouterr()
+    assert main(merge) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"rlflow: error: {tmp_path / 'shard-1.graphs.npz'}: stored for other episodes than the rollouts "
+                   "file's; collect the rollouts again"], err
+    assert not (tmp_path / "rollouts.json").exists() and not (tmp_path / "rollouts.graphs.npz").exists()

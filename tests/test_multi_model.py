@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from test_pipeline import copy_workflow, job_counts, sh, tool
 
 from rlflow.agents.checkpoint import Checkpointer, load_agent
@@ -41,20 +43,35 @@ def test_shared_encoder_and_policy_learn_from_every_model_and_resume(problems, t
     file is an error), PPO steps real environments of both models, and a run with more updates resumes the
     partial checkpoint instead of starting over."""
     from rlflow.agents.multi_model import train_shared_encoder, train_shared_policy
-    from rlflow.agents.rollouts import FORMAT, collect, rules_digest
+    from rlflow.agents.rollouts import FORMAT, collect, graph_arrays, rules_digest, write_graphs
     from rlflow.env import make_env
     from rlflow.errors import RLFlowError
 
     config, p = problems
     training = {m: p[m] for m in ("bert", "vit")}
     rollouts = {}
+    stored = {}
     for i, (m, q) in enumerate(training.items()):
         env = make_env(config, q.graph, q.rules, q.cost, reward=False)
-        rollouts[m] = {"format": FORMAT, "rules": rules_digest(q.rules), "episodes": collect(env, 3, 0.1, i),
+        packed: list = []
+        rollouts[m] = {"format": FORMAT, "rules": rules_digest(q.rules),
+                       "episodes": collect(env, 3, 0.1, i, graphs=packed),
                        "env": {"max_steps": env.max_steps, "max_locations": env.max_locations}}
+        stored[m] = tmp_path / f"{m}.graphs.npz"
+        write_graphs(stored[m], graph_arrays(packed, rollouts[m]["episodes"]))
+    torch.manual_seed(0)  # the encoder's initial weights
     result, episodes = train_shared_encoder(training, rollouts, config, 0, Checkpointer(tmp_path / "enc.pt", "fp"),
                                             log=lambda line: None)
     assert len(episodes) == 6 and episodes[:3] == rollouts["bert"]["episodes"] and result.metrics["graphs"]["encoded"] == sum(len(e["actions"]) + 1 for e in episodes)
+    # from the stored graphs (one episode of each model replayed to check them): the same encoder and z
+    lines: list[str] = []
+    torch.manual_seed(0)
+    from_files, _ = train_shared_encoder(training, rollouts, dict(config, encoder={**config["encoder"], "replay_check": 1}),
+                                         0, Checkpointer(tmp_path / "enc-stored.pt", "fp"), log=lines.append,
+                                         stored=stored)
+    assert from_files.metrics["replay_check"]["replayed_episodes"] == 2 and "1 of them replayed" in lines[0]
+    assert from_files.metrics["train_loss"] == result.metrics["train_loss"]
+    np.testing.assert_array_equal(from_files.latents["z"], result.latents["z"])
     swapped = {"bert": rollouts["vit"], "vit": rollouts["bert"]}
     with pytest.raises(RLFlowError, match="the rollouts of bert"):
         train_shared_encoder(training, swapped, config, 0, Checkpointer(tmp_path / "enc2.pt", "fp"),

@@ -183,6 +183,20 @@ def test_config_sizes_are_the_zoo_sizes():
     }
 
 
+def test_the_schema_is_parsed_once_and_each_caller_gets_its_own_copy(monkeypatch):
+    """Every command builds its parser from the schema (model names, pass variants: dozens of reads); it is parsed
+    once per process, and a caller that changes its copy changes no one else's."""
+    import yaml
+
+    first = load_schema()
+    first["properties"]["models"]["items"]["enum"].append("not-a-model")
+    monkeypatch.setattr(yaml, "load", lambda *a, **k: pytest.fail("the schema was parsed again"))
+    monkeypatch.setattr(yaml, "safe_load", lambda *a, **k: pytest.fail("the schema was parsed again"))
+    again = load_schema()
+    assert "not-a-model" not in again["properties"]["models"]["items"]["enum"]
+    assert registry.model_names() == tuple(again["properties"]["models"]["items"]["enum"])
+
+
 def test_schema_has_one_file_two_paths():
     link = REPO / "workflow" / "schemas" / "config.schema.yaml"
     assert link.is_symlink() and not os.path.isabs(os.readlink(link))

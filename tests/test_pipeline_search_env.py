@@ -27,7 +27,8 @@ def test_dvc_matrix_over_models_and_shards():
     doc = yaml.safe_load((REPO / "dvc.yaml").read_text())
     st = doc["stages"]["collect_rollouts"]
     assert st["matrix"] == {"model": "${models}", "shard": "${rollouts.shards}"}
-    assert st["outs"] == ["results/${item.model}/rollouts/shard-${item.shard}.json"]
+    assert st["outs"] == ["results/${item.model}/rollouts/shard-${item.shard}.json",
+                          "results/${item.model}/rollouts/shard-${item.shard}.graphs.npz"]
     assert doc["stages"]["merge_rollouts"]["do"]["deps"][-1] == "results/${item}/rollouts"
     assert "results/costs/${device}/${item}.json" in doc["stages"]["search_taso"]["do"]["deps"]
     r = sh(tool("dvc"), "repro", "--dry", "--force", "merge_rollouts")

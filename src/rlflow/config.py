@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,7 +20,14 @@ SCHEMA_PATH = Path(__file__).with_name("config.schema.yaml")
 
 
 def load_schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    """The config schema (a fresh copy: callers may change it). Parsed once per process: every command builds
+    its parser from it (model names, pass variants), so reading it per use cost seconds at each start."""
+    return copy.deepcopy(_parsed_schema())
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed_schema() -> dict:
+    return yaml.load(SCHEMA_PATH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def _with_defaults(schema: dict, value: Any) -> Any:

@@ -1,6 +1,7 @@
 # Stages collect_rollouts (one job per model and shard id in config rollouts.shards; they run in parallel) and
 # merge_rollouts (joins a model's shards) -> results/<model>/rollouts.json: random-agent episodes in the rewrite
-# environment (actions, per-step metrics, per-xfer location counts, done). Reward settings are NOT inputs.
+# environment (actions, per-step metrics, per-xfer location counts, done), and rollouts.graphs.npz: the graph of
+# every step (train_encoder reads them instead of replaying every episode). Reward settings are NOT inputs.
 # Code: src/rlflow/stages/collect_rollouts.py, src/rlflow/stages/merge_rollouts.py; the env: src/rlflow/env/.
 # Paths, command line and config keys: STAGES[...] in src/rlflow/pipeline/registry.py.
 

@@ -2,8 +2,10 @@
 
 1. Episodes are split into training and held-out episodes (``encoder.holdout``, seeded; the world model uses the
    same split, recorded in ``latents.npz``).
-2. Every graph of every episode is re-materialised by replaying the actions in a real environment (the
-   environment is deterministic) and turned into a PyG graph (:mod:`rlflow.nn.graph_data`).
+2. Every graph of every episode is taken from the rollouts' graphs file when there is one (:func:`from_stored`;
+   ``encoder.replay_check`` episodes are replayed to check it), otherwise re-materialised by replaying the
+   actions in a real environment (the environment is deterministic; :func:`materialise`), and turned into a PyG
+   graph (:mod:`rlflow.nn.graph_data`).
 3. At most ``encoder.max_graphs`` training graphs are sampled (seeded), and at most as many held-out graphs.
    The encoder is trained with Adam on MSE(normalised log1p metrics) + MSE(log1p match counts per rule),
    checkpointing every epoch (a killed run resumes from its last epoch when nothing it depends on changed).
@@ -30,7 +32,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -79,14 +81,14 @@ REPLAY_RTOL = 1e-6
 
 
 def materialise(env, episodes: Sequence[dict], progress: bool = False,
-                source: str = "the rollouts file") -> tuple[list[list], dict]:
+                source: str = "the rollouts file", numbers: Sequence[int] | None = None) -> tuple[list[list], dict]:
     """Replay every episode; -> (graphs: per episode T_e + 1 ``Data`` with targets, replay check).
 
     Every replayed step must reproduce the file's metrics (within :data:`REPLAY_RTOL`) and match counts exactly:
     otherwise the rollouts were collected with another model, rule set or cost model, and the encoder would learn
     targets that belong to other graphs, so the first step that differs is a one-line RLFlowError naming
-    ``source``, the episode, the step and the value. The check record gives the largest metric difference seen
-    and the steps whose counts differ (0).
+    ``source``, the episode (its number in ``numbers``, when given, else its position), the step and the value.
+    The check record gives the largest metric difference seen and the steps whose counts differ (0).
     """
     from rlflow.nn.graph_data import to_data
 
@@ -102,7 +104,7 @@ def materialise(env, episodes: Sequence[dict], progress: bool = False,
             seq.append(to_data(obs, info["counts"]))
             infos.append(info)
         for t, inf in enumerate(infos):
-            where = f"{source}: episode {e}, step {t}"
+            where = f"{source}: episode {numbers[e] if numbers is not None else e}, step {t}"
             if t >= len(ep["metrics"]) or t >= len(ep["counts"]):
                 raise RLFlowError(f"{where}: the file has no metrics or counts for this step")
             got = np.array([inf[k] for k in METRIC_NAMES], np.float64)
@@ -126,7 +128,41 @@ def materialise(env, episodes: Sequence[dict], progress: bool = False,
         graphs.append(seq)
         bar.update(len(seq))
     bar.close()
-    return graphs, {"max_metric_rel_diff": max_rel, "count_mismatch_steps": 0}
+    return graphs, {"max_metric_rel_diff": max_rel, "count_mismatch_steps": 0, "replayed_episodes": len(episodes)}
+
+
+def from_stored(env, episodes: Sequence[dict], stored: Iterable[Sequence], check: int, seed: int,
+                progress: bool = False, source: str = "the rollouts file",
+                graphs_source: str = "the graphs file") -> tuple[list[list], dict]:
+    """Like :func:`materialise`, from stored graphs instead of a replay of every episode.
+
+    ``stored`` yields each episode's T_e + 1 observation graphs (:func:`rlflow.agents.rollouts.unpack_graphs`);
+    the targets come from the rollouts file's metrics and counts. ``check`` episodes (a seeded sample; all of
+    them when there are no more) are replayed with :func:`materialise` (which checks the file's metrics and
+    counts) and each of their graphs must equal the stored one (node features, links, edge features), or a
+    one-line RLFlowError names ``graphs_source``, the episode and the step.
+    """
+    from rlflow.nn.graph_data import to_data
+
+    graphs: list[list] = []
+    for ep, seq in zip(episodes, stored):
+        datas = []
+        for t, g in enumerate(seq):
+            counts = np.zeros(env.n_xfers, np.int64)
+            for k, c in ep["counts"][t]:
+                counts[k] = c
+            datas.append(to_data({"graph": g, "global": np.asarray(ep["metrics"][t], np.float64)}, counts))
+        graphs.append(datas)
+    pick = np.sort(np.random.default_rng([seed, 19]).choice(len(episodes), min(check, len(episodes)),
+                                                             replace=False)).tolist()
+    replayed, record = materialise(env, [episodes[e] for e in pick], progress, source, numbers=pick)
+    for e, seq in zip(pick, replayed):
+        for t, (want, got) in enumerate(zip(seq, graphs[e])):
+            for name in ("x", "edge_index", "edge_attr"):
+                if not torch.equal(getattr(want, name), getattr(got, name)):
+                    raise RLFlowError(f"{graphs_source}: episode {e}, step {t}: the stored graph differs from the "
+                                      f"replayed one ({name}); collect the rollouts again")
+    return graphs, {**record, "stored_graphs": sum(len(s) for s in graphs)}
 
 
 def _sample(pairs: list[tuple[int, int]], k: int, rng: np.random.Generator) -> list[tuple[int, int]]:
@@ -265,8 +301,9 @@ def train_encoder(env, episodes: Sequence[dict], cfg: dict, seed: int, device: s
     loss is computed too (on at most :data:`HELDOUT_CURVE_GRAPHS` held-out graphs); each epoch's row (train and
     held-out losses) goes to ``live`` (a :class:`rlflow.agents.logging.TrainingLog`), the rows of a resumed run's
     earlier epochs first. ``source`` (the rollouts file) names the file in the error when a replayed step does not
-    reproduce it (:func:`materialise`). ``replayed``: :func:`materialise`'s result for ``episodes``, when the caller
-    replayed them already (the multi-model agent replays each model's episodes in that model's environment).
+    reproduce it (:func:`materialise`). ``replayed``: :func:`materialise`'s (or :func:`from_stored`'s) result for
+    ``episodes``, when the caller has the graphs already (the stage's stored graphs; the multi-model agent replays
+    each model's episodes in that model's environment).
     """
     from rlflow.nn.encoder import GraphEncoder
 

@@ -23,28 +23,40 @@ from rlflow.config import get
 
 
 def train_shared_encoder(problems: dict, rollouts: dict[str, dict], config: dict, seed: int, ckpt,
-                         progress: bool = False, log: Callable[[str], None] = print, live=None):
+                         progress: bool = False, log: Callable[[str], None] = print, live=None,
+                         stored: dict | None = None):
     """The encoder of every model in ``problems`` (name -> :class:`rlflow.problem.Problem`), trained on the
     episodes of each one's rollouts file ``rollouts[name]`` (``rlflow.rollouts/1``, checked against the rules
     and env settings), as a :class:`rlflow.agents.encoder_training.EncoderResult`, and the episodes in the order
-    it saw them."""
-    from rlflow.agents.encoder_training import check_rollouts, materialise, train_encoder
+    it saw them. ``stored[name]``, where given, is the model's rollout graphs file: its graphs are used
+    (``encoder.replay_check`` episodes replayed to check them) instead of replaying every episode."""
+    from rlflow.agents.encoder_training import check_rollouts, from_stored, materialise, train_encoder
+    from rlflow.agents.rollouts import read_graphs, unpack_graphs
     from rlflow.env import make_env
 
-    graphs, episodes, worst, first_env = [], [], 0.0, None
+    cfg = dict(get(config, "encoder"))
+    graphs, episodes, worst, replayed_episodes, first_env = [], [], 0.0, 0, None
     for name, p in problems.items():
         env = make_env(config, p.graph, p.rules, p.cost, reward=False)
         first_env = first_env or env
         source = f"the rollouts of {name}"
         check_rollouts(rollouts[name], p.rules, env.max_steps, env.max_locations, source)
         eps = rollouts[name]["episodes"]
-        g, check = materialise(env, eps, progress, source)
+        path = (stored or {}).get(name)
+        if path is not None:
+            g, check = from_stored(env, eps, unpack_graphs(read_graphs(path), eps, str(path)),
+                                   int(cfg["replay_check"]), seed, progress, source, str(path))
+            how = f"from {path}, {check['replayed_episodes']} of them replayed to check them"
+        else:
+            g, check = materialise(env, eps, progress, source)
+            how = "replayed"
         graphs += g
         episodes += eps
         worst = max(worst, check["max_metric_rel_diff"])
-        log(f"{name}: {len(eps)} rollout episodes ({sum(len(e['actions']) for e in eps)} steps) replayed")
-    cfg = dict(get(config, "encoder"))
-    replayed = (graphs, {"max_metric_rel_diff": worst, "count_mismatch_steps": 0})
+        replayed_episodes += check["replayed_episodes"]
+        log(f"{name}: {len(eps)} rollout episodes ({sum(len(e['actions']) for e in eps)} steps), graphs {how}")
+    replayed = (graphs, {"max_metric_rel_diff": worst, "count_mismatch_steps": 0,
+                         "replayed_episodes": replayed_episodes})
     result = train_encoder(first_env, episodes, cfg, seed, problems[next(iter(problems))].device, ckpt,
                            progress=progress, live=live, replayed=replayed,
                            on_epoch=lambda e, loss, s: log(f"encoder epoch {e}/{cfg['epochs']}: loss {loss:.4f} "

@@ -3,8 +3,9 @@ also ``rlflow rollouts``).
 
 The random agent stops (NO-OP) with probability rollouts.stop_prob at each step, otherwise picks a rule with a
 match uniformly, then one of its locations uniformly. Per episode the file keeps the actions, the metrics of
-every graph, the match counts per rule and done flags -- not graphs, and not rewards (format: see
-rlflow/agents/rollouts.py). Shard K's episodes depend only on K, seed, rollouts.episodes, rollouts.stop_prob,
+every graph, the match counts per rule and done flags -- not rewards (format: see rlflow/agents/rollouts.py).
+With --graphs, the graph of every step goes to a compact side file (about 1 KB per graph), so that
+train_encoder need not replay every episode to rebuild them. Shard K's episodes depend only on K, seed, rollouts.episodes, rollouts.stop_prob,
 env.max_steps, env.max_locations and the cost model, so shards run in parallel and adding shards leaves the
 others alone. Reward settings (env.reward) are not read.
 
@@ -30,7 +31,7 @@ SET_EXAMPLE = "rollouts.episodes=20"
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlflow.agents.rollouts import FORMAT, collect, rules_digest, summarise
+    from rlflow.agents.rollouts import FORMAT, collect, graph_arrays, rules_digest, summarise, write_graphs
     from rlflow.env import make_env
 
     if args.shard < 0:
@@ -42,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"collect_rollouts: {args.model} shard {args.shard}: {episodes} episodes, {len(problem.rules)} rules, "
           f"max_steps={env.max_steps}, stop_prob={stop_prob}, cost model {problem.cost.name}", flush=True)
     t0 = time.perf_counter()
-    eps = collect(env, episodes, stop_prob, seed=[seed, args.shard], progress=not args.no_progress)
+    graphs = [] if args.graphs else None
+    eps = collect(env, episodes, stop_prob, seed=[seed, args.shard], progress=not args.no_progress, graphs=graphs)
     seconds = time.perf_counter() - t0
     for e in eps:
         e["shard"] = args.shard
@@ -62,8 +64,11 @@ def run(args: argparse.Namespace) -> int:
     }
     from rlflow.atomic import write_text
 
+    if graphs is not None:
+        write_graphs(args.graphs, graph_arrays(graphs, eps))
     write_text(args.out, json.dumps(doc, separators=(",", ":")) + "\n")
-    print(f"collect_rollouts: wrote {args.out}: {stats['episodes']} episodes, {stats['steps']} steps in "
+    also = f" and {args.graphs}" if graphs is not None else ""
+    print(f"collect_rollouts: wrote {args.out}{also}: {stats['episodes']} episodes, {stats['steps']} steps in "
           f"{seconds:.1f} s ({stats['episodes_per_second']:.1f} episodes/s); best runtime "
           f"{stats['best_runtime_ms']:.3f} ms ({stats['best_improvement_pct']:.2f}% below the original)", flush=True)
     return 0

@@ -2,7 +2,8 @@
 
 Reads <shards-dir>/shard-<K>.json for every K in rollouts.shards (in that order), checks that they were
 collected with the same model, rules, environment and cost model, and writes one rollouts file with the
-episodes of all shards and summary statistics (format: rlflow/agents/rollouts.py).
+episodes of all shards and summary statistics (format: rlflow/agents/rollouts.py). With --graphs, it also joins
+the shards' graphs files (<shards-dir>/shard-<K>.graphs.npz, each checked against its shard's episodes) into one.
 """
 
 from __future__ import annotations
@@ -54,6 +55,15 @@ def run(args: argparse.Namespace) -> int:
     merged["episodes"] = episodes
     from rlflow.atomic import write_text
 
+    if args.graphs:
+        from rlflow.agents.rollouts import check_graphs, join_graphs, read_graphs, write_graphs
+
+        parts = []
+        for k, d in zip(shards, docs):
+            path = args.shards_dir / f"shard-{k}.graphs.npz"
+            parts.append(read_graphs(path))
+            check_graphs(parts[-1], d["episodes"], str(path))
+        write_graphs(args.graphs, join_graphs(parts, episodes))
     write_text(args.out, json.dumps(merged, separators=(",", ":")) + "\n")
     s = merged["stats"]
     print(f"merge_rollouts: wrote {args.out}: {len(shards)} shards, {s['episodes']} episodes, {s['steps']} steps; "

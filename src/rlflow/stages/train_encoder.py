@@ -1,8 +1,10 @@
 """Train the graph encoder on the rollouts' graphs and encode every rollout step (pipeline stage train_encoder).
 
-The episodes are split into training and held-out episodes (encoder.holdout, seeded); their graphs are rebuilt by
-replaying the actions in the environment. The encoder (edge-to-node update, encoder.layers graph-attention
-layers, global update, z of encoder.z_dim; X-RLflow's architecture) is trained for encoder.epochs on at most
+The episodes are split into training and held-out episodes (encoder.holdout, seeded); their graphs come from the
+rollouts' graphs file (--graphs; encoder.replay_check episodes are replayed in the environment and must give the
+stored graphs), or, without one, are rebuilt by replaying every episode's actions (slower: ~10 ms a step on
+bert). The encoder (edge-to-node update, encoder.layers graph-attention layers, global update, z of
+encoder.z_dim; X-RLflow's architecture) is trained for encoder.epochs on at most
 encoder.max_graphs training graphs to predict each graph's cost metrics and per-rule match counts from z. It is
 checkpointed every epoch to OUT.partial: a killed run, rerun with the same inputs and config, resumes there.
 
@@ -48,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from rlflow.agents.checkpoint import Checkpointer, fingerprint
-    from rlflow.agents.encoder_training import check_rollouts, encoder_payload, train_encoder
+    from rlflow.agents.encoder_training import check_rollouts, encoder_payload, from_stored, train_encoder
+    from rlflow.agents.rollouts import read_graphs, unpack_graphs
     from rlflow.agents.logging import TrainingLog
     from rlflow.atomic import atomic_path, write_text
     from rlflow.env import make_env
@@ -62,22 +65,35 @@ def run(args: argparse.Namespace) -> int:
     doc = _load_rollouts(args.rollouts)
     check_rollouts(doc, problem.rules, env.max_steps, env.max_locations, str(args.rollouts))
     episodes = doc["episodes"]
+    stored = None
+    if args.graphs:
+        arrays = read_graphs(args.graphs)
+        stored = unpack_graphs(arrays, episodes, str(args.graphs))
 
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
     values = {"encoder": cfg, "seed": seed, "env": {"max_steps": env.max_steps, "max_locations": env.max_locations},
               "cost": problem.cost.describe()}
-    inputs = [p for p in (args.rollouts, args.onnx, args.rules, getattr(args, "costs", None)) if p and Path(p).is_file()]
+    inputs = [p for p in (args.rollouts, args.graphs, args.onnx, args.rules, getattr(args, "costs", None))
+              if p and Path(p).is_file()]
     ckpt = Checkpointer(args.out, fingerprint(values, inputs))
     print(f"train_encoder: {args.model}: {len(episodes)} episodes, {len(problem.rules)} rules, device "
           f"{problem.device}, {cfg['epochs']} epochs of at most {cfg['max_graphs']} graphs", flush=True)
     def log_epoch(epoch: int, loss: float, seconds: float) -> None:
         print(f"train_encoder: epoch {epoch}/{cfg['epochs']}: loss {loss:.4f} ({seconds:.1f} s)", flush=True)
 
+    replayed, t_graphs = None, time.perf_counter()
+    if stored is not None:
+        replayed = from_stored(env, episodes, stored, int(cfg["replay_check"]), seed, not args.no_progress,
+                               str(args.rollouts), str(args.graphs))
+        print(f"train_encoder: {replayed[1]['stored_graphs']} graphs from {args.graphs}; {len(replayed[0])} episodes, "
+              f"{replayed[1]['replayed_episodes']} of them replayed to check them ({time.perf_counter() - t_graphs:.1f} s)",
+              flush=True)
+    t_graphs = time.perf_counter() - t_graphs
     live = TrainingLog(args.logs, params=values)
     result = train_encoder(env, episodes, cfg, seed, problem.device, ckpt, progress=not args.no_progress,
-                           on_epoch=log_epoch, live=live, source=str(args.rollouts))
+                           on_epoch=log_epoch, live=live, source=str(args.rollouts), replayed=replayed)
     model = result.model
     if result.metrics["resumed_from_epoch"]:
         print(f"train_encoder: resumed from epoch {result.metrics['resumed_from_epoch']} ({ckpt.partial})", flush=True)
@@ -88,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         tmp.write_bytes(buf.getvalue())
     seconds = time.perf_counter() - t0
     metrics = {"model": args.model, "device": problem.device, "cost": problem.cost.describe(), **result.metrics,
-               "seconds": {**result.metrics["seconds"], "total": seconds}}
+               "seconds": {**result.metrics["seconds"], "stored_graphs": t_graphs, "total": seconds}}
     write_text(args.metrics, json.dumps(metrics, indent=1) + "\n")
     ckpt.finish(encoder_payload(result, args.model, cfg, seed, problem.rules, episodes))
     h = result.metrics["heldout"]

@@ -11,7 +11,8 @@ K's goal: on a held-out model the agent beats greedy.
 Reads: seed, device, cost.*, env.max_steps, env.max_locations, env.reward, encoder.*, ppo.*, multi_model.*,
 timing.* (the e2e reward's measurements), evaluate.tolerance; per model ``<results-dir>/<model>/model.onnx``, the
 costs ``<costs-root>/<device>/<model>.json`` (``device`` as the config says it) and, for the training models, the
-rollouts ``<results-dir>/<model>/rollouts.json``.
+rollouts ``<results-dir>/<model>/rollouts.json`` and, where there is one, their graphs
+``<results-dir>/<model>/rollouts.graphs.npz`` (without it, every rollout episode is replayed to rebuild them).
 Writes, atomically:
   --out       the agent checkpoint (``rlflow optimize --method rlflow --agent results/multi/agent.pt`` runs it on
               any model); its partial file OUT.partial while training (a killed run resumes there)
@@ -97,12 +98,16 @@ def run(args: argparse.Namespace) -> int:
     used = {"seed": seed, "encoder": get(config, "encoder"), "ppo": get(config, "ppo"), "multi_model": section,
             "env.max_steps": get(config, "env.max_steps"), "env.max_locations": get(config, "env.max_locations"),
             "env.reward": get(config, "env.reward"), "env.no_revisit": get(config, "env.no_revisit")}
-    inputs = [args.rules] + [args.results_dir / m / f for m in train_names for f in ("model.onnx", "rollouts.json")]
+    stored = {m: args.results_dir / m / "rollouts.graphs.npz" for m in train_names}
+    stored = {m: path for m, path in stored.items() if path.is_file()}
+    inputs = [args.rules, *stored.values()] + [args.results_dir / m / f for m in train_names
+                                               for f in ("model.onnx", "rollouts.json")]
     live = TrainingLog(args.logs, params=used)
     enc_ckpt = Checkpointer(args.encoder, fingerprint({k: used[k] for k in ("seed", "encoder", "env.max_steps",
                                                                            "env.max_locations")}
                                                      | {"models": train_names}, inputs))
-    result, episodes = train_shared_encoder(training, rollouts, config, seed, enc_ckpt, not args.no_progress, log)
+    result, episodes = train_shared_encoder(training, rollouts, config, seed, enc_ckpt, not args.no_progress, log,
+                                            stored=stored)
     encoder = result.model.eval()
     encoder.rollout_steps = sum(len(e["actions"]) for e in episodes)
     held = result.metrics["heldout"]
