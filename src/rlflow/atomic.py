@@ -1,4 +1,5 @@
-"""Atomic file writes: a stage's output either appears complete or not at all."""
+"""Atomic file writes (a stage's output either appears complete or not at all), and reading such a file back
+with a one-line error."""
 
 from __future__ import annotations
 
@@ -31,3 +32,20 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def read_npz(path: str | os.PathLike, missing: str, unreadable: str) -> dict:
+    """All arrays of an ``.npz`` file (no pickles); a missing file is the one-line RLFlowError
+    ``"<path>: <missing>"``, an unreadable one ``"<path>: <unreadable> (<error class>)"``."""
+    import numpy as np
+
+    from rlflow.errors import RLFlowError
+
+    path = Path(path)
+    if not path.is_file():
+        raise RLFlowError(f"{path}: {missing}")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    except Exception as e:  # a damaged zip, a truncated array, not an npz file at all
+        raise RLFlowError(f"{path}: {unreadable} ({e.__class__.__name__})") from None

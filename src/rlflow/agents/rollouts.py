@@ -39,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import io
 import sys
-import zipfile
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -196,17 +195,12 @@ def write_graphs(path: Path | str, arrays: dict[str, np.ndarray]) -> None:
 
 def read_graphs(path: Path | str) -> dict[str, np.ndarray]:
     """A graphs file's arrays, checked for format and node types (one-line RLFlowError otherwise)."""
-    path = Path(path)
-    if not path.is_file():
-        raise RLFlowError(f"{path}: no such rollout graphs file")
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise RLFlowError(f"{path}: not a rollout graphs file ({e.__class__.__name__})") from None
+    from rlflow.atomic import read_npz
+
+    arrays = read_npz(path, "no such rollout graphs file", "not a rollout graphs file")
     if str(arrays.get("format", "")) != GRAPHS_FORMAT:
         raise RLFlowError(f"{path}: not a {GRAPHS_FORMAT} file")
-    if tuple(arrays["node_types"].tolist()) != NODE_TYPES:
+    if tuple(np.asarray(arrays.get("node_types", ())).tolist()) != NODE_TYPES:
         raise RLFlowError(f"{path}: written with other node types than this version's; collect the rollouts again")
     return arrays
 

@@ -61,14 +61,10 @@ def merge_latents(a: dict, b: dict) -> dict:
 
 def load_latents(path: str | Path) -> dict[str, Any]:
     """Read and check a latents file; anything wrong is a one-line :class:`RLFlowError` naming the file."""
+    from rlflow.atomic import read_npz
+
     p = Path(path)
-    if not p.is_file():
-        raise RLFlowError(f"{p}: no such latents file (make it with `rlflow train-encoder`)")
-    try:
-        with np.load(p, allow_pickle=False) as f:
-            data = {k: f[k] for k in f.files}
-    except Exception as e:
-        raise RLFlowError(f"{p}: not a readable .npz file ({e.__class__.__name__})") from None
+    data = read_npz(p, "no such latents file (make it with `rlflow train-encoder`)", "not a readable .npz file")
     missing = [k for k in ARRAYS + SCALARS if k not in data]
     if missing:
         raise RLFlowError(f"{p}: not a latents file (missing {', '.join(missing)})")
