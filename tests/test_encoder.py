@@ -43,14 +43,15 @@ def rollouts(problem, tmp_path_factory):
 @pytest.fixture(scope="module")
 def stored(problem, rollouts, tmp_path_factory):
     """The rollouts' graphs file (collected again with the same seed, keeping the graphs)."""
-    from rlflow.agents.rollouts import graph_arrays, write_graphs
+    from rlflow.agents.rollouts import graph_arrays
+    from rlflow.atomic import write_npz
 
     env = problem[0]
     packed: list = []
     episodes = collect(env, EPISODES, stop_prob=0.1, seed=0, graphs=packed)
     assert [e["actions"] for e in episodes] == [e["actions"] for e in rollouts[1]["episodes"]]
     path = tmp_path_factory.mktemp("enc-graphs") / "rollouts.graphs.npz"
-    write_graphs(path, graph_arrays(packed, episodes))
+    write_npz(path, graph_arrays(packed, episodes))
     return path
 
 

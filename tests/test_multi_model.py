@@ -43,7 +43,8 @@ def test_shared_encoder_and_policy_learn_from_every_model_and_resume(problems, t
     file is an error), PPO steps real environments of both models, and a run with more updates resumes the
     partial checkpoint instead of starting over."""
     from rlflow.agents.multi_model import train_shared_encoder, train_shared_policy
-    from rlflow.agents.rollouts import FORMAT, collect, graph_arrays, rules_digest, write_graphs
+    from rlflow.agents.rollouts import FORMAT, collect, graph_arrays, rules_digest
+    from rlflow.atomic import write_npz
     from rlflow.env import make_env
     from rlflow.errors import RLFlowError
 
@@ -58,7 +59,7 @@ def test_shared_encoder_and_policy_learn_from_every_model_and_resume(problems, t
                        "episodes": collect(env, 3, 0.1, i, graphs=packed),
                        "env": {"max_steps": env.max_steps, "max_locations": env.max_locations}}
         stored[m] = tmp_path / f"{m}.graphs.npz"
-        write_graphs(stored[m], graph_arrays(packed, rollouts[m]["episodes"]))
+        write_npz(stored[m], graph_arrays(packed, rollouts[m]["episodes"]))
     torch.manual_seed(0)  # the encoder's initial weights
     result, episodes = train_shared_encoder(training, rollouts, config, 0, Checkpointer(tmp_path / "enc.pt", "fp"),
                                             log=lambda line: None)

@@ -34,6 +34,18 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         tmp.write_text(text)
 
 
+def write_npz(path: str | os.PathLike, arrays: dict) -> None:
+    """Write ``arrays`` as a compressed ``.npz`` file, atomically."""
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(buf.getvalue())
+
+
 def read_npz(path: str | os.PathLike, missing: str, unreadable: str) -> dict:
     """All arrays of an ``.npz`` file (no pickles); a missing file is the one-line RLFlowError
     ``"<path>: <missing>"``, an unreadable one ``"<path>: <unreadable> (<error class>)"``."""

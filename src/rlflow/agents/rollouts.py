@@ -37,7 +37,6 @@ About 1 KB per graph compressed (bert at paper size), against ~10 ms per replaye
 from __future__ import annotations
 
 import hashlib
-import io
 import sys
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -73,7 +72,7 @@ def collect(env: GraphRewriteEnv, episodes: int, stop_prob: float, seed: Sequenc
     """``episodes`` random-agent episodes (seeded: the same seed gives the same episodes). ``actor``, instead of
     the random agent: ``reset()`` before each episode, ``act(obs) -> action`` and ``observe(action)`` after each
     step (the controller's iterated model-based training collects its own episodes this way). ``graphs``, when
-    given, gets the :func:`pack_graph` of every observed graph appended (for :func:`save_graphs`)."""
+    given, gets the :func:`pack_graph` of every observed graph appended (for :func:`graph_arrays`)."""
     rng = np.random.default_rng(seed)
     if actor is None:
         agent = RandomAgent(stop_prob, rng)
@@ -177,20 +176,11 @@ def graph_arrays(packed: Sequence[tuple], episodes: Sequence[dict]) -> dict[str,
         "graph_nodes": np.array([len(p[0]) for p in packed], np.int32),
         "graph_edges": np.array([len(p[2]) for p in packed], np.int32),
     }
-    empty = (np.zeros(0, np.int16), np.zeros(0, np.float32), np.zeros((0, MAX_RANK), np.float32), np.zeros((0, 2), np.int32))
+    empty = (np.zeros(0, np.int16), np.zeros(0, np.float32), np.zeros((0, MAX_RANK), np.float32),
+             np.zeros((0, 2), np.int32))
     for i, name in enumerate(GRAPH_ARRAYS):
         arrays[name] = np.concatenate([p[i] for p in packed]) if packed else empty[i]
     return arrays
-
-
-def write_graphs(path: Path | str, arrays: dict[str, np.ndarray]) -> None:
-    """Write a graphs file (compressed npz, atomically)."""
-    from rlflow.atomic import atomic_path
-
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **arrays)
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(buf.getvalue())
 
 
 def read_graphs(path: Path | str) -> dict[str, np.ndarray]:
@@ -222,7 +212,8 @@ def check_graphs(arrays: dict[str, np.ndarray], episodes: Sequence[dict], source
     nv, types = arrays["graph_nodes"].astype(np.int64), arrays["node_type"]
     lengths = [len(ep["actions"]) + 1 for ep in episodes]
     if len(nv) != sum(lengths) or nv.sum() != len(types) or len(arrays["node_runtime"]) != len(types) \
-            or arrays["graph_edges"].sum() != len(arrays["edges"]) or len(arrays["edges"]) != len(arrays["edge_links"]) \
+            or arrays["graph_edges"].sum() != len(arrays["edges"]) \
+            or len(arrays["edges"]) != len(arrays["edge_links"]) \
             or (len(types) and not 0 <= int(types.min()) <= int(types.max()) < len(NODE_TYPES)):
         raise RLFlowError(f"{source}: its graph, node and edge counts do not add up; collect the rollouts again")
     vo = np.concatenate([[0], np.cumsum(nv)])

@@ -5,8 +5,8 @@ The random agent stops (NO-OP) with probability rollouts.stop_prob at each step,
 match uniformly, then one of its locations uniformly. Per episode the file keeps the actions, the metrics of
 every graph, the match counts per rule and done flags -- not rewards (format: see rlflow/agents/rollouts.py).
 With --graphs, the graph of every step goes to a compact side file (about 1 KB per graph), so that
-train_encoder need not replay every episode to rebuild them. Shard K's episodes depend only on K, seed, rollouts.episodes, rollouts.stop_prob,
-env.max_steps, env.max_locations and the cost model, so shards run in parallel and adding shards leaves the
+train_encoder need not replay every episode to rebuild them. Shard K's episodes depend only on K, seed,
+rollouts.episodes, rollouts.stop_prob, env.max_steps, env.max_locations and the cost model, so shards run in parallel and adding shards leaves the
 others alone. Reward settings (env.reward) are not read.
 
 Examples:
@@ -31,7 +31,8 @@ SET_EXAMPLE = "rollouts.episodes=20"
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlflow.agents.rollouts import FORMAT, collect, graph_arrays, rules_digest, summarise, write_graphs
+    from rlflow.agents.rollouts import FORMAT, collect, graph_arrays, rules_digest, summarise
+    from rlflow.atomic import write_npz
     from rlflow.env import make_env
 
     if args.shard < 0:
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.atomic import write_text
 
     if graphs is not None:
-        write_graphs(args.graphs, graph_arrays(graphs, eps))
+        write_npz(args.graphs, graph_arrays(graphs, eps))
     write_text(args.out, json.dumps(doc, separators=(",", ":")) + "\n")
     also = f" and {args.graphs}" if graphs is not None else ""
     print(f"collect_rollouts: wrote {args.out}{also}: {stats['episodes']} episodes, {stats['steps']} steps in "

@@ -56,14 +56,15 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.atomic import write_text
 
     if args.graphs:
-        from rlflow.agents.rollouts import check_graphs, join_graphs, read_graphs, write_graphs
+        from rlflow.agents.rollouts import check_graphs, join_graphs, read_graphs
+        from rlflow.atomic import write_npz
 
         parts = []
         for k, d in zip(shards, docs):
             path = args.shards_dir / f"shard-{k}.graphs.npz"
             parts.append(read_graphs(path))
             check_graphs(parts[-1], d["episodes"], str(path))
-        write_graphs(args.graphs, join_graphs(parts, episodes))
+        write_npz(args.graphs, join_graphs(parts, episodes))
     write_text(args.out, json.dumps(merged, separators=(",", ":")) + "\n")
     s = merged["stats"]
     print(f"merge_rollouts: wrote {args.out}: {len(shards)} shards, {s['episodes']} episodes, {s['steps']} steps; "

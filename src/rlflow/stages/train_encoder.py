@@ -21,7 +21,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import random
 import time
@@ -53,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.agents.encoder_training import check_rollouts, encoder_payload, from_stored, train_encoder
     from rlflow.agents.rollouts import read_graphs, unpack_graphs
     from rlflow.agents.logging import TrainingLog
-    from rlflow.atomic import atomic_path, write_text
+    from rlflow.atomic import write_npz, write_text
     from rlflow.env import make_env
 
     t0 = time.perf_counter()
@@ -98,10 +97,7 @@ def run(args: argparse.Namespace) -> int:
     if result.metrics["resumed_from_epoch"]:
         print(f"train_encoder: resumed from epoch {result.metrics['resumed_from_epoch']} ({ckpt.partial})", flush=True)
 
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **result.latents)
-    with atomic_path(args.latents) as tmp:
-        tmp.write_bytes(buf.getvalue())
+    write_npz(args.latents, result.latents)
     seconds = time.perf_counter() - t0
     metrics = {"model": args.model, "device": problem.device, "cost": problem.cost.describe(), **result.metrics,
                "seconds": {**result.metrics["seconds"], "stored_graphs": t_graphs, "total": seconds}}
