@@ -17,7 +17,7 @@ from rlflow.errors import RLFlowError
 from rlflow.rewrite.builtin import builtin_rules, check_rule, compare, tolerance, verified_builtin_rules
 from rlflow.rewrite.rule import load_rules, rule_from_json, rules_document
 
-RULES = {r.id: (r, ex) for r, ex in builtin_rules()}
+RULES = {r.id: (r, ex) for r, ex in builtin_rules(bias_fusion=True)}  # every rule, the opt-in family too
 TOL = 1e-9
 HYP = settings(max_examples=25, deadline=None, derandomize=True,
                suppress_health_check=[HealthCheck.too_slow])
@@ -81,8 +81,12 @@ def test_examples_verify(rid):
 def test_verified_records_and_rules_file(tmp_path):
     """verified_builtin_rules is what the generate_rules stage writes: every rule verified by the project's
     verifier at its own examples plus random bindings, and the records survive a rules file."""
-    rules = verified_builtin_rules(trials=3, max_dim=4, seed=0)
-    assert [r.id for r in rules] == list(RULES) and len(rules) == 62
+    rules = verified_builtin_rules(trials=3, max_dim=4, seed=0, bias_fusion=True)
+    assert [r.id for r in rules] == list(RULES) and len(rules) == 65
+    # the bias-fusion family is opt-in and comes last: without it every other rule keeps its place and record
+    default = verified_builtin_rules(trials=3, max_dim=4, seed=0)
+    assert len(default) == 62 and rules[:62] == default
+    assert [r.id for r in rules[62:]] == ["b-split-add-merge", "b-matmul-add-gemm-3d", "b-matmul-add-gemm-3d-l"]
     for r in rules:
         rec, examples = r.verified, RULES[r.id][1]
         assert rec["method"] == "random-float64" and rec["seed"] == 0 and rec["rtol"] == 1e-9, r.id
@@ -104,7 +108,7 @@ def test_verified_builtin_rules_fails_on_a_broken_rule(monkeypatch):
 
     broken = mutate("b-add-const-chain", lambda raw: raw["dst"][0].update(op="Sub"))
     rules = [(broken if r.id == "b-add-const-chain" else r, ex) for r, ex in builtin_rules()]
-    monkeypatch.setattr(builtin, "builtin_rules", lambda: rules)
+    monkeypatch.setattr(builtin, "builtin_rules", lambda bias_fusion=False: rules)
     with pytest.raises(RLFlowError, match=r"rule 'b-add-const-chain': example 0 .*outputs differ"):
         builtin.verified_builtin_rules(trials=1)
 
@@ -251,6 +255,41 @@ def test_gemm_shapes(rid, m, k, n, data):
     assert compare(rule, {"x": [2, m, k], "w": [k, n], "b": [n]}, {}) == "rejected"
 
 
+@pytest.mark.parametrize("rid", ["b-matmul-add-gemm-3d", "b-matmul-add-gemm-3d-l"])
+@HYP
+@given(bsz=st.integers(1, 3), m=st.integers(1, 4), k=st.integers(1, 4), n=st.integers(1, 4), data=st.data())
+def test_gemm_3d_shapes(rid, bsz, m, k, n, data):
+    """A (B, M, K) x with any bias that broadcasts along the flattened rows agrees; a bias that differs per batch
+    element, grows the output, or an x of another rank is rejected (or not a match), never wrong."""
+    rule = RULES[rid][0]
+    bshape = data.draw(st.sampled_from([[], [1], [n], [1, n], [1, 1]] + ([[m, n], [m, 1]] if bsz == 1 else [])))
+    assert ok(compare(rule, {"x": [bsz, m, k], "w": [k, n], "b": bshape}, {}))
+    for shapes in ({"x": [bsz, m, k], "w": [k, n], "b": [bsz, m, n]}, {"x": [bsz, m, k], "w": [k, n], "b": [2, 1, 1, n]},
+                   {"x": [m, k], "w": [k, n], "b": [n]}, {"x": [1, bsz, m, k], "w": [k, n], "b": [n]},
+                   {"x": [bsz, m, k], "w": [bsz, k, n], "b": [n]}):
+        got = compare(rule, shapes, {})
+        assert sound(got), (shapes, got)
+        if len(shapes["b"]) == 3 and bsz > 1 or len(shapes["x"]) != 3:
+            assert got in ("no-match", "rejected"), (shapes, got)
+
+
+@HYP
+@given(lead=st.lists(st.integers(1, 3), max_size=2), n0=st.integers(1, 4), n1=st.integers(1, 4), data=st.data())
+def test_split_add_merge_shapes(lead, n0, n1, data):
+    """Constants that span their block of the split axis (with any broadcast leading axes) agree; one that
+    broadcasts along the split axis is rejected; the result is never wrong."""
+    rule = RULES["b-split-add-merge"][0]
+    y = lead + [n0 + n1]
+    clead = [d if data.draw(st.booleans()) else 1 for d in lead[len(lead) - data.draw(st.integers(0, len(lead))):]]
+    assert ok(compare(rule, {"y": y, "c0": clead + [n0], "c1": clead + [n1]}, {"sp": [n0, n1]}))
+    c0 = data.draw(st.sampled_from([[1], [n0], [], [2, n0], [n0, 1]]))
+    c1 = data.draw(st.sampled_from([[1], [n1], [], [2, n1], [n1, 1]]))
+    got = compare(rule, {"y": y, "c0": c0, "c1": c1}, {"sp": [n0, n1]})
+    assert sound(got), (y, c0, c1, got)
+    if (c0 == [1] and n0 > 1) or (c1 == [1] and n1 > 1) or [] in (c0, c1):
+        assert got in ("no-match", "rejected"), (y, c0, c1, got)
+
+
 @st.composite
 def broadcast_shapes(draw, count: int):
     """``count`` shapes that broadcast together (suffixes of one full shape, some dimensions set to 1)."""
@@ -323,6 +362,10 @@ BROKEN = {
                           {"x": [3, 4], "w0": [4, 2], "w1": [4, 2]}),
     # Gemm with a transposed weight
     "b-matmul-add-gemm": (_set(["dst", 0, "attrs", "transB"], 1), {"x": [3, 4], "w": [4, 4], "b": [4]}),
+    # the flattened Gemm with a transposed weight
+    "b-matmul-add-gemm-3d": (_set(["dst", 1, "attrs", "transB"], 1), {"x": [1, 3, 4], "w": [4, 4], "b": [4]}),
+    # the constants concatenated in the wrong order (same types, biases on the wrong columns)
+    "b-split-add-merge": (_set(["dst", 0, "inputs"], ["c1", "c0"]), {"y": [2, 5], "c0": [2], "c1": [3]}),
     # "associativity" that drops the regrouping: (x + y) + z -> x + (z + z)
     "b-add-assoc": (_set(["dst", 0, "inputs"], ["z", "z"]), None),
     # commutativity of a non-commutative op
@@ -466,6 +509,29 @@ def test_rules_rewrite_matmuls():
     g = _apply_all(g, "b-add-const-chain", 1)
     _same_outputs(g0, g)
     assert fold_constants(g).op_counts() == {"Add": 1, "Gemm": 1, "MatMul": 1, "Split": 1}
+
+
+def test_qkv_biases_join_the_merged_gemm():
+    """A transformer's Q/K/V projections of a (1, seq, hidden) input: merged (two MatMul merges), their three
+    biases joined behind the Splits (two split-add merges) and fused with the merged product into one Gemm:
+    the same outputs, one Gemm and no Add left once folded. A (2, seq, hidden) batch fuses too."""
+    from rlflow.graph.builder import GraphBuilder
+    from rlflow.graph.fold import fold_constants
+
+    for batch in (1, 2):
+        rng = np.random.default_rng(3)
+        w = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+        b = GraphBuilder("qkv")
+        x = b.input("x", (batch, 5, 8))
+        outs = [b.op("Add", [b.op("MatMul", [x, b.const(f"w{n}", w(8, 4))]), b.const(f"b{n}", w(4))]) for n in "qkv"]
+        g0 = b.build(outs)
+        g = _apply_all(g0, "b-matmul-merge", 6, times=2)   # every ordered pair of the three; two merges do all
+        g = _apply_all(g, "b-split-add-merge", 1, times=2)  # the inner Split's two biases, then the outer's
+        g = _apply_all(g, "b-matmul-add-gemm-3d", 1)
+        _same_outputs(g0, g)
+        folded = fold_constants(g)
+        assert folded.op_counts() == {"Gemm": 1, "Reshape": 2, "Split": 2}, folded.op_counts()
+        _same_outputs(g0, folded)
 
 
 # ============================================================================================ scalar scales

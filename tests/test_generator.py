@@ -410,6 +410,16 @@ def test_stage_writes_rules_and_stats(tmp_path):
     again = tmp_path / "again" / "rules.json"
     assert cli("generate-rules", "--config", CONFIG, *SMALL, "--out", again, hash_seed="12345").returncode == 0
     assert again.read_bytes() == out.read_bytes()
+    assert "bias_fusion" not in doc["generator"]  # the default file is as before the opt-in family existed
+    # rules.bias_fusion adds its three rules after every other one (whose ids, order and records stay)
+    fused = tmp_path / "fused" / "rules.json"
+    r = cli("generate-rules", "--config", CONFIG, *SMALL, "--set", "rules.bias_fusion=true", "--out", fused)
+    assert r.returncode == 0, r.stderr
+    with_family = load_rules(fused)
+    assert with_family[:len(rules)] == rules and [x.id for x in with_family[len(rules):]] == [
+        "b-split-add-merge", "b-matmul-add-gemm-3d", "b-matmul-add-gemm-3d-l"]
+    assert json.loads(fused.read_text())["generator"]["bias_fusion"] is True
+    assert json.loads((fused.parent / "stats.json").read_text())["builtin_rules"] == 65
 
 
 @pytest.mark.parametrize(("override", "needle"), [

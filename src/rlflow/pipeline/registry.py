@@ -456,6 +456,7 @@ STAGES: dict[str, Stage] = {
                 "trials": "rules.trials",
                 "max_dim": "rules.max_dim",
                 "builtin": "rules.builtin",
+                "bias_fusion": "rules.bias_fusion",
             },
             args=(("--out", "{output.rules}"),),
             wildcards=(),

@@ -24,7 +24,12 @@ The rules (``b-conv-bias-*`` is the same rule for a Conv with a bias input):
   ``b-add/mul-assoc``: element-wise chains (below);
 - ``b-avgpool-conv-3x3`` / ``-2x2`` (``-nopad``): AveragePool -> depthwise Conv with a constant pooling kernel;
 - ``b-{mul,div}-scalar-*``: a one-element scale (attention's, GELU's) moved to a weight, one step at a time, also
-  through a merged MatMul's Split (``-split-weight-*``, ``-split2-weight-*``).
+  through a merged MatMul's Split (``-split-weight-*``, ``-split2-weight-*``);
+- bias fusion, only with config ``rules.bias_fusion: true`` (:func:`bias_fusion_rules`): ``b-matmul-add-gemm-3d[-l]``:
+  MatMul + Add -> Gemm for 3-D activations, flattened to 2-D around it; ``b-split-add-merge``: Split(y)[j] + c_j
+  -> Split(y + Concat(c0, c1)), which brings merged Q/K/V's biases in front of the Split, to the Gemm. Off by
+  default: on vit they double every method's simulated gain, but the agents' route then needs ~156 rewrites, more
+  than the 100-step horizon, and TASO keeps most of it (README, "Bias fusion").
 
 **Soundness over every binding.** The matcher binds a variable to any value and accepts a match when the target
 pattern's shape inference succeeds and its output types equal the source's. So each target is written to fail
@@ -337,6 +342,47 @@ def _gemm() -> list:
     return out
 
 
+def _gemm_3d() -> list:
+    """``b-matmul-add-gemm-3d[-l]``: MatMul(x, w) + b -> Gemm for a 3-D x of shape (B, M, K) (a transformer's
+    batch x sequence x hidden activations), flattened to (B*M, K) around the Gemm and its (B*M, N) product
+    reshaped back to (B, M, N). The Reshapes only re-view the data. Only 3-D x fits: the first Reshape reads
+    axis 2 and keeps the element count only when x has no further axis (or a further axis of 1, where the
+    product's type differs and the match is rejected); Gemm demands a 2-D w; and a bias that broadcasts per
+    batch element or grows the output ((B, M, N), or (M, N) with B > 1) is not broadcastable to Gemm's
+    (B*M, N), so it is rejected."""
+    out = []
+    dim = lambda ref, axis: {"dim": [ref, axis]}  # noqa: E731
+    flat = _n("Reshape", ["x"], shape=[{"prod": [dim("x", 0), dim("x", 1)]}, dim("x", 2)])
+    gemm3 = _n("Gemm", ["%0", "w", "b"], alpha=1.0, beta=1.0, transA=0, transB=0)
+    back = _n("Reshape", ["%1"], shape=[dim("x", 0), dim("x", 1), dim("w", 1)])
+    for rid, add in (("b-matmul-add-gemm-3d", ["%0", "b"]), ("b-matmul-add-gemm-3d-l", ["b", "%0"])):
+        ex = [_ex(None, x=[1, 3, 4], w=[4, 5], b=[5]), _ex(None, x=[2, 3, 4], w=[4, 2], b=[1, 2]),
+              _ex(None, x=[1, 3, 2], w=[2, 4], b=[3, 4]), _ex(None, x=[2, 2, 3], w=[3, 2], b=[])]
+        out.append(_rule(rid, "matmul-add-gemm", [_n("MatMul", ["x", "w"]), _n("Add", add)], [flat, gemm3, back],
+                         [["%1", "%2"]], examples=ex))
+    return out
+
+
+def _split_add_merge() -> list:
+    """``b-split-add-merge``: a constant added to each output of a two-way Split of a value's last axis ->
+    one Add of the two constants concatenated, before the Split: ``Split(y)[j] + c_j -> Split(y + Concat(c0,
+    c1))[j]``, one launch fewer. It follows the Q/K/V MatMul merge (each projection's bias sits behind the
+    Split), after which the merged product's bias can join it as a Gemm (``b-matmul-add-gemm-3d``). The
+    constants are concatenated on their last axis, so each must span its block of y's last axis: a constant
+    that broadcasts along that axis (length 1 for a block longer than 1) makes the concatenation too short for
+    y, which fails shape inference; leading axes broadcast as before (a constant of higher rank grows both
+    sides alike)."""
+    last = lambda r: {"sum": [{"rank": r}, -1]}  # noqa: E731
+    src = [_n("Split", ["y"], outputs=2, axis=last("y"), split="$sp"),
+           _n("Add", ["%0.0", "c0"]), _n("Add", ["%0.1", "c1"])]
+    dst = [_n("Concat", ["c0", "c1"], axis=last("c0")), _n("Add", ["y", "%0"]),
+           _n("Split", ["%1"], outputs=2, axis=last("%1.0"), split="$sp")]
+    ex = [_ex({"sp": [2, 3]}, y=[2, 4, 5], c0=[2], c1=[3]), _ex({"sp": [1, 2]}, y=[3, 3], c0=[1], c1=[2]),
+          _ex({"sp": [2, 2]}, y=[3, 4], c0=[3, 2], c1=[3, 2]), _ex({"sp": [3, 1]}, y=[4], c0=[2, 3], c1=[2, 1])]
+    return [_rule("b-split-add-merge", "split-add-merge", src, dst, [["%1", "%2.0"], ["%2", "%2.1"]],
+                  const=["c0", "c1"], examples=ex)]
+
+
 def _elementwise_chains() -> list:
     out = []
     ex3 = [_ex(None, x=[2, 3, 4], c0=[4], c1=[3, 1]), _ex(None, x=[5], c0=[], c1=[5]),
@@ -493,11 +539,18 @@ def _scalar_split_weight() -> list:
     return out
 
 
-def builtin_rules() -> list[tuple[Rule, list[Example]]]:
-    """Every builtin rule (``verified`` still pending) with its example instantiations, in a fixed order."""
+def bias_fusion_rules() -> list[tuple[Rule, list[Example]]]:
+    """The bias-fusion family (config ``rules.bias_fusion``, off by default): ``b-split-add-merge`` and
+    ``b-matmul-add-gemm-3d[-l]``, which fold a transformer's projection biases into its (merged) GEMMs."""
+    return _split_add_merge() + _gemm_3d()
+
+
+def builtin_rules(bias_fusion: bool = False) -> list[tuple[Rule, list[Example]]]:
+    """Every builtin rule (``verified`` still pending) with its example instantiations, in a fixed order; with
+    ``bias_fusion`` the :func:`bias_fusion_rules` come last (so every other rule keeps its place)."""
     rules = (_conv_relu() + _conv_bn() + _conv_mul() + _conv_add() + _conv_enlarge_merge() + _conv_merge()
              + _matmul_merge() + _gemm() + _elementwise_chains() + _avgpool_conv() + _scalar_mul()
-             + _scalar_scale() + _scalar_split_weight())
+             + _scalar_scale() + _scalar_split_weight() + (bias_fusion_rules() if bias_fusion else []))
     ids = [r.id for r, _ in rules]
     assert len(ids) == len(set(ids)), ids
     return rules
@@ -597,7 +650,7 @@ def check_rule(rule: Rule, examples: Sequence[Example], trials: int = 3, seed: i
             "max_rel_diff": worst}
 
 
-def verified_builtin_rules(trials: int = 3, max_dim: int = 4, seed: int = 0) -> list[Rule]:
+def verified_builtin_rules(trials: int = 3, max_dim: int = 4, seed: int = 0, bias_fusion: bool = False) -> list[Rule]:
     """The builtin rules with their ``verified`` records filled in by :func:`rlflow.rewrite.verify.verify`: every
     example must fit and agree in float64, plus random bindings drawn around them (``max(trials, #examples)``
     bindings in all, dimensions up to ``max_dim``). This is what the generate_rules stage writes into the rules
@@ -605,7 +658,7 @@ def verified_builtin_rules(trials: int = 3, max_dim: int = 4, seed: int = 0) -> 
     from rlflow.rewrite.verify import verify
 
     out = []
-    for rule, examples in builtin_rules():
+    for rule, examples in builtin_rules(bias_fusion):
         record = verify(rule, trials=max(trials, len(examples)), max_dim=max_dim, seed=seed, examples=examples)
         if record is None:
             check_rule(rule, examples, trials=1, seed=seed)  # raises, naming the example, if one fails

@@ -22,7 +22,8 @@ are the source side's inputs; the target may only use those. Each pattern node g
 - an expression over the matched values' shapes: ``{"dim": [ref, axis]}``, ``{"rank": ref}`` (so the last axis
   of any rank is ``{"sum": [{"rank": "x"}, -1]}``: IR axes are never negative), ``{"kernel": ref}`` (the spatial size
   ``[kh, kw]`` of a 4-D kernel), ``{"same_pads": ref}`` (``[kh//2, kw//2, kh//2, kw//2]``: "same" padding for a
-  stride-1 conv with that kernel), ``{"sum": [e, ...]}``. Lists may mix literals and expressions.
+  stride-1 conv with that kernel), ``{"sum": [e, ...]}``, ``{"prod": [e, ...]}`` (e.g. the rows of a 3-D
+  operand flattened to 2-D). Lists may mix literals and expressions.
 
 A target node ``{"op": "Constant", "inputs": [], "attrs": {"value": 1e-5}}`` (value: a literal or a parameter)
 makes a new 0-D float32 constant, e.g. BatchNormalization's epsilon when folding it into a Conv; with
@@ -54,7 +55,7 @@ from rlflow.graph.ops import OPS
 FORMAT = 1
 _REF = re.compile(r"%(\d+)(?:\.(\d+))?$")
 _VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
-_EXPR_KEYS = {"dim", "rank", "kernel", "same_pads", "sum"}
+_EXPR_KEYS = {"dim", "rank", "kernel", "same_pads", "sum", "prod"}
 
 #: the rule generator's variable kinds: name prefix -> (symbolic shape, is a weight); a generated rule's variables
 #: are named prefix + number (``x0``, ``k1``). TASO's symbolic inputs (4x1x3x3 left out: no grouped convolutions
@@ -155,6 +156,8 @@ def eval_attr(expr: Any, type_of: Callable[[str], TensorType], params: Mapping[s
             return (kh // 2, kw // 2, kh // 2, kw // 2)
         if key == "sum":
             return sum(eval_attr(e, type_of, params) for e in arg)
+        if key == "prod":
+            return int(np.prod([eval_attr(e, type_of, params) for e in arg], dtype=np.int64))
         raise KeyError(key)
     if isinstance(expr, (list, tuple)):
         return tuple(eval_attr(e, type_of, params) for e in expr)
@@ -220,9 +223,9 @@ def _check_expr(v: Any, where: str) -> None:
             raise RLFlowError(f"{where}: 'dim' takes [reference, axis]")
         if key in ("rank", "kernel", "same_pads") and not isinstance(arg, str):
             raise RLFlowError(f"{where}: '{key}' takes a reference")
-        if key == "sum":
+        if key in ("sum", "prod"):
             if not isinstance(arg, list):
-                raise RLFlowError(f"{where}: 'sum' takes a list")
+                raise RLFlowError(f"{where}: '{key}' takes a list")
             for e in arg:
                 _check_expr(e, where)
     elif isinstance(v, list):
@@ -233,7 +236,8 @@ def _check_expr(v: Any, where: str) -> None:
 
 
 def expr_refs(v: Any) -> list[str]:
-    """The references inside an attribute expression (``dim``, ``rank``, ``kernel``, ``same_pads``, ``sum``)."""
+    """The references inside an attribute expression (``dim``, ``rank``, ``kernel``, ``same_pads``, ``sum``,
+    ``prod``)."""
     if isinstance(v, Mapping):
         (key, arg), = v.items()
         if key == "dim":

@@ -56,8 +56,12 @@ def _gemm_infer(ins, a):
 
 
 def _gemm(xs, a):
+    """With a bias, one ``addmm`` (the bias added in the GEMM's epilogue, one kernel on a GPU, as a fused backend
+    runs Gemm), else a plain product."""
     A = xs[0].T if a["transA"] else xs[0]
     B = xs[1].T if a["transB"] else xs[1]
+    if len(xs) > 2 and xs[2].dtype == A.dtype:
+        return [torch_().addmm(xs[2], A, B, beta=a["beta"], alpha=a["alpha"])]
     y = a["alpha"] * (A @ B) if a["alpha"] != 1.0 else A @ B
     if len(xs) > 2:
         y = y + (a["beta"] * xs[2] if a["beta"] != 1.0 else xs[2])
