@@ -25,7 +25,7 @@ from typing import Any, Iterable, Sequence
 
 from rlflow.errors import RLFlowError
 from rlflow.graph.fold import static_values
-from rlflow.graph.ir import Constant, Graph, Node, TensorType
+from rlflow.graph.ir import Constant, Graph, Node, TensorType, _canonical
 from rlflow.graph.ops import infer_types
 from rlflow.rewrite.rule import Rule, attr_equal, constant_array, eval_attr, is_param
 
@@ -472,11 +472,18 @@ class MatchIndex:
         new, removed, added = _apply(self.graph, match)
         view = _View(new)
         region = _region(view, self.view, removed, added)
-        region_by_op: dict[str, list[Node]] = {}
+        rs = self._rules
+        # per rule to search, per start position, the region nodes that can be bound there at all (op, arity,
+        # literal attributes, input ranks: what fits() checks first, looked up per node signature)
+        present = view.by_op.keys()
+        search: dict[int, dict[int, list[Node]]] = {}
         for name in region:
             n = view.by_name.get(name)
-            if n is not None:
-                region_by_op.setdefault(n.op, []).append(n)
+            if n is None:
+                continue
+            for k, start in rs.starts_for(n, view):
+                if rs.opsets[k] <= present:
+                    search.setdefault(k, {}).setdefault(start, []).append(n)
         stale = removed | region
         # the kept matches keep their relative order unless the apply had to re-sort the graph's nodes
         seq = [self.view.pos[n.name] for n in new.nodes if n.name in self.view.pos]
@@ -484,11 +491,8 @@ class MatchIndex:
         # a kept match can only become cyclic through a new path via the added nodes, which needs an added node
         # strictly inside the match's window of topological positions
         added_pos = sorted(view.pos[n] for n in added)
-        rs = self._rules
-        # only rules with matches (to drop stale ones) and rules using an op of the region (to search) change
-        present = view.by_op.keys()
-        search = {k for op in region_by_op for k in rs.by_op.get(op, ()) if rs.opsets[k] <= present}
-        visit = sorted(search.union(k for k, m in enumerate(self.matches) if m))
+        # only rules with matches (to drop stale ones) and rules that can match a region node (to search) change
+        visit = sorted(search.keys() | {k for k, m in enumerate(self.matches) if m})
         matches = list(self.matches)
         for k in visit:
             c, old = rs.compiled[k], self.matches[k]
@@ -506,8 +510,7 @@ class MatchIndex:
                 matches[k] = _sorted(view, keep) if resorted else keep
                 continue
             found: dict = {(m.nodes, m.bindings): m for m in keep}
-            starts = [(start, region_by_op[pn.op]) for start, pn in enumerate(c.src) if pn.op in region_by_op]
-            _search(view, c, starts, found)
+            _search(view, c, sorted(search[k].items()), found)
             matches[k] = _sorted(view, found.values()) if len(found) != len(keep) or resorted else keep
         idx = MatchIndex.__new__(MatchIndex)
         idx.graph, idx.rules, idx.view, idx.matches, idx._rules = new, self.rules, view, matches, rs
@@ -523,10 +526,32 @@ class _RuleSet:
         self.rules = rules
         self.compiled = [_compiled(r) for r in rules]
         self.opsets = [frozenset(c.ops) for c in self.compiled]
-        self.by_op: dict[str, list[int]] = {}
+        #: op -> (rule index, pattern position) of every source pattern node with that op
+        self.by_op: dict[str, list[tuple[int, int]]] = {}
         for k, c in enumerate(self.compiled):
-            for op in c.ops:
-                self.by_op.setdefault(op, []).append(k)
+            for start, pn in enumerate(c.src):
+                self.by_op.setdefault(pn.op, []).append((k, start))
+        self._starts: dict[tuple, list[tuple[int, int]]] = {}
+
+    def starts_for(self, node: Node, view: _View) -> list[tuple[int, int]]:
+        """The (rule index, pattern position) pairs where ``node`` passes :func:`_fits_alone`: the checks of
+        :func:`_search` that depend on the node and its neighbours' ops alone. Cached per node signature, so
+        each signature is checked against the rules once per rule set."""
+        types = view.g.types
+        ranks = tuple(types[v].rank if v in types else -1 for v in node.inputs)
+        makers = []
+        for v in node.inputs:
+            p = view.producer.get(v)
+            makers.append(None if p is None else (p.op, p.outputs.index(v)))
+        readers = tuple(frozenset((u.op, pos) for u in view.consumers.get(v, ()) for pos, w in enumerate(u.inputs)
+                                  if w == v) for v in node.outputs)
+        key = (node.op, len(node.outputs), ranks, tuple(makers), readers,
+               tuple(sorted((a, _canonical(v)) for a, v in node.attrs.items())))
+        hit = self._starts.get(key)
+        if hit is None:
+            hit = self._starts[key] = [(k, start) for k, start in self.by_op.get(node.op, ())
+                                       if _fits_alone(self.compiled[k], start, node, ranks, makers, readers)]
+        return hit
 
     @classmethod
     def of(cls, rules: list[Rule]) -> "_RuleSet":
@@ -534,6 +559,28 @@ class _RuleSet:
         if last is None or len(last.rules) != len(rules) or any(a is not b for a, b in zip(last.rules, rules)):
             last = cls._last = cls(rules)
         return last
+
+
+def _fits_alone(c: _Compiled, k: int, node: Node, ranks: tuple[int, ...], makers: list, readers: tuple) -> bool:
+    """The binding-free part of ``fits`` (in :func:`_search`) for pattern node ``k``: op, arity, literal
+    attributes, the ranks of the values its variables would bind (a generated rule binds only the ranks it was
+    verified at), and one hop out: an input the pattern takes from pattern node ``j`` must come from a node of
+    ``j``'s op (that output of it), and an output the pattern feeds to pattern node ``u`` must be read by a
+    node of ``u``'s op at that input. ``makers``: per input, the producer's (op, output index) or None;
+    ``readers``: per output, the (op, input position) of its readers. A node that fails here fits nowhere as
+    pattern node ``k``; one that passes may still fail on bindings."""
+    pn = c.src[k]
+    if node.op != pn.op or len(node.inputs) != len(pn.inputs) or len(node.outputs) != pn.n_outputs:
+        return False
+    if any(not attr_equal(node.attrs[a], v) for a, v in c.literal_attrs[k].items()):
+        return False
+    for pos, ref in enumerate(c.ins[k]):
+        if ref[0] == "var":
+            if c.var_ranks and ranks[pos] not in c.var_ranks.get(ref[1], ()):
+                return False
+        elif makers[pos] != (c.src[ref[1]].op, ref[2]):
+            return False
+    return all((c.src[u].op, pos) in readers[o] for u, pos, o in c.users[k])
 
 
 def _region(view: _View, old: _View, removed: set[str], added: list[str]) -> set[str]:
