@@ -264,7 +264,8 @@ def test_gemm_3d_shapes(rid, bsz, m, k, n, data):
     rule = RULES[rid][0]
     bshape = data.draw(st.sampled_from([[], [1], [n], [1, n], [1, 1]] + ([[m, n], [m, 1]] if bsz == 1 else [])))
     assert ok(compare(rule, {"x": [bsz, m, k], "w": [k, n], "b": bshape}, {}))
-    for shapes in ({"x": [bsz, m, k], "w": [k, n], "b": [bsz, m, n]}, {"x": [bsz, m, k], "w": [k, n], "b": [2, 1, 1, n]},
+    for shapes in ({"x": [bsz, m, k], "w": [k, n], "b": [bsz, m, n]},
+                   {"x": [bsz, m, k], "w": [k, n], "b": [2, 1, 1, n]},
                    {"x": [m, k], "w": [k, n], "b": [n]}, {"x": [1, bsz, m, k], "w": [k, n], "b": [n]},
                    {"x": [bsz, m, k], "w": [bsz, k, n], "b": [n]}):
         got = compare(rule, shapes, {})
