@@ -150,14 +150,9 @@ def _search(view: _View, c: _Compiled, starts: Iterable[tuple[int, Iterable[Node
 
     def fits(k: int, node: Node) -> list | None:
         """Check node for pattern node k; returns the undo list (new var/param bindings) or None."""
-        pn = src[k]
-        if node.op != pn.op or node.name in used or len(node.inputs) != len(pn.inputs) \
-                or len(node.outputs) != pn.n_outputs:
+        if node.name in used or not _node_fits(c, k, node):
             return None
         attrs = node.attrs
-        for a, v in c.literal_attrs[k].items():
-            if not attr_equal(attrs[a], v):
-                return None
         new_vars, new_params = [], []
         for pos, ref in enumerate(c.ins[k]):
             val = node.inputs[pos]
@@ -561,18 +556,27 @@ class _RuleSet:
         return last
 
 
+def _node_fits(c: _Compiled, k: int, node: Node) -> bool:
+    """``node`` has pattern node ``k``'s op, numbers of inputs and outputs, and literal attributes."""
+    pn = c.src[k]
+    if node.op != pn.op or len(node.inputs) != len(pn.inputs) or len(node.outputs) != pn.n_outputs:
+        return False
+    attrs = node.attrs
+    for a, v in c.literal_attrs[k].items():
+        if not attr_equal(attrs[a], v):
+            return False
+    return True
+
+
 def _fits_alone(c: _Compiled, k: int, node: Node, ranks: tuple[int, ...], makers: list, readers: tuple) -> bool:
-    """The binding-free part of ``fits`` (in :func:`_search`) for pattern node ``k``: op, arity, literal
-    attributes, the ranks of the values its variables would bind (a generated rule binds only the ranks it was
-    verified at), and one hop out: an input the pattern takes from pattern node ``j`` must come from a node of
+    """The binding-free part of ``fits`` (in :func:`_search`) for pattern node ``k``: :func:`_node_fits`, the
+    ranks of the values its variables would bind (a generated rule binds only the ranks it was verified at), and
+    one hop out: an input the pattern takes from pattern node ``j`` must come from a node of
     ``j``'s op (that output of it), and an output the pattern feeds to pattern node ``u`` must be read by a
     node of ``u``'s op at that input. ``makers``: per input, the producer's (op, output index) or None;
     ``readers``: per output, the (op, input position) of its readers. A node that fails here fits nowhere as
     pattern node ``k``; one that passes may still fail on bindings."""
-    pn = c.src[k]
-    if node.op != pn.op or len(node.inputs) != len(pn.inputs) or len(node.outputs) != pn.n_outputs:
-        return False
-    if any(not attr_equal(node.attrs[a], v) for a, v in c.literal_attrs[k].items()):
+    if not _node_fits(c, k, node):
         return False
     for pos, ref in enumerate(c.ins[k]):
         if ref[0] == "var":
