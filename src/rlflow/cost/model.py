@@ -60,6 +60,11 @@ class CostModel:
 
     name = "base"
     label = "base"
+    #: the graph's estimate is the sum of its nodes' costs, each computed alone (a node's cost does not depend on
+    #: its neighbours), so a search may score a rewritten graph as its parent's cost plus the nodes it added minus
+    #: those it removed. A target that groups nodes into kernels (ort-cpu) is not: its searches score every
+    #: candidate by the whole-graph estimate, so one search compares all its graphs in one currency.
+    additive = True
 
     def __init__(self, device: str, peak: Mapping[str, float] | None = None):
         self.device = device

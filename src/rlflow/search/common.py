@@ -1,10 +1,14 @@
 """What both searches share: making every child of a graph (one per rule and location) and scoring it quickly.
 
-Cost: a child differs from its parent only around the match, so its cost is the parent's plus the cost of the
-nodes the rewrite added minus those it removed (weight-only nodes cost nothing and are tracked exactly). Costs
-are integers in units of QUANTUM_MS, so these sums are exact whatever order the rewrites came in. Only a rewrite
-that changes whether a value outside the match is weight-only (then nodes far from it can become free, or stop
-being free) has its child summed from scratch.
+Cost: every graph of a search is scored in one currency, its target's whole-graph estimate
+(``CostModel.node_costs``). On an additive target (``CostModel.additive``: each node costs the same whatever its
+neighbours) a child differs from its parent only around the match, so its cost is the parent's plus the cost of
+the nodes the rewrite added minus those it removed (weight-only nodes cost nothing and are tracked exactly); this
+equals the whole-graph sum exactly, since costs are integers in units of QUANTUM_MS. Only a rewrite that changes
+whether a value outside the match is weight-only (then nodes far from it can become free, or stop being free) has
+its child summed from scratch. On a target that groups nodes into kernels (ort-cpu) a node alone costs something
+else than inside its kernel, so every child is scored by the whole-graph estimate (the target caches its kernel
+groups, so the unchanged part of the graph is looked up, not recomputed).
 
 Identity: :class:`GraphHasher` is ``Graph.structural_hash`` (names ignored; inputs by position and type, weights
 by content, nodes by op, attributes and inputs) as a 64-bit integer, each node's op-and-attributes part cached;
@@ -130,7 +134,8 @@ class Scorer:
         self.delta_sums = 0
 
     def graph_cost(self, g: Graph) -> int:
-        """The graph's estimated runtime in QUANTUM_MS units: the sum of its nodes' quantized runtimes."""
+        """The graph's estimated runtime in QUANTUM_MS units: the sum of its nodes' quantized runtimes (on a
+        kernel-grouping target, its kernels' runtimes, each reported on the kernel's last node)."""
         return sum(quantize(c[0]) for c in self.cost.node_costs(g))
 
     def children(self, index: MatchIndex, cost: int, deadline: float = 0.0
@@ -142,6 +147,7 @@ class Scorer:
         view = index.view
         static = view.static
         pos = view.pos
+        additive = self.cost.additive
         for k, ms in enumerate(index.matches):
             if not ms:
                 continue
@@ -150,7 +156,12 @@ class Scorer:
             for j, m in enumerate(ms):
                 new, removed, changed = _apply(g, m)
                 first = min(pos[x] for x in m.nodes)
-                yield k, j, m, new, self.child_cost(g, view, static, cost, m, new, first, changed), first
+                if additive:
+                    c = self.child_cost(g, view, static, cost, m, new, first, changed)
+                else:
+                    self.full_sums += 1
+                    c = self.graph_cost(new)
+                yield k, j, m, new, c, first
 
     def graph_hash(self, g: Graph) -> int:
         return self.hasher(g)
@@ -163,7 +174,8 @@ class Scorer:
 
     def child_cost(self, g: Graph, view, static: set[str], cost: int, m: Match, new: Graph, first: int,
                    changed: list[str]) -> int:
-        """The cost of ``new`` (``g``, of cost ``cost``, rewritten at ``m``) from the nodes that changed."""
+        """The cost of ``new`` (``g``, of cost ``cost``, rewritten at ``m``) from the nodes that changed: exact on
+        an additive target only (:meth:`children` uses it there)."""
         by_name = view.by_name
         node_cost = self.cost.node_cost
         delta = 0

@@ -969,7 +969,7 @@ def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, nod
     # neighbours. After the first extraction (each op on its own, as Tensat), the ILP costs the input's ops as
     # they cost inside the input and extracts again; then, in turn, the ops of each graph extracted since as
     # they cost inside it; EXTRACTION_ROUNDS extractions at most; the graph cheapest on the target is kept.
-    fuses = type(cost_model).node_costs is not CostModel.node_costs
+    fuses = not cost_model.additive
     ext: dict[str, Any] = {"extraction": extraction, "extraction_rounds": 0}
     extracted, extracted_ms, tried = None, float("inf"), set()
     t_ilp = time.perf_counter()

@@ -1,6 +1,9 @@
 """Greedy search: apply the (rule, location) that lowers the estimated cost the most, and repeat until no
 rewrite lowers it. Ties go to the first in rule order, then location order, so the result is deterministic.
-Every step strictly lowers the cost, so the search ends; ``time_limit_s`` (0: none) also stops it.
+Every graph is scored by the target's whole-graph estimate (``Scorer``): the graph kept after a step is scored
+again, and a step whose graph does not cost less than its parent is never taken, so the trace's estimate falls at
+every step and the search ends; ``time_limit_s`` (0: none) also stops it. The result is never costlier than the
+input on the target (after constant folding, the input itself is returned if it would be).
 """
 
 from __future__ import annotations
@@ -44,8 +47,13 @@ def greedy_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, ti
                     best = (c, k, j, m)
             if best is None:
                 break
-            cost, k, j, m = best
-            index = index.apply(k, j)
+            _, k, j, m = best
+            child = index.apply(k, j)
+            rescored = scorer.graph_cost(child.graph)  # the graph kept, in the currency of its parent's cost
+            if rescored >= cost:  # (only where a child's score and its whole-graph estimate disagree)
+                stop = "no step lowers the whole-graph estimate"
+                break
+            cost, index = rescored, child
             trace.append(TraceStep(rules[k].id, rules[k].name, j, tuple(m.nodes),
                                    cost_model.graph_metrics(index.graph)))
             if bar is not None:
@@ -55,6 +63,8 @@ def greedy_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, ti
         if bar is not None:
             bar.close()
     final_graph, final = finish(index.graph, cost_model)
+    if final.runtime_ms > initial.runtime_ms:  # (folding) never return a costlier graph
+        trace, (final_graph, final) = [], finish(graph, cost_model)
     return SearchResult(
         method="greedy", graph=final_graph, initial=initial, final=final, trace=trace, expansions=expansions,
         seconds=time.perf_counter() - t0, generated=generated, kept=len(trace), stop_reason=stop,
