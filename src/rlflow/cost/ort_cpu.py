@@ -382,6 +382,7 @@ class OrtCpuCost(CostModel):
 
     name = "ort-cpu"
     label = "onnxruntime CPU (kernels timed)"
+    additive = False  # a node's cost depends on the kernel it joins and on the layout of its neighbours
 
     def __init__(self, peak: Mapping[str, float] | None = None, calibration: Calibration | None = None,
                  kernels: Mapping[str, dict] | None = None, fusion: Mapping[str, list] | None = None,
