@@ -146,7 +146,7 @@ def run(args) -> int:
             model.save(args.save_cache)
     costs = model.node_costs(graph)
     m = model.graph_metrics(graph)
-    bound = model.roofline_bound_ms(m)
+    bound = model.roofline_bound_ms(graph)
     result = {
         "model": str(args.model),
         "cost_model": model.name,
@@ -193,8 +193,8 @@ def run(args) -> int:
     print(f"  flops            {m.flops / 1e9:12.3f} GFLOP")
     print(f"  memory access    {m.bytes / 1e6:12.1f} MB")
     print(f"  kernel launches  {int(m.launches):12d}")
-    print(f"  roofline bound   {bound:12.3f} ms    (all flops at {pk['gflops']:g} GFLOP/s or all bytes at "
-          f"{pk['gbps']:g} GB/s, no launches){sim}")
+    print(f"  roofline bound   {bound:12.3f} ms    (the flops at {pk['gflops']:g} GFLOP/s or the inputs, outputs "
+          f"and weights read once at {pk['gbps']:g} GB/s, whichever is larger){sim}")
     if args.per_op:
         rows = result["per_op"]
         print(f"  {'op type':<22} {'count':>6} {'launches':>8} {'runtime ms':>11} {'share':>7} {'GFLOP':>9} "

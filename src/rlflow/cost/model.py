@@ -50,6 +50,36 @@ def signature(node: Node, in_types: Iterable[TensorType]) -> str:
     return f"{node.op_type_name()}{node.attr_key()}({', '.join(types)})"
 
 
+#: ops that read only part of their first input (the rows they gather, the slice they take)
+PARTIAL_READERS = frozenset({"Gather", "Slice"})
+
+
+def essential_bytes(graph: Graph) -> int:
+    """Bytes any execution of ``graph`` must move at least once: its inputs, its outputs and the weights its
+    computing nodes read, each counted once (a weight computed from weights alone is folded first, so it counts as
+    the folded value). A weight that only Gather / Slice nodes read, as the tensor they take part of, counts the
+    part they take (their outputs), capped at its size: an embedding table is not read whole."""
+    weights = set(graph.constants)
+    for n in graph.nodes:
+        if all(v in weights for v in n.inputs if v):
+            weights.update(n.outputs)
+    partial: dict[str, int] = {}
+    whole: set[str] = set()
+    for n in graph.nodes:
+        if all(v in weights for v in n.inputs if v):
+            continue
+        for k, v in enumerate(n.inputs):
+            if v not in weights:
+                continue
+            if k == 0 and n.op in PARTIAL_READERS:
+                partial[v] = partial.get(v, 0) + sum(graph.types[o].nbytes for o in n.outputs)
+            else:
+                whole.add(v)
+    values = set(graph.inputs) | set(graph.outputs) | whole
+    return sum(graph.types[v].nbytes for v in values) + sum(
+        min(b, graph.types[v].nbytes) for v, b in partial.items() if v not in values)
+
+
 def launches_of(node: Node) -> int:
     return 0 if node.op != "Opaque" and OPS[node.op].view else 1
 
@@ -128,9 +158,12 @@ class CostModel:
             la += l
         return Metrics(rt, fl, by, la)
 
-    def roofline_bound_ms(self, metrics: Metrics) -> float:
-        """The whole graph's roofline lower bound: all flops at peak compute or all bytes at peak bandwidth."""
-        return self.roofline_ms(metrics.flops, metrics.bytes)
+    def roofline_bound_ms(self, graph: Graph) -> float:
+        """The graph's roofline lower bound (ms) at this target's peak figures: the larger of its flops at the peak
+        rate and the bytes any execution must move (:func:`essential_bytes`) at the peak bandwidth. Intermediate
+        tensors count nothing (a runtime that fuses keeps them in cache), so no measured run of the graph, fused or
+        not, is below it where the peak figures are the device's sustained ones."""
+        return self.roofline_ms(self.graph_metrics(graph).flops, essential_bytes(graph))
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.name, "target": self.name, "label": self.label, "device": self.device,

@@ -10,9 +10,10 @@ The bound of one graph is ``max(flops / gemm_rate, essential_bytes / bandwidth)`
 
 - ``flops``: the graph's floating-point operations (the cost model's count; weight-only subgraphs, folded before
   running, count nothing);
-- ``essential_bytes``: what any execution of the graph must move at least once -- its inputs, its outputs and the
-  weights its computing nodes read (the folded weight values); intermediate tensors count nothing, since a
-  perfect fusion would keep them in registers or cache.
+- ``essential_bytes`` (:func:`rlflow.cost.model.essential_bytes`, the bound ``rlflow cost`` prints too): what
+  any execution of the graph must move at least once -- its inputs, its outputs and the weights its computing
+  nodes read (the folded weight values; of a table only gathered from, the rows gathered); intermediate tensors
+  count nothing, since a perfect fusion would keep them in registers or cache.
 
 No rewrite that preserves the graph's arithmetic can run below it, so ``headroom = 1 - bound / latency`` is an
 upper limit on what rewriting could still win on that backend; a FLOP-reducing rewrite lowers the bound itself.
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Mapping
 
 from rlflow.cost.calibration import Calibration
-from rlflow.evaluation.memory import weight_values
+from rlflow.cost.model import essential_bytes  # noqa: F401 -- (re-exported: the bound's bytes)
 from rlflow.graph.ir import Graph
 
 
@@ -51,15 +52,6 @@ class DeviceLimits:
     def as_dict(self) -> dict:
         return {"gemm_gflops": self.gemm_flops_per_s / 1e9, "bandwidth_gbps": self.bandwidth_bytes_per_s / 1e9,
                 "source": self.source}
-
-
-def essential_bytes(graph: Graph) -> int:
-    """Bytes of the graph's inputs, outputs and the weights its computing nodes read (each counted once)."""
-    weights = weight_values(graph)
-    read = {v for n in graph.nodes if not all(v in weights for v in n.inputs if v)
-            for v in n.inputs if v in weights}
-    values = set(graph.inputs) | set(graph.outputs) | read
-    return sum(graph.types[v].nbytes for v in values)
 
 
 def graph_flops(graph: Graph) -> float:
