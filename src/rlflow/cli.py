@@ -34,6 +34,7 @@ COMMAND_MODULES = [
     "rlflow.stages.search_taso",
     "rlflow.stages.search_greedy",
     "rlflow.stages.search_eqsat",
+    "rlflow.stages.search_ortopt",
     "rlflow.stages.train_encoder",
     "rlflow.stages.train_world_model",
     "rlflow.stages.train_controller",

@@ -65,7 +65,14 @@ class BackendFailure(RLFlowError):
 
 def unsupported_reason(graph: Graph, backend: str) -> str | None:
     """Why ``backend`` cannot run ``graph``, decided from the graph alone before anything runs (the tf backends:
-    an op without a TF lowering; tf-xla: an opaque op), naming the op; None if it should run."""
+    an op without a TF lowering; tf-xla: an opaque op; every backend but onnxruntime: an op of another domain,
+    such as onnxruntime's com.microsoft contrib ops, which the others would call onnxruntime for node by node),
+    naming the op; None if it should run."""
+    if backend != "ort":
+        contrib = sorted({f"{n.attrs['domain']}:{n.attrs['op_type']}" for n in graph.nodes
+                          if n.op == "Opaque" and n.attrs.get("domain") not in ("", "ai.onnx")})
+        if contrib:
+            return f"op {contrib[0]} (another domain's op) runs only in onnxruntime"
     if backend in ("tf", "tf-xla"):
         from rlflow.graph.exec.tf_exec import unsupported_reason as tf_reason
 

@@ -96,7 +96,8 @@ COLUMNS = ("model", "method", "backend", "device", "latency_ms_median", "latency
 #: columns holding whole numbers (written in full)
 INT_COLUMNS = ("sessions", "runs", "nodes", "flops", "bytes", "launches", "real_interactions", "rules_applied")
 #: every method the table may hold, in its row order (the optimised ones are rlflow.pipeline.registry.METHODS)
-METHOD_ORDER = ("original", AA, "taso", "greedy", "eqsat", "model_free", "rlflow")
+METHOD_ORDER = ("original", AA, "taso", "greedy", "eqsat", "model_free", "rlflow",
+                "taso_machine", "greedy_machine", "eqsat_machine", "ort_optimizer")
 HEADLINE_FORMAT = "rlflow.evaluation-headline/2"
 TOO_NOISY = "too noisy"
 
@@ -271,10 +272,10 @@ def summary_lines(rows: Sequence[Mapping[str, Any]], backends: Sequence[str]) ->
             if r["backend"] != b:
                 continue
             if r["latency_ms_median"] is None:
-                lines.append(f"  {r['method']:<12}{r['status']}")
+                lines.append(f"  {r['method']:<15} {r['status']}")
             elif r["ci_low"] is None:
-                lines.append(f"  {r['method']:<12}{r['latency_ms_median']:>10.3f} ms")
+                lines.append(f"  {r['method']:<15}{r['latency_ms_median']:>10.3f} ms")
             else:
-                lines.append(f"  {r['method']:<12}{r['latency_ms_median']:>10.3f} ms  ratio {r['ratio']:.3f} "
+                lines.append(f"  {r['method']:<15}{r['latency_ms_median']:>10.3f} ms  ratio {r['ratio']:.3f} "
                              f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]  {finding(r['verdict'], r['too_noisy'])}")
     return lines

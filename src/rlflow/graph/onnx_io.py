@@ -344,7 +344,12 @@ def _skeleton_for_inference(model: onnx.ModelProto, consts: dict[str, np.ndarray
                                                               list(arr.shape)))
     init_names = {t.name for t in g.initializer}
     inputs = [i for i in g.input if i.name not in init_names and i.name not in consts]
-    graph = helper.make_graph(list(g.node), g.name or "graph", inputs + large_inputs, list(g.output), small)
+    # ONNX cannot infer the outputs of another domain's ops (onnxruntime's com.microsoft fusions): keep the types
+    # the file declares for them, so such a node imports as an opaque node
+    custom = {o for n in g.node if n.domain not in ("", "ai.onnx") for o in n.output}
+    declared = [vi for vi in g.value_info if vi.name in custom]
+    graph = helper.make_graph(list(g.node), g.name or "graph", inputs + large_inputs, list(g.output), small,
+                              value_info=declared)
     m = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     for f in model.functions:
         m.functions.append(f)
@@ -559,9 +564,11 @@ def single_node_model(graph: Graph, node: Node) -> onnx.ModelProto:
 
 
 def _opaque(node: onnx.NodeProto) -> tuple[str, tuple[str, ...], dict[str, Any]]:
-    return "Opaque", tuple(node.input), {
-        "op_type": node.op_type, "domain": node.domain,
-        "attributes": tuple(a.SerializeToString() for a in node.attribute)}
+    attrs = {"op_type": node.op_type, "domain": node.domain,
+             "attributes": tuple(a.SerializeToString() for a in node.attribute)}
+    if "" in node.output:  # an optional output left out before a used one: the used ones' positions
+        attrs["output_slots"] = tuple(k for k, v in enumerate(node.output) if v)
+    return "Opaque", tuple(node.input), attrs
 
 
 def _drop_unused_constants(g: Graph) -> Graph:
@@ -634,7 +641,12 @@ def _emit(e: _Emitter, n: Node) -> None:
     """Append ``n`` as ONNX nodes: an opaque node as it was imported, an IR op through its OpDef's ``to_onnx``."""
     if n.op == "Opaque":
         a = n.attrs
-        node = helper.make_node(a["op_type"], list(n.inputs), list(n.outputs), name=n.name, domain=a["domain"] or None)
+        outs = list(n.outputs)
+        if "output_slots" in a:  # the ONNX node's outputs, the unused optional ones as ''
+            outs = [""] * (max(a["output_slots"]) + 1)
+            for k, v in zip(a["output_slots"], n.outputs):
+                outs[k] = v
+        node = helper.make_node(a["op_type"], list(n.inputs), outs, name=n.name, domain=a["domain"] or None)
         for blob in a["attributes"]:
             at = onnx.AttributeProto()
             at.ParseFromString(blob)
@@ -668,6 +680,9 @@ def to_onnx(graph: Graph, weights: bool = True) -> onnx.ModelProto:
     g.input.extend(vi(v) for v in graph.inputs)
     g.output.extend(vi(v) for v in graph.outputs)
     g.initializer.extend(e.inits)
+    # the types of another domain's ops' outputs, which ONNX shape inference cannot derive (see the importer)
+    g.value_info.extend(vi(v) for n in graph.nodes if n.op == "Opaque" and n.attrs.get("domain") not in ("", "ai.onnx")
+                        for v in n.outputs if v not in graph.outputs)
     for name, c in (graph.constants.items() if weights else ()):
         t = g.initializer.add()
         t.name = name

@@ -29,7 +29,7 @@ import json
 import re
 import string
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Mapping
@@ -77,8 +77,13 @@ REWARD_NAMES = ("delta", "weighted", "normalised", "e2e")
 #: the config sections a model's report shows (all but ``models``, so adding a model reruns no other report)
 REPORTED_CONFIG = ("seed", "device", "export", "run", "timing", "cost", "search", "eqsat", "env", "rollouts", "encoder",
                    "world_model", "ppo", "controller", "model_free", "rules", "sweeps", "generalise", "evaluate")
+#: the machine track's methods (docs/pipeline-tracks.md): the searches again, for this machine's own target
+#: (``cost.target=machine``), and onnxruntime's transformer optimizer as a baseline: method -> its results folder
+MACHINE_METHODS = {"taso_machine": "machine/taso", "greedy_machine": "machine/greedy", "eqsat_machine": "machine/eqsat",
+                   "ort_optimizer": "machine/ort_optimizer"}
 #: the methods the evaluate stage compares (besides the original graph): method -> its results folder
-METHODS = {"taso": "taso", "greedy": "greedy", "eqsat": "eqsat", "model_free": "model_free", "rlflow": "controller"}
+METHODS = {"taso": "taso", "greedy": "greedy", "eqsat": "eqsat", "model_free": "model_free", "rlflow": "controller",
+           **MACHINE_METHODS}
 
 
 class _Partial(dict):
@@ -801,6 +806,44 @@ STAGES: dict[str, Stage] = {
         ),
     ]
 }
+
+
+#: the configured track's stages the machine track runs again with ``cost.target=machine`` (named ``<stage>_machine``)
+MACHINE_TRACK = ("measure_costs", "search_taso", "search_greedy", "search_eqsat")
+#: the machine target's cost cache (measure_costs_machine)
+MACHINE_COSTS = "results/costs/{device}/machine/{model}.json"
+
+
+def on_machine(st: Stage) -> Stage:
+    """The machine track's copy of a stage: the same code with ``cost.target=machine`` fixed (this machine's runtime:
+    ort-cpu on a CPU box, cuda on a GPU box), reading the machine target's cost cache and writing under
+    ``results/<model>/machine/`` (a cost cache: ``results/costs/<device>/machine/``)."""
+    def moved(path: str) -> str:
+        if path == PROBLEM_INPUTS["costs"]:
+            return MACHINE_COSTS
+        return path.replace("results/{model}/", "results/{model}/machine/", 1)
+
+    return _check(replace(
+        st, name=f"{st.name}_machine", doc=f"Machine track (cost.target=machine): {st.doc}",
+        inputs={k: moved(v) if k == "costs" else v for k, v in st.inputs.items()},
+        outputs={k: moved(v) for k, v in st.outputs.items()},
+        params={k: v for k, v in st.params.items() if v != "cost.target"},
+        sets=(("cost.target", "machine"),), runs=st.code_name, priority=0))
+
+
+STAGES.update({s.name: s for s in (on_machine(STAGES[n]) for n in MACHINE_TRACK)})
+STAGES["search_ortopt"] = _check(Stage(
+    name="search_ortopt",
+    doc="Machine track baseline: onnxruntime's offline transformer optimizer (method ort_optimizer); verified graph "
+        "and trace.",
+    inputs={"onnx": "results/{model}/model.onnx", "costs": MACHINE_COSTS},
+    outputs={"onnx": "results/{model}/machine/ort_optimizer/model.onnx",
+             "trace": "results/{model}/machine/ort_optimizer/trace.json"},
+    params={k: v for k, v in SCORING_PARAMS.items() if v != "cost.target"} | {"sizes": "zoo.{model}"},
+    args=(("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--costs", "{input.costs}"), ("--out", "{output.onnx}"),
+          ("--trace", "{output.trace}")),
+    sets=(("cost.target", "machine"),),
+))
 
 
 def stage(name: str) -> Stage:
