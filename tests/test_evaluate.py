@@ -16,6 +16,7 @@ import torch
 from rlflow.cli import main
 from rlflow.errors import RLFlowError
 from rlflow.evaluation import COLUMNS, activation_memory_bytes, activation_memory_mb, evaluate_graphs, load_trace
+from rlflow.evaluation.traces import TRACE_FORMAT
 from rlflow.graph.ir import Constant, Graph, Node, TensorType
 from rlflow.pipeline.registry import METHODS, STAGES
 
@@ -459,6 +460,38 @@ def test_a_wrong_graph_fails_and_writes_nothing(tiny, tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("rlflow: error: greedy on torch:"), err
     assert "tolerance 0.0001" in err[0]
     assert not any(p.exists() for p in out.values()) and not (tmp_path / "out").exists()
+
+
+def test_same_as_original_says_which_methods_graph_is_the_original(tiny, tmp_path):
+    """A method whose ONNX file is the original's (it found nothing, or its stage kept the original) is marked
+    same_as_original in evaluation.csv and in the headline, with its trace's platform and estimates; a method
+    with a graph of its own is not."""
+    paths = dict(tiny, taso=tiny["onnx"])  # TASO delivers the original graph
+    platforms = {"taso": {"target": "sim-h100", "label": "simulated H100", "device": "cuda", "backend": None,
+                          "verifiable": False},
+                 "greedy": {"target": "ort-cpu", "label": "onnxruntime CPU", "device": "cpu", "backend": "ort",
+                            "verifiable": True}}
+    for m, platform in platforms.items():
+        doc = json.loads(Path(tiny[f"{m}_trace"]).read_text())
+        doc.update(platform=platform, format=TRACE_FORMAT)
+        paths[f"{m}_trace"] = tmp_path / f"{m}-trace.json"
+        paths[f"{m}_trace"].write_text(json.dumps(doc))
+    trace = json.loads(paths["greedy_trace"].read_text())
+    out = _outputs(tmp_path / "out")
+    assert main(_argv(paths, out, methods=("taso", "greedy"),
+                      sets=["evaluate.backends=[ort]", "timing.budget_s=0.5", "timing.sessions=2"])) == 0
+    header, rows = _read_csv(out["out"])
+    assert header[-1] == "same_as_original"
+    assert {r["method"]: r["same_as_original"] for r in rows} == {
+        "original": "True", "original-aa": "True", "taso": "True", "greedy": "False"}
+    head = json.loads(out["headline"].read_text())
+    assert head["format"] == "rlflow.evaluation-headline/3"
+    taso, greedy = head["methods"]["taso"], head["methods"]["greedy"]
+    assert (taso["same_as_original"], greedy["same_as_original"]) == (True, False)
+    assert greedy["platform"]["target"] == "ort-cpu" and greedy["platform"]["verifiable"] is True
+    assert taso["platform"] == platforms["taso"]
+    assert greedy["estimate_ms"] == pytest.approx(trace["final"]["runtime_ms"])
+    assert greedy["original_estimate_ms"] == pytest.approx(trace["initial"]["runtime_ms"])
 
 
 def test_unsupported_backend_is_a_row_not_a_failure(tmp_path, capsys):

@@ -424,19 +424,37 @@ def headline(model: str, rlflow_ms: float) -> dict:
         return {"latency_ms": ms, "ratio": ratio, "ci_low": None if ratio == 1 else ratio - HALF,
                 "ci_high": None if ratio == 1 else ratio + HALF, "verdict": verdict, "finding": finding or verdict}
 
-    return {"format": "rlflow.evaluation-headline/2", "model": model, "device": "cpu",
+    sim = {"target": "sim-h100", "label": "simulated H100", "device": "cuda", "backend": None, "verifiable": False}
+    here = {"target": "ort-cpu", "label": "onnxruntime CPU", "device": "cpu", "backend": "ort", "verifiable": True}
+    aa = {"ort": cell(12.52, 1.0016, "no detectable difference"), "tf": cell(20.1, 1.005, "no detectable difference",
+                                                                               "too noisy")}
+    return {"format": "rlflow.evaluation-headline/3", "model": model, "device": "cpu",
             "too_noisy": {"ort": False, "tf": True},
             "methods": {
                 "original": {"backends": {"ort": cell(12.5, 1, "reference"), "tf": cell(20.0, 1, "reference")},
-                             "optimisation_s": None, "real_interactions": None},
+                             "optimisation_s": None, "real_interactions": None, "speed_check": None,
+                             "same_as_original": True},
+                "original-aa": {"backends": aa, "same_as_original": True},
                 "taso": {"backends": {"ort": cell(12.0, 0.96, "faster"), "tf": cell(18.5, 0.925, "faster", "too noisy")},
-                         "optimisation_s": 42.5, "rules_applied": 3, "speed_check": "kept optimised"},
+                         "optimisation_s": 42.5, "rules_applied": 3, "speed_check": None, "same_as_original": False,
+                         "platform": sim, "estimate_ms": 9.5, "original_estimate_ms": 10.0},
+                # greedy found nothing: its rows are the A/A control's
+                "greedy": {"backends": aa, "optimisation_s": 3.25, "rules_applied": 0, "speed_check": None,
+                           "same_as_original": True, "platform": sim, "estimate_ms": 10.0,
+                           "original_estimate_ms": 10.0},
                 "eqsat": {"backends": {"ort": cell(11.75, 0.94, "faster"),
                                        "tf": cell(18.0, 0.9, "faster", "too noisy")},
-                          "optimisation_s": 0.85, "rules_applied": None, "speed_check": "kept optimised"},
+                          "optimisation_s": 0.85, "rules_applied": None, "speed_check": None, "same_as_original": False,
+                          "platform": sim, "estimate_ms": 9.4, "original_estimate_ms": 10.0},
                 "rlflow": {"backends": {"ort": cell(rlflow_ms, rlflow_ms / 12.5, "faster"),
                                         "tf": cell(17.5, 0.875, "faster", "too noisy")},
-                           "optimisation_s": 0.75, "real_interactions": 608, "speed_check": "kept original"},
+                           "optimisation_s": 0.75, "real_interactions": 608, "speed_check": None,
+                           "same_as_original": False, "platform": sim, "estimate_ms": 9.9,
+                           "original_estimate_ms": 10.0},
+                "eqsat_machine": {"backends": {"ort": cell(10.0, 0.8, "faster"),
+                                               "tf": cell(21.0, 1.05, "slower", "too noisy")},
+                                  "optimisation_s": 1.5, "speed_check": "kept optimised", "same_as_original": False,
+                                  "platform": here, "estimate_ms": 8.0, "original_estimate_ms": 10.0},
             }}
 
 
@@ -451,7 +469,9 @@ def test_summary_over_two_models(tmp_path, rlflow):
     rows = list(csv.DictReader(csv_path.open()))
     assert "best_backend" not in rows[0]
     assert [(r["model"], r["method"], r["backend"]) for r in rows] == [
-        (m, x, b) for m in ("bert", "vit") for x in ("original", "taso", "eqsat", "rlflow") for b in ("ort", "tf")]
+        (m, x, b) for m in ("bert", "vit")
+        for x in ("original", "original-aa", "taso", "greedy", "eqsat", "rlflow", "eqsat_machine")
+        for b in ("ort", "tf")]
     eq = {(r["model"], r["backend"]): r for r in rows if r["method"] == "eqsat"}
     assert eq[("bert", "ort")]["ratio"] == "0.94" and eq[("bert", "ort")]["optimisation_s"] == "0.85"
     assert eq[("bert", "ort")]["rules_applied"] == ""  # no sequence of rewrites: it extracts from an e-graph
@@ -459,13 +479,37 @@ def test_summary_over_two_models(tmp_path, rlflow):
     assert rl[("bert", "ort")]["latency_ms"] == "11.5" and rl[("vit", "ort")]["latency_ms"] == "9.25"
     assert rl[("bert", "ort")]["ratio"] == "0.92" and rl[("bert", "ort")]["ci_low"] == "0.91"
     assert rl[("bert", "tf")]["finding"] == "too noisy" and rl[("bert", "ort")]["finding"] == "faster"
-    assert rl[("bert", "ort")]["real_interactions"] == "608" and rl[("bert", "ort")]["speed_check"] == "kept original"
-    assert rows[0]["optimisation_s"] == "" and rows[2]["rules_applied"] == "3"
+    assert rl[("bert", "ort")]["real_interactions"] == "608" and rl[("bert", "ort")]["speed_check"] == ""
+    assert rows[0]["optimisation_s"] == "" and rows[4]["rules_applied"] == "3"
+    # each method keeps its own rows; the A/A control's figures only where the graph is the original, said so
+    by = {(r["model"], r["method"], r["backend"]): r for r in rows}
+    assert by[("bert", "greedy", "ort")]["ratio"] == by[("bert", "original-aa", "ort")]["ratio"] == "1.0016"
+    assert by[("bert", "greedy", "ort")]["same_as_original"] == "True"
+    assert by[("bert", "greedy", "ort")]["note"] == "graph is the original: these are the A/A control's figures"
+    for m in ("taso", "eqsat", "rlflow", "eqsat_machine"):
+        assert by[("bert", m, "ort")]["same_as_original"] == "False" and by[("bert", m, "ort")]["note"] == "", m
+    assert by[("bert", "eqsat", "ort")]["target"] == "sim-h100"
+    assert by[("bert", "eqsat_machine", "ort")]["target"] == "ort-cpu"
     html = html_path.read_text()
     assert_self_contained(html)
     assert '<a href="bert/report.html">bert</a>' in html and '<a href="vit/report.html">vit</a>' in html
     assert "9.250" in html and "0.920 [0.910, 0.930]" in html and "too noisy" in html
-    assert "best" not in text(html).lower()
+    assert "best backend" not in text(html).lower()
+    assert not re.search(r"\bnan\b", text(html), re.I)  # the original's and the A/A control's empty cells
+    # it leads with the answer per model and track
+    assert html.index('<section id="answer">') < html.index("<table")
+    lead = text(section(html, "answer"))
+    assert re.search(r"bert\s+simulated H100 \(sim-h100\), not verifiable here\s+equality saturation\s+"
+                     r"estimate 0\.940 of the original's, 0\.989 of TASO's\s+greedy\s", lead), lead
+    assert re.search(r"bert\s+onnxruntime CPU \(ort-cpu\), verified on onnxruntime\s+equality saturation \(machine\)\s+"
+                     r"onnxruntime 0\.800 \[0\.790, 0\.810\] faster\s", lead), lead
+    # the table below: every method's own graph; no row for the A/A control or for greedy (its graph is the original)
+    rest = html.split("</section>", 1)[1]
+    cells = [[text(c).strip() for c in re.findall(r"<td>(.*?)</td>", tr)] for tr in re.findall(r"<tr>(.*?)</tr>", rest)]
+    assert {c[2] for c in cells if c and c[0] == "bert"} == {
+        "original", "TASO search", "equality saturation", "RLFlow", "equality saturation (machine)"}
+    assert ["bert", "cpu", "equality saturation", "sim-h100", "onnxruntime", "11.750", "0.940 [0.930, 0.950]",
+            "faster"] in [c[:8] for c in cells]
     assert "Not evaluated yet (no headline file): resnet18" in html
 
 
@@ -505,3 +549,129 @@ def test_report_estimate_on_the_target_beside_end_to_end(tmp_path, rlflow, targe
         assert "no GPU ran it" in sec and "This run, the original graph" not in sec
     else:  # the original: |12.5 - 10| / 10 on onnxruntime
         assert "This run, the original graph on ort-cpu: onnxruntime 25.0%" in sec
+
+
+# -- the answer: one headline, two tracks ---------------------------------------------------------------------------
+SIM = {"target": "sim-h100", "label": "simulated H100", "device": "cuda", "backend": None, "verifiable": False}
+HERE = {"target": "ort-cpu", "label": "onnxruntime CPU", "device": "cpu", "backend": "ort", "verifiable": True}
+#: per method: same_as_original, the ratio on (ort, tf) (None: the A/A control's figures), the estimate (ms) on
+#: its own target, its platform. TASO found nothing on either target; taso_machine's copied A/A row is made
+#: deceptively fast, so a headline that ranked a copy of the A/A control would pick it.
+TRACKS = {
+    "original": (True, (1.0, 1.0), 10.0, None),
+    "original-aa": (True, (0.998, 1.003), 10.0, None),
+    "taso": (True, None, 10.0, SIM),
+    "greedy": (False, (1.0, 0.99), 9.75, SIM),
+    "eqsat": (False, (1.02, 0.96), 9.4, SIM),
+    "taso_machine": (True, (0.7, 0.7), 8.5, HERE),
+    "greedy_machine": (False, (0.98, 1.0), 7.8, HERE),
+    "eqsat_machine": (False, (0.8, 1.05), 7.5, HERE),
+}
+
+
+def track_rows(model: str = "bert") -> list[dict]:
+    """evaluation rows (as read_evaluation returns them) for TRACKS on ort and tf, intervals +/- HALF."""
+    rows = []
+    for m, (same, ratios, est, _) in TRACKS.items():
+        for k, b in enumerate(("ort", "tf")):
+            ratio = (ratios or TRACKS["original-aa"][1])[k]
+            verdict = ("reference" if m == "original" else "faster" if ratio + HALF < 1 else "slower"
+                       if ratio - HALF > 1 else "no detectable difference")
+            rows.append({"model": model, "method": m, "backend": b, "device": "cpu", "status": "ok",
+                         "latency_ms_median": (12.5, 20.0)[k] * ratio, "latency_ms_iqr": 0.5, "ratio": ratio,
+                         "ci_low": None if m == "original" else ratio - HALF,
+                         "ci_high": None if m == "original" else ratio + HALF, "verdict": verdict,
+                         "too_noisy": False, "cost_ms": 10.0 if m in ("original", "original-aa") else est,
+                         "speed_check": None, "same_as_original": same})
+    return rows
+
+
+def test_headline_picks_the_best_method_per_track_and_lists_what_found_nothing():
+    from rlflow.report.headline import MACHINE, SIMULATED, build, track_sentences
+
+    platforms = {m: p for m, (_, _, _, p) in TRACKS.items() if p}
+    estimates = {m: (10.0 if p is SIM else 8.5, est) for m, (_, _, est, p) in TRACKS.items() if p}
+    hl = build("bert", track_rows(), platforms, estimates)
+    sim, here = hl.tracks
+    assert (sim.kind, sim.platform.target, here.kind, here.platform.target, here.lead_backend) == (
+        SIMULATED, "sim-h100", MACHINE, "ort-cpu", "ort")
+    assert [m.method for m in sim.methods] == ["taso", "greedy", "eqsat"]
+    assert [m.method for m in sim.found_nothing] == ["taso"]
+    assert [m.method for m in here.found_nothing] == ["taso_machine"]
+    # simulated: the lowest estimate; TASO found nothing, so "vs TASO" is against the original's estimate
+    assert sim.best_estimate == "eqsat"
+    eq = sim.method("eqsat")
+    assert eq.estimate_ratio == pytest.approx(0.94) and eq.vs_taso == pytest.approx(0.94)
+    assert sim.best == {"ort": None, "tf": "eqsat"}  # eqsat is slower on ort: no method of the track is faster there
+    # machine: verified faster with the lowest ratio, never the copy of the A/A control (taso_machine's 0.7)
+    assert here.best == {"ort": "eqsat_machine", "tf": None}
+    assert here.best_estimate == "eqsat_machine" and here.method("eqsat_machine").vs_taso == pytest.approx(7.5 / 8.5)
+    assert here.method("eqsat_machine").cells["ort"].text() == "0.800 [0.790, 0.810] faster"
+    assert hl.same_as_original("taso") and not hl.same_as_original("eqsat")
+    lines = " ".join(track_sentences(here))
+    assert "onnxruntime (verifies the target): equality saturation (machine) 0.800 [0.790, 0.810] faster" in lines
+    assert "Found nothing (their graph is the original): TASO search (machine)." in lines
+    assert "Slower than the original: equality saturation (machine) on TensorFlow 1.050 [1.040, 1.060] slower" in lines
+    assert here.method("taso_machine").why_original == "found nothing"
+    # a graph the search improved whose export is the original's: its rewrites did not survive the export
+    lost = build("bert", track_rows(), platforms, {**estimates, "taso_machine": (8.5, 8.0)})
+    assert lost.method("taso_machine").one_line() == ("TASO search (machine): its rewrites do not survive the ONNX "
+                                                      "export; its graph is the original")
+    # without platform records: a target named sim-* is not verifiable, any other is
+    bare = build("bert", track_rows(), {m: {"target": p["target"]} for m, p in platforms.items()}, estimates)
+    assert [(t.kind, t.best_estimate, t.best["ort"]) for t in bare.tracks] == [
+        (SIMULATED, "eqsat", None), (MACHINE, "eqsat_machine", "eqsat_machine")]
+
+
+def write_tracks(res: Path) -> None:
+    """evaluation.csv with the same_as_original column for TRACKS, and every method's trace with its platform."""
+    rows = track_rows()
+    with open(res / "evaluation.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, [*EVAL_COLUMNS, "same_as_original"])
+        w.writeheader()
+        for r in rows:
+            full = dict.fromkeys(EVAL_COLUMNS, "")
+            full.update({k: ("" if v is None else v) for k, v in r.items()}, nodes=100, activation_memory_mb=8.0,
+                        max_rel_diff=1e-7, sessions=4, runs=40)
+            w.writerow(full)
+    for m, (_, _, est, p) in TRACKS.items():
+        if p is None:
+            continue
+        base = m.removesuffix("_machine")
+        doc = trace(base if base in COST_MS else "greedy")
+        doc["final"]["runtime_ms"], doc["initial"]["runtime_ms"] = est, 10.0 if p is SIM else 8.5
+        doc["platform"] = p
+        write_json(res / ("machine/" + base if m.endswith("_machine") else FOLDER[base]) / "trace.json", doc)
+
+
+def test_report_first_section_states_the_answer_and_a_method_without_a_graph_is_one_line(tmp_path, rlflow):
+    res = make_results(tmp_path)
+    write_tracks(res)
+    out = res / "report.html"
+    code, err = rlflow(*report_args(tmp_path, out))
+    assert code == 0, err
+    html = out.read_text()
+    assert re.findall(r'<section id="([\w-]+)">', html)[:2] == ["answer", "how"]  # the answer leads
+    ans = text(section(html, "answer"))
+    assert ("Best on simulated H100 (the cost model's estimate; this machine cannot verify it): equality "
+            "saturation, estimated cost 0.940 of the original's and 0.940 of TASO's.") in ans
+    assert ("Its graph on this machine (latency ratio to the original [95% CI]): onnxruntime 1.020 [1.010, 1.030] "
+            "slower") in ans
+    assert ("Best verified (latency ratio to the original [95% CI]): onnxruntime (verifies the target): equality "
+            "saturation (machine) 0.800 [0.790, 0.810] faster") in ans
+    assert "TASO search: found nothing; its graph is the original" in ans
+    assert "TASO search (machine): found nothing; its graph is the original" in ans
+    assert "0.700" not in ans  # taso_machine's copy of the A/A control is no figure of its own
+    # elsewhere too, a method whose graph is the original is one line, not a row copied from the A/A control
+    for sid in ("answer", "fig6", "table2", "target"):
+        body = section(html, sid)
+        assert "<td>TASO search</td>" not in body and "<td>TASO search (machine)</td>" not in body, sid
+        assert "TASO search: found nothing; its graph is the original" in text(body), sid
+    assert "<td>equality saturation (machine)</td>" in section(html, "fig6")
+    # every verdict sentence reads the same headline
+    f6 = text(section(html, "fig6"))
+    assert ("On onnxruntime, faster than the original: greedy (machine), equality saturation (machine); slower than "
+            "the original: equality saturation; no detectable difference from the original: greedy (95% intervals); "
+            "graph is the original (no comparison of its own): TASO search, TASO search (machine).") in f6
+    assert "cost target" in html and "sim-h100 (simulated H100): simulated target, not verifiable on this machine" \
+        in text(html)

@@ -40,6 +40,9 @@ speed_check            the method stage's never-slower check (trace ``speed_chec
                        method delivers the original) | empty (not checked)
 max_rel_diff           largest output difference from the ORIGINAL graph on onnxruntime (CPU), relative to the
                        output's magnitude (``rlflow.graph.exec.max_rel_diff``), same seeded inputs
+same_as_original       ``True`` when the graph that ran is the original's (equal ``Graph.structural_hash``: the
+                       method found nothing, or its stage kept the original); its figures are then the A/A
+                       control's comparison, not a finding of its own. ``True`` for the original and its A/A control
 status                 ``ok`` | ``mismatch`` (the original on a backend that disagrees with onnxruntime) |
                        ``unsupported`` (the backend has no lowering for an op of the graph, known before
                        running; the op is printed)
@@ -73,6 +76,12 @@ comparison: the ratio, its interval and verdict, and ``pct`` = 100 (1 - ratio) (
          "backends": {backend: {"latency_ms", "ratio", "ci_low", "ci_high", "verdict", "finding"}},
          "improvement_vs_tf": {...} | null,        as in metrics.json
          "nodes": n, "cost_ms": c,                 the graph's size and the cost model's estimate
+         "same_as_original": bool,                 the graph that ran is the original's (its figures are the
+                                                   A/A control's comparison)
+         "estimate_ms", "original_estimate_ms":    the trace's estimate of the graph the method found (``final``)
+                                                   and of the original (``initial``), on the method's target
+         "platform": {"target", "label", "device", "backend", "verifiable"} | null,
+                                                   the platform the method optimised for (its trace's)
          "optimisation_s", "training_s", "real_interactions", "rules_applied", "speed_check"}}}
 """
 
@@ -92,13 +101,13 @@ COLUMNS = ("model", "method", "backend", "device", "latency_ms_median", "latency
            "verdict", "detectable_effect", "sessions", "runs", "too_noisy", "roofline_ms", "headroom", "peak_memory_mb",
            "activation_memory_mb", "nodes", "cost_ms", "flops", "bytes", "launches", "optimisation_s", "training_s",
            "real_interactions",
-           "rules_applied", "speed_check", "max_rel_diff", "status")
+           "rules_applied", "speed_check", "max_rel_diff", "status", "same_as_original")
 #: columns holding whole numbers (written in full)
 INT_COLUMNS = ("sessions", "runs", "nodes", "flops", "bytes", "launches", "real_interactions", "rules_applied")
 #: every method the table may hold, in its row order (the optimised ones are rlflow.pipeline.registry.METHODS)
 METHOD_ORDER = ("original", AA, "taso", "greedy", "eqsat", "model_free", "rlflow",
                 "taso_machine", "greedy_machine", "eqsat_machine", "ort_optimizer")
-HEADLINE_FORMAT = "rlflow.evaluation-headline/2"
+HEADLINE_FORMAT = "rlflow.evaluation-headline/3"
 TOO_NOISY = "too noisy"
 
 
@@ -111,10 +120,13 @@ def finding(verdict: str | None, too_noisy: bool) -> str:
 
 def make_rows(model: str, device: str, measurements: Sequence[Measurement], *, nodes: Mapping[str, int],
               activation_bytes: Mapping[str, int], traces: Mapping[str, TraceSummary],
-              bounds: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
+              bounds: Mapping[str, float] | None = None,
+              same: Mapping[str, bool] | None = None) -> list[dict[str, Any]]:
     """One dict per measurement with every column of :data:`COLUMNS` (None = empty). ``traces`` maps each
     optimised method to its trace; the original's cost is the ``initial`` of the first trace in method order.
-    ``bounds`` maps each graph (method) to its roofline lower bound in ms (:mod:`rlflow.evaluation.roofline`)."""
+    ``bounds`` maps each graph (method) to its roofline lower bound in ms (:mod:`rlflow.evaluation.roofline`).
+    ``same`` maps each optimised method to whether its graph is the original's (``same_as_original``; the
+    original and the A/A control are always True; a method not in it: None, empty)."""
     from rlflow.evaluation.roofline import headroom
 
     bounds = bounds or {}
@@ -142,6 +154,7 @@ def make_rows(model: str, device: str, measurements: Sequence[Measurement], *, n
             "optimisation_s": t.optimisation_s if t else None, "training_s": t.training_s if t else None,
             "real_interactions": t.real_interactions if t else None, "rules_applied": t.rules_applied if t else None,
             "max_rel_diff": ms.max_rel_diff, "status": ms.status,
+            "same_as_original": True if own == "original" else (same or {}).get(ms.method),
         })
     return rows
 
@@ -232,9 +245,11 @@ def metrics(rows: Sequence[Mapping[str, Any]], limits: Mapping[str, Any] | None 
 
 
 def headline(model: str, device: str, backends: Sequence[str], tolerance: float,
-             rows: Sequence[Mapping[str, Any]]) -> dict:
+             rows: Sequence[Mapping[str, Any]], traces: Mapping[str, TraceSummary] | None = None,
+             platforms: Mapping[str, Mapping[str, Any] | None] | None = None) -> dict:
     """The model's headline for the cross-model summary (``results/summary/<model>.json``; see the module
-    docstring): per method and backend, never a method's best backend."""
+    docstring): per method and backend, never a method's best backend. ``traces``: each optimised method's trace
+    (its estimates); ``platforms``: the platform record each method's trace names (None where it names none)."""
     ok = _ok(rows)
     out: dict[str, Any] = {"format": HEADLINE_FORMAT, "model": model, "device": device, "backends": list(backends),
                            "tolerance": tolerance, "max_rel_diff": _max_diff(rows), "too_noisy": _noisy(rows),
@@ -254,10 +269,24 @@ def headline(model: str, device: str, backends: Sequence[str], tolerance: float,
             "backends": per_backend,
             "improvement_vs_tf": _vs_tf(ok, m) if m not in ("original", AA) else None,
             "nodes": r["nodes"], "cost_ms": r["cost_ms"],
+            "same_as_original": _same(r.get("same_as_original")),
+            "estimate_ms": _estimate(traces, m, "searched"), "original_estimate_ms": _estimate(traces, m, "initial"),
+            "platform": dict(p) if (p := (platforms or {}).get(m)) else None,
             **{k: r[k] for k in ("optimisation_s", "training_s", "real_interactions", "rules_applied",
                                  "speed_check")},
         }
     return out
+
+
+def _same(v) -> bool | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else bool(v)
+
+
+def _estimate(traces: Mapping[str, TraceSummary] | None, method: str, which: str) -> float | None:
+    """The runtime estimate of a method's trace: ``searched`` (the graph it found) or ``initial`` (the original)."""
+    t = (traces or {}).get(method)
+    costs = getattr(t, which, None) if t is not None else None
+    return None if not costs else _num(costs.get("runtime_ms"))
 
 
 def summary_lines(rows: Sequence[Mapping[str, Any]], backends: Sequence[str]) -> list[str]:

@@ -49,12 +49,18 @@ EVAL_COLUMNS = ("model", "method", "backend", "device", "latency_ms_median", "la
 EVAL_TEXT = ("model", "method", "backend", "device", "verdict", "speed_check", "status")
 #: columns read as booleans (``True`` / ``False``)
 EVAL_BOOL = ("too_noisy",)
+#: columns of newer evaluations, read when present (``True`` / ``False`` / empty -> None); None when absent
+EVAL_OPTIONAL_BOOL = ("same_as_original",)
 #: the A/A control's method name (rlflow.evaluation.protocol.AA): the original exported and imported again
 AA = "original-aa"
 #: every method in the report's order; "original" is the unoptimised graph
 METHOD_ORDER = ("original", AA, *METHODS)
 METHOD_LABEL = {"original": "original", AA: "A/A control (original re-exported)", "taso": "TASO search",
-                "greedy": "greedy", "eqsat": "equality saturation", "model_free": "model-free PPO", "rlflow": "RLFlow"}
+                "greedy": "greedy", "eqsat": "equality saturation", "model_free": "model-free PPO", "rlflow": "RLFlow",
+                # the machine track (the searches again, for this machine's own target) and its baseline
+                "taso_machine": "TASO search (machine)", "greedy_machine": "greedy (machine)",
+                "eqsat_machine": "equality saturation (machine)",
+                "ort_optimizer": "onnxruntime transformer optimizer"}
 BACKEND_ORDER = ("ort", "torch", "tf", "tf-xla")
 BACKEND_LABEL = {"ort": "onnxruntime", "torch": "torch", "tf": "TensorFlow", "tf-xla": "TF-XLA"}
 #: the packages whose versions the report lists: label -> distribution names to try
@@ -140,7 +146,8 @@ def read_evaluation(path: Path, model: str | None = None) -> list[dict]:
         raise RLFlowError(f"{path}: evaluation table lacks column(s) {', '.join(missing)}")
     if df.empty:
         raise RLFlowError(f"{path}: the evaluation table has no rows")
-    df = df[list(EVAL_COLUMNS)].apply(lambda col: col.str.strip())
+    optional = [c for c in EVAL_OPTIONAL_BOOL if c in df.columns]
+    df = df[list(EVAL_COLUMNS) + optional].apply(lambda col: col.str.strip())
     out = df[list(EVAL_TEXT)].copy()
     for c in EVAL_BOOL:
         bad = ~df[c].isin(["True", "False"])
@@ -148,6 +155,12 @@ def read_evaluation(path: Path, model: str | None = None) -> list[dict]:
             i = int(bad.idxmax())
             raise RLFlowError(f"{path}: line {i + 2}, column '{c}': not True or False ({df[c][i]!r})")
         out[c] = df[c] == "True"
+    for c in optional:
+        bad = ~df[c].isin(["True", "False", ""])
+        if bad.any():
+            i = int(bad.idxmax())
+            raise RLFlowError(f"{path}: line {i + 2}, column '{c}': not True, False or empty ({df[c][i]!r})")
+        out[c] = df[c].map({"True": True, "False": False, "": None})
     for c in EVAL_COLUMNS:
         if c in EVAL_TEXT or c in EVAL_BOOL:
             continue
@@ -158,7 +171,10 @@ def read_evaluation(path: Path, model: str | None = None) -> list[dict]:
             raise RLFlowError(f"{path}: line {i + 2}, column '{c}': not a number ({df[c][i]!r})")
         out[c] = vals.where(vals.apply(lambda v: v == v and math.isfinite(v)))
     rows = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
-            for r in out[list(EVAL_COLUMNS)].astype(object).to_dict("records")]
+            for r in out[list(EVAL_COLUMNS) + optional].astype(object).to_dict("records")]
+    for r in rows:
+        for c in EVAL_OPTIONAL_BOOL:
+            r.setdefault(c, None)
     for i, row in enumerate(rows, start=2):
         if row["status"] == "ok" and row["latency_ms_median"] is None:
             raise RLFlowError(f"{path}: line {i}: status ok but no latency_ms_median")

@@ -118,6 +118,7 @@ table.left2 td:nth-child(-n+2), table.left2 th:nth-child(-n+2),
 table.left4 td:nth-child(-n+4), table.left4 th:nth-child(-n+4) { text-align: left; }
 table.kv td:last-child, table.kv th { text-align: left; } table.kv td:last-child { font-family: ui-monospace, monospace; }
 tr.main td { font-weight: 600; }
+h3 { margin: 1.2em 0 0.3em; font-size: 1.05em; }
 figure { margin: 0.8em 0 1.2em; } figure img { max-width: 100%; height: auto; }
 figcaption { font-size: 0.9em; color: #444; }
 p.missing { background: #fff4e0; border-left: 4px solid #f0a020; padding: 0.4em 0.8em; }

@@ -1,21 +1,27 @@
-"""A model's report: one section per table or figure of the paper, this run's numbers beside the paper's.
+"""A model's report: first its answer (what each method found, per track), then one section per table or figure
+of the paper, this run's numbers beside the paper's.
 
-:func:`render_report` turns :class:`rlflow.report.data.ReportData` into the HTML document. Each ``_section``
-function returns (id, title, body); a section whose inputs are absent says so (``html.missing``) instead of
-failing.
+:func:`render_report` turns :class:`rlflow.report.data.ReportData` into the HTML document. The sections are data
+(:data:`SECTIONS`: id, title, build function, in order); each build function returns the section's body from the
+loaded data and the :class:`rlflow.report.headline.Headline` (computed once: every verdict sentence reads it). A
+section whose inputs are absent says so (``html.missing``) instead of failing.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import yaml
 
-from rlflow.report import figures, paper
+from rlflow.report import answer, figures, headline, paper
 from rlflow.report import html as h
 from rlflow.report import passes as xla_passes
 from rlflow.report import tables as t
 from rlflow.report import roofline
 from rlflow.report import targets as cost_target
 from rlflow.report.data import AA, BACKEND_LABEL, METHOD_LABEL, METHOD_ORDER, ReportData, reported_config
+from rlflow.report.headline import Headline
 
 
 def _m(method: str) -> str:
@@ -48,7 +54,7 @@ def _not_evaluated(d: ReportData) -> str:
 
 
 # -- sections -------------------------------------------------------------------------------------------------
-def how_to_read(d: ReportData) -> tuple[str, str, str]:
+def how_to_read(d: ReportData, hl: Headline) -> str:
     body = (
         h.p(f"This page reproduces, for the model '{d.model}', the tables and figures of the RLFlow paper with the "
             "numbers of this pipeline run, read from the files under "
@@ -56,6 +62,9 @@ def how_to_read(d: ReportData) -> tuple[str, str, str]:
             "GPUs, so compare trends rather than absolute values. Orange boxes say where a stage has not run or "
             "an input is missing.")
         + h.ul([
+            "The first section gives the answer: per track (the methods that optimised for one cost target) the "
+            "best method and its figure, and the methods that found nothing (their graph is the original, so "
+            "they have no figures of their own and appear as one line in every section, never as a row).",
             "Methods: 'original' is the exported graph; 'TASO search' is TASO's cost-based backtracking search; "
             "'greedy' applies the best cost-lowering rewrite until none is left; 'equality saturation' (Tensat's "
             "method) applies the same rules at every match at once to an e-graph, which holds every rewritten graph "
@@ -82,7 +91,7 @@ def how_to_read(d: ReportData) -> tuple[str, str, str]:
             "Everything here is computed from the result files at report time; nothing is typed in by hand "
             "except the papers' numbers, which are quoted with their source.",
         ]))
-    return "how", "How to read this report", body
+    return body
 
 
 def _interval_pct(x: dict) -> str:
@@ -99,8 +108,8 @@ def _ratio(r: dict | None) -> str:
     return f"{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
 
 
-def _noise_note(d: ReportData) -> str:
-    noisy = t.noisy_backends(d.evaluation)
+def _noise_note(hl: Headline) -> str:
+    noisy = hl.noisy
     if not noisy:
         return ""
     return h.missing("TOO NOISY on " + ", ".join(_b(b) for b in noisy) + ": the A/A control (the original graph "
@@ -110,29 +119,8 @@ def _noise_note(d: ReportData) -> str:
                      + " is a finding. Rerun on a quieter machine or with a larger timing.budget_s.")
 
 
-def _findings(d: ReportData, backend: str) -> str:
-    """One sentence on what the verdicts on ``backend`` support (nothing beyond them)."""
-    rows = [r for r in d.evaluation if r["backend"] == backend and r["method"] not in ("original", AA)
-            and r["status"] == "ok" and r.get("verdict")]
-    if not rows:
-        return ""
-    if any(r.get("too_noisy") for r in rows):
-        return f"On {_b(backend)} the run was too noisy: no method is reported faster or slower."
-    faster = [_m(r["method"]) for r in rows if r["verdict"] == "faster"]
-    slower = [_m(r["method"]) for r in rows if r["verdict"] == "slower"]
-    same = [_m(r["method"]) for r in rows if r["verdict"] not in ("faster", "slower")]
-    parts = []
-    if faster:
-        parts.append("faster than the original: " + ", ".join(faster))
-    if slower:
-        parts.append("slower than the original: " + ", ".join(slower))
-    if same:
-        parts.append("no detectable difference from the original: " + ", ".join(same))
-    return f"On {_b(backend)}, " + "; ".join(parts) + " (95% intervals)."
-
-
-def table2(d: ReportData) -> tuple[str, str, str]:
-    r = t.table2(d.evaluation)
+def table2(d: ReportData, hl: Headline) -> str:
+    r = t.table2(answer.own_rows(d, hl))
     parts = [h.p("Each graph on TensorFlow (backend tf, Grappler on) against the original graph on TensorFlow, from "
                  "the same comparison: the effect of the rewrites alone, with its 95% interval and verdict. No "
                  "figure here compares different backends (the paper's Table 2 is GPU work: its numbers are quoted "
@@ -141,7 +129,7 @@ def table2(d: ReportData) -> tuple[str, str, str]:
         parts.append(h.missing("No TensorFlow baseline: evaluation.csv has no 'ok' row for the original graph on "
                                "backend tf (TensorFlow not evaluated or unsupported), so the latency improvements "
                                "cannot be computed."))
-    parts.append(_noise_note(d))
+    parts.append(_noise_note(hl))
     mem_label = ("peak memory on TensorFlow (MB)" if r["memory_kind"] == "peak"
                  else "activation memory, estimate (MB)")
     rows = [(_m(x["method"]), h.num(x["tf_ms"]), _interval_pct(x), x["finding"] or h.DASH, h.num(x["memory_mb"]),
@@ -150,7 +138,8 @@ def table2(d: ReportData) -> tuple[str, str, str]:
                           mem_label, "memory improvement"],
                          rows, f"This run: improvement vs TensorFlow running the original, in inference latency "
                                f"and memory ({d.model})"))
-    if (sentence := _findings(d, "tf")):
+    parts.append(answer.same_lines(hl))
+    if (sentence := headline.backend_sentence(hl, "tf")):
         parts.append(h.p(sentence))
     parts.append(_not_evaluated(d))
     if r["memory_kind"] != "peak":
@@ -165,7 +154,7 @@ def table2(d: ReportData) -> tuple[str, str, str]:
                             f"the paper has no row for '{d.model}'.")))
     parts.append(h.details("The paper's Table 2 (all models)",
                            h.table(["model", "inference improvement", "memory improvement"], prow)))
-    return "table2", "Table 2: improvement vs TensorFlow (latency and memory)", "".join(parts)
+    return "".join(parts)
 
 
 def _bold(bold: bool, text: str) -> str:
@@ -173,12 +162,12 @@ def _bold(bold: bool, text: str) -> str:
     return h.Raw(f"<strong>{h.esc(text)}</strong>") if bold else text
 
 
-def fig6(d: ReportData) -> tuple[str, str, str]:
-    grid = t.latency_grid(d.evaluation)
+def fig6(d: ReportData, hl: Headline) -> str:
+    grid = t.latency_grid(answer.own_rows(d, hl))
     parts = [h.figure(figures.ratio_points(grid), "latency ratio to the original per method and backend",
                       "Fig. 6: each graph's latency relative to the original graph on the same backend (below 1: "
                       "faster), with the 95% interval of the measurement protocol; the dashed line is 1."),
-             _noise_note(d)]
+             _noise_note(hl)]
     rows = []
     for m in grid["methods"]:
         cells = []
@@ -198,7 +187,8 @@ def fig6(d: ReportData) -> tuple[str, str, str]:
                          "This run: median latency in ms (IQR); ratio to the original on the same backend [95% "
                          "interval] and verdict; 'unsupported': the backend cannot run the graph; 'mismatch': its "
                          "outputs for the original disagree with onnxruntime (left out)"))
-    sentences = [s for b in grid["backends"] if (s := _findings(d, b))]
+    parts.append(answer.same_lines(hl))
+    sentences = [s for b in grid["backends"] if (s := headline.backend_sentence(hl, b))]
     if sentences:
         parts.append(h.p(" ".join(sentences)))
     checks = [(m, c) for m in grid["methods"] if (c := t.method_value(d.evaluation, m, "speed_check"))]
@@ -220,10 +210,10 @@ def fig6(d: ReportData) -> tuple[str, str, str]:
     if tm:
         parts.append(h.paper(f"{paper.TASO_SPEEDUP_SOURCE}: {tm} {paper.TASO_SPEEDUP[tm]}x."))
     parts.append(h.paper(paper.TENSAT_VS_TASO_SOURCE + " (over TASO's rules, on GPUs)."))
-    return "fig6", "Fig. 6: runtime of every method on each backend", "".join(parts)
+    return "".join(parts)
 
 
-def fig7(d: ReportData) -> tuple[str, str, str]:
+def fig7(d: ReportData, hl: Headline) -> str:
     rows = t.optimisation_times(d)
     parts = [h.figure(figures.optimisation_bars(rows), "bar chart of optimisation time per method",
                       "Fig. 7: optimisation time per method (solid); training time of the RL agents (hatched).")]
@@ -241,10 +231,10 @@ def fig7(d: ReportData) -> tuple[str, str, str]:
         parts.append(h.paper(f"{paper.RLFLOW_OPT_TIME_SOURCE}: none for '{d.model}'."))
     parts.append(h.paper(paper.TENSAT_VS_TASO_SOURCE + "."))
     parts.append(_eqsat_vs_taso(_egraph(d)))
-    return "fig7", "Fig. 7: optimisation time per method", "".join(parts)
+    return "".join(parts)
 
 
-def fig8(d: ReportData) -> tuple[str, str, str]:
+def fig8(d: ReportData, hl: Headline) -> str:
     parts = []
     if d.wm_curve.ok:
         parts.append(h.figure(figures.world_model_curve(d.wm_curve.data), "world-model loss per epoch",
@@ -264,10 +254,10 @@ def fig8(d: ReportData) -> tuple[str, str, str]:
         parts.append(h.missing(d.world_model.why()))
     parts.append(h.paper(f"{paper.RLFLOW}: MDN-RNN with {paper.RLFLOW_WORLD_MODEL}; the paper plots the loss curve "
                          "without giving numbers."))
-    return "fig8", "Fig. 8: world-model loss", "".join(parts)
+    return "".join(parts)
 
 
-def fig9(d: ReportData) -> tuple[str, str, str]:
+def fig9(d: ReportData, hl: Headline) -> str:
     parts = []
     series = []
     if d.controller.ok:
@@ -303,10 +293,10 @@ def fig9(d: ReportData) -> tuple[str, str, str]:
                          f"{h.auto(d.controller.data.get('temperature'))}."))
     parts.append(h.paper(f"{paper.RLFLOW}: the paper plots the reward predicted in the dream per epoch (controller "
                          "trained up to 1000 epochs in mini-batches of 10) without giving numbers."))
-    return "fig9", "Fig. 9: reward predicted in the dream", "".join(parts)
+    return "".join(parts)
 
 
-def fig10(d: ReportData) -> tuple[str, str, str]:
+def fig10(d: ReportData, hl: Headline) -> str:
     a = t.rules_applied({m: tr for m, tr in d.traces.items() if m != "eqsat"})
     parts = [h.p(f"{_m('eqsat')} is not in this figure: it applies every rule at every match to an e-graph and "
                  "extracts a graph from it, so it has no sequence of rewrites; the section on the e-graph lists the "
@@ -326,7 +316,7 @@ def fig10(d: ReportData) -> tuple[str, str, str]:
     totals = [(_m(m), len(d.traces[m].data.get("steps") or [])) for m in a["methods"]]
     if totals:
         parts.append(h.p("Rewrites applied in all: " + ", ".join(f"{m} {n}" for m, n in totals) + "."))
-    return "fig10", "Fig. 10: transformations applied by each method", "".join(parts)
+    return "".join(parts)
 
 
 def _egraph(d: ReportData) -> dict | None:
@@ -345,13 +335,12 @@ def _eqsat_vs_taso(e: dict | None) -> str:
                f"{h.num(e['taso_final_ms'], 4)} ms ({h.pct(cheaper, 2)} against TASO's; positive: cheaper){took}.")
 
 
-def egraph(d: ReportData) -> tuple[str, str, str]:
-    title = "Equality saturation: e-graph size, saturation and extraction"
+def egraph(d: ReportData, hl: Headline) -> str:
     tensat = h.paper(f"{paper.TENSAT}'s settings: " + "; ".join(f"{k} {v:,}" for k, v in paper.TENSAT_SETTINGS.items())
                      + f". {paper.TENSAT_VS_TASO_SOURCE}.")
     e = _egraph(d)
     if e is None:
-        return "egraph", title, h.missing(d.traces["eqsat"].why()) + tensat
+        return h.missing(d.traces["eqsat"].why()) + tensat
     c, cfg = e["counts"], e["settings"]
     ilp = ""
     if c["ilp_variables"] is not None:
@@ -385,10 +374,10 @@ def egraph(d: ReportData) -> tuple[str, str, str]:
                                h.table(["rule", "matches that changed the e-graph"],
                                        [(r, h.count(n)) for r, n in e["rules_fired"]])))
     parts += [tensat, _eqsat_vs_taso(e)]
-    return "egraph", title, "".join(parts)
+    return "".join(parts)
 
 
-def fig5(d: ReportData) -> tuple[str, str, str]:
+def fig5(d: ReportData, hl: Headline) -> str:
     rows = t.reward_rows(d)
     runs = [r for r in rows if r["input"].ok]
     parts = []
@@ -414,7 +403,7 @@ def fig5(d: ReportData) -> tuple[str, str, str]:
                                   "Fig. 5 (right): the trained controller's improvement on the real environment."))
             parts.append(_sweep_table(rows, "reward function"))
     parts.append(h.paper(paper.RLFLOW_REWARD_SOURCE + "."))
-    return "fig5", "Fig. 5: reward functions", "".join(parts)
+    return "".join(parts)
 
 
 def _sweep_table(rows: list[dict], what: str) -> str:
@@ -430,7 +419,7 @@ def _sweep_table(rows: list[dict], what: str) -> str:
                     "real interactions"], body)
 
 
-def table3(d: ReportData) -> tuple[str, str, str]:
+def table3(d: ReportData, hl: Headline) -> str:
     parts = []
     if not d.temperatures:
         parts.append(h.missing("Not run: the config's sweeps.temperatures is empty (the main controller ran at "
@@ -452,11 +441,11 @@ def table3(d: ReportData) -> tuple[str, str, str]:
                                  f"{', '.join(dict.fromkeys(best))}."))
     parts.append(h.paper(f"{paper.RLFLOW_TEMPERATURE_SOURCE}; values swept: "
                          f"{', '.join(f'{v:g}' for v in paper.RLFLOW_TEMPERATURES)}."))
-    return "table3", "Table 3: temperature sweep", "".join(parts)
+    return "".join(parts)
 
 
-def cost_vs_e2e(d: ReportData) -> tuple[str, str, str]:
-    c = t.cost_discrepancy(d.evaluation)
+def cost_vs_e2e(d: ReportData, hl: Headline) -> str:
+    c = t.cost_discrepancy(answer.own_rows(d, hl))
     parts = [h.p("The cost model's estimate of each graph (cost_ms, what the searches and agents optimise) against "
                  "its measured end-to-end latency; difference = |E2E - cost| / cost, as X-RLflow reports it.")]
     if not c["rows"]:
@@ -472,10 +461,10 @@ def cost_vs_e2e(d: ReportData) -> tuple[str, str, str]:
             for name, (a, b, p) in paper.X_RLFLOW_COST_DISCREPANCY.items()]
     parts.append(h.paper(paper.X_RLFLOW_COST_SOURCE + (f" (the row of this model: {xm})" if xm else "") + ":"))
     parts.append(h.table(["model", "cost model (ms)", "end to end (ms)", "difference"], prow))
-    return "cost", "Cost model vs end-to-end latency", "".join(parts)
+    return "".join(parts)
 
 
-def sample_efficiency(d: ReportData) -> tuple[str, str, str]:
+def sample_efficiency(d: ReportData, hl: Headline) -> str:
     rows = t.sample_efficiency(d)
     parts = []
     body = []
@@ -499,14 +488,13 @@ def sample_efficiency(d: ReportData) -> tuple[str, str, str]:
     ps = paper.RLFLOW_STEP_MS
     parts.append(h.paper(f"{paper.RLFLOW_SAMPLE_SOURCE}: " + "; ".join(f"{k} ~{v:,}" for k, v in pi.items())
                          + "; one step: " + "; ".join(f"{k} ~{v:g} ms" for k, v in ps.items()) + "."))
-    return "sample", "Sample efficiency: real-environment interactions", "".join(parts)
+    return "".join(parts)
 
 
-def generalisation(d: ReportData) -> tuple[str, str, str]:
+def generalisation(d: ReportData, hl: Headline) -> str:
     g = d.generalise
-    title = "Generalisation: the agents zero-shot on other shapes"
     if g is None or not g.ok:
-        return "generalise", title, h.missing(g.why() if g is not None else "Not run (stage generalise).")
+        return h.missing(g.why() if g is not None else "Not run (stage generalise).")
     rows = g.data.get("rows") or []
     agents = [m for m in ("model_free", "rlflow") if any(m in (r.get("agents") or {}) for r in rows)]
     body = []
@@ -537,12 +525,12 @@ def generalisation(d: ReportData) -> tuple[str, str, str]:
         parts.append(h.missing(f"No variants configured for {d.model} (generalise.variants.{d.model})."))
     parts.append(h.paper(f"{paper.X_RLFLOW}: trained once, the agent generalises zero-shot to other input tensor "
                          "shapes of the same model (the paper gives no per-shape figures we could set beside these)."))
-    return "generalise", title, "".join(parts)
+    return "".join(parts)
 
 
-def encoder(d: ReportData) -> tuple[str, str, str]:
+def encoder(d: ReportData, hl: Headline) -> str:
     if not d.encoder.ok:
-        return "encoder", "Graph encoder: held-out prediction error", h.missing(d.encoder.why())
+        return h.missing(d.encoder.why())
     e = d.encoder.data
     held, train = e.get("heldout") or {}, e.get("train_eval") or {}
     base = held.get("baseline_median_counts") or {}
@@ -559,18 +547,18 @@ def encoder(d: ReportData) -> tuple[str, str, str]:
     other = {k: e[k] for k in ("episodes", "graphs", "replay_check", "seconds") if k in e}
     if other:
         parts.append(_kv(t.flatten(other)))
-    return "encoder", "Graph encoder: held-out prediction error", "".join(parts)
+    return "".join(parts)
 
 
-def rollouts(d: ReportData) -> tuple[str, str, str]:
+def rollouts(d: ReportData, hl: Headline) -> str:
     if not d.rollouts.ok:
-        return "rollouts", "Random rollouts (the world model's data)", h.missing(d.rollouts.why())
+        return h.missing(d.rollouts.why())
     r = d.rollouts.data
     keep = {k: v for k, v in r.items() if k not in ("format", "model")}
-    return "rollouts", "Random rollouts (the world model's data)", _kv(t.flatten(keep))
+    return _kv(t.flatten(keep))
 
 
-def rules(d: ReportData) -> tuple[str, str, str]:
+def rules(d: ReportData, hl: Headline) -> str:
     parts = []
     if d.rules_stats.ok:
         parts.append(h.p("TASO's generator, numeric verification and pruning (stage generate_rules): the count "
@@ -580,10 +568,10 @@ def rules(d: ReportData) -> tuple[str, str, str]:
         parts.append(h.missing(d.rules_stats.why()))
     parts.append(h.paper(f"{paper.TASO_RULES_SOURCE}: "
                          + "; ".join(f"{k} {v}" for k, v in paper.TASO_RULES.items()) + "."))
-    return "rules", "Rule generation", "".join(parts)
+    return "".join(parts)
 
 
-def evaluation(d: ReportData) -> tuple[str, str, str]:
+def evaluation(d: ReportData, hl: Headline) -> str:
     cols = list(d.evaluation[0])
     rows = [[h.auto(r[c]) if not isinstance(r[c], str) else r[c] for c in cols] for r in d.evaluation]
     parts = [h.details(f"evaluation.csv ({len(rows)} rows)", h.table(cols, rows))]
@@ -591,31 +579,72 @@ def evaluation(d: ReportData) -> tuple[str, str, str]:
         parts.append(h.details("metrics.json (the evaluate stage's DVC metrics)", _kv(t.flatten(d.eval_metrics.data))))
     else:
         parts.append(h.missing(d.eval_metrics.why()))
-    return "evaluation", "Evaluation data", "".join(parts)
+    return "".join(parts)
 
 
-def config_versions(d: ReportData) -> tuple[str, str, str]:
+def config_versions(d: ReportData, hl: Headline) -> str:
     text = yaml.safe_dump(reported_config(d.config, d.model), sort_keys=False, default_flow_style=None, width=100)
     parts = [h.p("The config this run used (every section the report depends on, after merging config files and "
                  "--set overrides), and the software and machine."), h.pre(text),
              _kv(d.versions.items(), "Package versions"), _kv(d.machine.items(), "Machine")]
-    return "config", "Config, versions and machine", "".join(parts)
+    return "".join(parts)
 
 
-SECTIONS = (how_to_read, table2, fig6, fig7, fig8, fig9, fig10, egraph, fig5, table3, cost_vs_e2e, cost_target.section,
-            roofline.section, sample_efficiency, generalisation, encoder, rollouts, rules, evaluation, xla_passes.section,
-            config_versions)
+@dataclass(frozen=True)
+class Section:
+    """One section of the report: its anchor, its title and the function that builds its body from the loaded
+    data and the headline (every verdict it states comes from the headline)."""
+
+    id: str
+    title: str
+    build: Callable[[ReportData, Headline], str]
+
+
+#: the report's sections, in order: the answer first
+SECTIONS = (
+    Section("answer", answer.TITLE, answer.build),
+    Section("how", "How to read this report", how_to_read),
+    Section("table2", "Table 2: improvement vs TensorFlow (latency and memory)", table2),
+    Section("fig6", "Fig. 6: runtime of every method on each backend", fig6),
+    Section("fig7", "Fig. 7: optimisation time per method", fig7),
+    Section("fig8", "Fig. 8: world-model loss", fig8),
+    Section("fig9", "Fig. 9: reward predicted in the dream", fig9),
+    Section("fig10", "Fig. 10: transformations applied by each method", fig10),
+    Section("egraph", "Equality saturation: e-graph size, saturation and extraction", egraph),
+    Section("fig5", "Fig. 5: reward functions", fig5),
+    Section("table3", "Table 3: temperature sweep", table3),
+    Section("cost", "Cost model vs end-to-end latency", cost_vs_e2e),
+    Section("target", "Estimate on the cost target vs end to end", cost_target.section),
+    Section("roofline", "How far from the limit", roofline.section),
+    Section("sample", "Sample efficiency: real-environment interactions", sample_efficiency),
+    Section("generalise", "Generalisation: the agents zero-shot on other shapes", generalisation),
+    Section("encoder", "Graph encoder: held-out prediction error", encoder),
+    Section("rollouts", "Random rollouts (the world model's data)", rollouts),
+    Section("rules", "Rule generation", rules),
+    Section("evaluation", "Evaluation data", evaluation),
+    Section(xla_passes.SECTION_ID, xla_passes.TITLE, lambda d, hl: xla_passes.section(d)[2]),
+    Section("config", "Config, versions and machine", config_versions),
+)
+
+
+def _targets(hl: Headline, d: ReportData) -> str:
+    """The run's cost targets, as resolved: one per track."""
+    if not hl.tracks:
+        return cost_target.target_label(d)[1]
+    return "; ".join(f"{t.platform.target} ({t.platform.label}): " + (
+        f"verified on {headline.backend_label(t.platform.backend)}" if t.kind == headline.MACHINE
+        else "simulated target, not verifiable on this machine") for t in hl.tracks)
 
 
 def render_report(d: ReportData) -> str:
-    sections = [s(d) for s in SECTIONS]
+    hl = headline.from_report(d)
     cfg = d.config
     reward = (cfg.get("env") or {}).get("reward") or {}
     header = _kv([("model", d.model), *d.machine.items(),
-                  ("cost target", cost_target.target_label(d)[1]),
+                  ("cost target", _targets(hl, d)),
                   ("reward", reward.get("name")),
                   ("controller temperature", (cfg.get("controller") or {}).get("temperature")),
                   ("seed", cfg.get("seed")), ("results", str(d.results))])
-    body = "\n".join(h.section(i, title, b) for i, title, b in sections)
+    body = "\n".join(h.section(s.id, s.title, s.build(d, hl)) for s in SECTIONS)
     return h.page(f"RLFlow report: {d.model}", f'<div class="meta">{header}</div>',
-                  [(i, title) for i, title, _ in sections], body)
+                  [(s.id, s.title) for s in SECTIONS], body)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from rlflow.report import html as h
 from rlflow.report.data import AA, BACKEND_LABEL, METHOD_LABEL, ReportData
+from rlflow.report.headline import Headline
 from rlflow.report.tables import backends, method_value, methods, ok_cell
 
 
@@ -16,11 +17,14 @@ def limits(d: ReportData) -> dict | None:
     return section if isinstance(section, dict) and section.get("gemm_gflops") else None
 
 
-def section(d: ReportData) -> tuple[str, str, str]:
+def section(d: ReportData, hl: Headline) -> str:
+    """Each graph's latency against its roofline bound (the original once; a method whose graph is the original
+    has no row of its own)."""
     lim = limits(d)
-    ms = [m for m in methods(d.evaluation) if m != AA and method_value(d.evaluation, m, "roofline_ms") is not None]
+    ms = [m for m in methods(d.evaluation) if m != AA and not hl.same_as_original(m)
+          and method_value(d.evaluation, m, "roofline_ms") is not None]
     if lim is None or not ms:
-        return "roofline", "How far from the limit", h.missing(
+        return h.missing(
             "No roofline: the evaluation has no device calibration (it is measured on CPUs only; rerun stage "
             "evaluate after measure_costs).")
     bs = backends(d.evaluation)
@@ -41,5 +45,4 @@ def section(d: ReportData) -> tuple[str, str, str]:
             "any execution must move: its inputs, outputs and weights (intermediate tensors count nothing, as if "
             "perfectly fused). The headroom, 1 - bound / median latency, is the most any rewrite that keeps the "
             "arithmetic could still win on that backend; a small headroom means there is little to gain here.")
-    return "roofline", "How far from the limit", h.p(text) + h.table(head, body, "Latency against the roofline",
-                                                                      cls="left1")
+    return h.p(text) + h.table(head, body, "Latency against the roofline", cls="left1")

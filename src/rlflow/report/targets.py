@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from rlflow.report import html as h
 from rlflow.report import paper
+from rlflow.report.answer import same_lines
 from rlflow.report.data import BACKEND_LABEL, METHOD_LABEL, ReportData
+from rlflow.report.headline import Headline
 from rlflow.report.tables import backends, finding, methods, ok_cell
 
 
@@ -55,12 +57,16 @@ def _ratio(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}"
 
 
-def _verdict(r: dict, b: str) -> str:
-    """``0.960 [0.950, 0.970] faster``: the protocol's ratio, interval and verdict on backend ``b``."""
+def _verdict(r: dict, b: str, hl: Headline) -> str:
+    """``0.960 [0.950, 0.970] faster``: the protocol's ratio, interval and verdict on backend ``b`` (the
+    headline's)."""
     if r["e2e_ratio"][b] is None:
         return "n/a"
     if r["method"] == "original":
         return "1 (reference)"
+    m = hl.method(r["method"])
+    if m is not None and b in m.cells:
+        return m.cells[b].text()
     ci = r["ci"][b]
     return f"{r['e2e_ratio'][b]:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "") + \
         (f" {r['verdict'][b]}" if r["verdict"][b] else "")
@@ -76,7 +82,7 @@ def _check(c: dict | None) -> str:
     return f"{c['ratio']:.3f}{ci} {c.get('verdict', '')} on {BACKEND_LABEL.get(c.get('backend'), c.get('backend'))}; {kept}"
 
 
-def section(d: ReportData) -> tuple[str, str, str]:
+def section(d: ReportData, hl: Headline) -> str:
     target, label = target_label(d)
     simulated = target.startswith("sim-")
     parts = [h.p(f"What each method found -- the estimate of its graph on the cost target ({label}) -- beside "
@@ -87,7 +93,7 @@ def section(d: ReportData) -> tuple[str, str, str]:
                  "interval and verdict. Ratios are to the original graph (< 1: lower). "
                  + ("The target is a simulated GPU: no GPU ran it, so compare directions, not milliseconds."
                     if simulated else ""))]
-    rs = rows(d)
+    rs = [r for r in rows(d) if not hl.same_as_original(r["method"])]
     bs = backends(d.evaluation)
     if not any(r["cost_ms"] is not None for r in rs):
         parts.append(h.missing("No row of evaluation.csv has a cost estimate."))
@@ -100,9 +106,10 @@ def section(d: ReportData) -> tuple[str, str, str]:
             cells = [METHOD_LABEL.get(r["method"], r["method"]), h.num(r["cost_ms"], 4), _ratio(r["cost_ratio"]),
                      _check(r["check"])]
             for b in bs:
-                cells += [h.num(r["e2e_ms"][b]), _verdict(r, b)]
+                cells += [h.num(r["e2e_ms"][b]), _verdict(r, b, hl)]
             body.append(cells)
         parts.append(h.table(head, body, f"This run (cost target {target})", cls="left1"))
+        parts.append(same_lines(hl))
     xm = paper.X_RLFLOW_MODEL.get(d.model)
     if xm:
         a, b, pct = paper.X_RLFLOW_COST_DISCREPANCY[xm]
@@ -117,4 +124,4 @@ def section(d: ReportData) -> tuple[str, str, str]:
         parts.append(h.paper(line))
     else:
         parts.append(h.paper(f"{paper.X_RLFLOW} did not report this model's cost-model discrepancy."))
-    return "target", "Estimate on the cost target vs end to end", "".join(parts)
+    return "".join(parts)

@@ -32,6 +32,7 @@ evaluate.backends, evaluate.tolerance. Each method needs its optimised ONNX and 
 estimate, rules applied, optimisation seconds, and for the RL methods training seconds and real interactions);
 methods not given are left out. Writes, atomically and only once everything has run:
   --out       evaluation.csv: one row per (method, backend); columns in rlflow.evaluation.tables.COLUMNS
+              (same_as_original: the method's graph is the original's, so its figures are the A/A control's)
   --metrics   metrics.json (DVC): latency, ratio to the original with interval and verdict per method and
               backend, the A/A control's noise flag, improvement vs TensorFlow (RLFlow's Table 2: original and
               method both on tf, with the interval), max output difference
@@ -122,13 +123,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"evaluate: roofline at GEMM {limits.gemm_flops_per_s / 1e9:.1f} GFLOP/s, bandwidth "
               f"{limits.bandwidth_bytes_per_s / 1e9:.1f} GB/s ({limits.source}): the original's lower bound "
               f"{bounds['original']:.3g} ms", flush=True)
+    original_hash = original.structural_hash()
+    same = {m: g.structural_hash() == original_hash for m, g in graphs[1:]}  # its figures are the A/A control's
     rows = make_rows(args.model, device, measurements, nodes={m: len(g.nodes) for m, g in graphs},
                      activation_bytes={m: activation_memory_bytes(g) for m, g in graphs}, traces=traces,
-                     bounds=bounds)
+                     bounds=bounds, same=same)
     table = to_csv(rows)
     dvc_metrics = json.dumps(metrics(rows, limits.as_dict() if limits else None), indent=1,
                              allow_nan=False) + "\n"
-    head = json.dumps(headline(args.model, device, backends, tolerance, rows), indent=1, allow_nan=False) + "\n"
+    platforms = {m: getattr(t, "platform", None) for m, t in traces.items()}
+    head = json.dumps(headline(args.model, device, backends, tolerance, rows, traces, platforms), indent=1,
+                      allow_nan=False) + "\n"
     for line in summary_lines(rows, backends):
         print("evaluate: " + line)
     # -- write (each file atomically; all three only after everything ran)
