@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'model':<12}" + "".join(f"{m:<38}" for m in METHODS) + "model s")
     for name, r in results.items():
         print(f"{name:<12}" + "".join(f"{cell(r['methods'][m]):<38}" for m in METHODS) + f"{r['seconds']:.0f}")
-    print(f"total wall time: {time.perf_counter() - t0:.1f} s this run; {sum(r['seconds'] for r in results.values()):.1f} s "
-          f"over the models' own runs")
+    own = sum(r["seconds"] for r in results.values())
+    print(f"total wall time: {time.perf_counter() - t0:.1f} s this run; {own:.1f} s over the models' own runs")
     return 0
 
 

@@ -153,15 +153,31 @@ def test_machine_track_graphs_are_made_for_the_machine_target_and_reach_evaluate
     res = tmp_path / "results" / "bert"
     out = tmp_path / "evaluation.csv"
     r = rlflow("evaluate", "--config", CONFIG, "--config", TINY, "--model", "bert", "--onnx", res / "model.onnx",
-               "--taso-machine", res / "machine/taso/model.onnx", "--taso-machine-trace", res / "machine/taso/trace.json",
+               "--taso-machine", res / "machine/taso/model.onnx",
+               "--taso-machine-trace", res / "machine/taso/trace.json",
                "--ort-optimizer", res / "machine/ort_optimizer/model.onnx",
-               "--ort-optimizer-trace", res / "machine/ort_optimizer/trace.json", "--set", "evaluate.backends=[ort,torch]",
+               "--ort-optimizer-trace", res / "machine/ort_optimizer/trace.json",
+               "--set", "evaluate.backends=[ort,torch]",
                "--out", out, "--metrics", tmp_path / "m.json", "--headline", tmp_path / "h.json", "--no-progress")
     assert r.returncode == 0, r.stdout + r.stderr
     with open(out) as f:
         rows = {(row["method"], row["backend"]): row for row in csv.DictReader(f)}
-    assert rows["ort_optimizer", "ort"]["status"] == "ok" and rows["ort_optimizer", "ort"]["same_as_original"] == "False"
-    assert float(rows["ort_optimizer", "ort"]["ci_low"]) <= float(rows["ort_optimizer", "ort"]["ratio"])
+    ort = rows["ort_optimizer", "ort"]
+    assert ort["status"] == "ok" and ort["same_as_original"] == "False"
+    assert float(ort["ci_low"]) <= float(ort["ratio"]) <= float(ort["ci_high"])
     assert rows["ort_optimizer", "torch"]["status"] == "unsupported"
     assert "runs only in onnxruntime" in r.stdout
     assert rows["taso_machine", "ort"]["status"] == "ok"
+
+
+def test_rlflow_optimize_runs_the_ort_optimizer_without_rules(tiny_models, tmp_path):
+    out = tmp_path / "opt.onnx"
+    r = rlflow("optimize", tiny_models["bert"], "--out", out, "--method", "ort-optimizer", "--no-speed-check",
+               "--json", cwd=tmp_path)  # no results/rules/rules.json here: the optimizer needs none
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["method"] == "ort_optimizer" and doc["rules"] is None
+    assert doc["stats"]["contrib_ops"] == {"com.microsoft:SkipLayerNormalization": 4, "com.microsoft:Gelu": 2}
+    from rlflow.graph import load_onnx
+
+    assert sum(n.op == "Opaque" for n in load_onnx(out).nodes) == 6

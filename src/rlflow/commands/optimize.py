@@ -55,7 +55,7 @@ from rlflow.commands.common import add_model_arguments
 NAME = "optimize"
 HELP = "optimise an ONNX model with TASO search, greedy search or a trained RLFlow agent over the verified rules"
 #: methods of --method: the two searches and the learned agent
-METHODS = ("taso", "greedy", "eqsat", "rlflow")
+METHODS = ("taso", "greedy", "eqsat", "rlflow", "ort-optimizer")
 DEFAULT_RULES = Path("results/rules/rules.json")
 
 
@@ -65,7 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--out", required=True, type=Path, metavar="OUT.onnx", help="where to write the optimised model")
     p.add_argument("--method", choices=METHODS, default="taso",
-                   help="taso | greedy | eqsat (searches) | rlflow (a trained agent, needs --agent) (default: taso)")
+                   help="taso | greedy | eqsat (searches) | rlflow (a trained agent, needs --agent) | ort-optimizer "
+                        "(baseline: onnxruntime's offline transformer optimizer, BERT-type fusions into its contrib "
+                        "ops, which only onnxruntime runs; needs no rules) (default: taso)")
     p.add_argument("--agent", type=Path, metavar="CKPT",
                    help="rlflow: the agent checkpoint (controller.pt of train_controller or model_free.pt of "
                         "train_model_free)")
@@ -203,13 +205,13 @@ def run(args: argparse.Namespace) -> int:
     for p in (args.out, args.trace):
         if p is not None and p.is_dir():
             raise _err(f"{p}: is a folder, expected a file path")
-    rules_path = find_rules(args.rules)
+    rules_path = None if args.method == "ort-optimizer" else find_rules(args.rules)
     kind = _target(args, config)
     seed = get(config, "seed")
     device = resolve_device(config)
     graph = load_onnx(args.model, args.input_shape)
     check_memory(graph, str(args.model), note=True)
-    rules = load_rules(rules_path)
+    rules = [] if rules_path is None else load_rules(rules_path)
     progress = not args.no_progress and not args.json
     cost, measured = _cost_model(args, config, device, graph, kind, progress)
     if args.method == "eqsat" and (args.alpha is not None or args.budget is not None):
@@ -218,14 +220,19 @@ def run(args: argparse.Namespace) -> int:
     settings = eqsat_settings(config)
     if args.method == "eqsat" and args.time_limit is not None:
         settings["time_limit_s"] = args.time_limit
-    result = run_method(args.method, graph, rules, cost, alpha=alpha, budget=budget, time_limit_s=limit,
-                        progress=progress, eqsat=settings)
+    if args.method == "ort-optimizer":  # onnxruntime's transformer optimizer (BERT-type fusions; no rules)
+        from rlflow.search.ort_optimizer import ort_optimizer
+
+        result = ort_optimizer(graph, args.model, "bert", cost, input_shapes=args.input_shape)
+    else:
+        result = run_method(args.method, graph, rules, cost, alpha=alpha, budget=budget, time_limit_s=limit,
+                            progress=progress, eqsat=settings)
     used = config_used(config, args.method, alpha, budget, limit)
     if args.method == "eqsat":
         used["eqsat.time_limit_s"] = settings["time_limit_s"]
     used["cost.target"] = kind
-    extra = {"model": str(args.model), "rules": str(rules_path), "num_rules": len(rules), "device": device,
-             "cost_model": cost.name, "target": cost.name, "cost": cost.describe(), "config": used}
+    extra = {"model": str(args.model), "rules": rules_path and str(rules_path), "num_rules": len(rules),
+             "device": device, "cost_model": cost.name, "target": cost.name, "cost": cost.describe(), "config": used}
     diff, doc = verify_and_write(graph, result, args.out, args.trace, extra, seed=seed, device=device,
                                  tol=args.tolerance, speed_check=_speed_check(args, config, device), log=_log(args))
     if args.json:

@@ -29,9 +29,10 @@ def model_type(model: str) -> str | None:
     return MODEL_TYPES.get(model)
 
 
-def optimize_file(onnx_path: str | Path, kind: str, heads: int = 0, hidden: int = 0) -> Graph:
+def optimize_file(onnx_path: str | Path, kind: str, heads: int = 0, hidden: int = 0, input_shapes=None) -> Graph:
     """Run the optimizer on an ONNX file for model type ``kind`` (``heads``/``hidden``: 0 = detect them from
-    the graph) and import its output into the IR (contrib ops become opaque nodes)."""
+    the graph) and import its output into the IR (contrib ops become opaque nodes; ``input_shapes`` as
+    :func:`rlflow.graph.onnx_io.load_onnx` takes them, for inputs of dynamic size)."""
     import onnx
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
     from onnxruntime.transformers.optimizer import optimize_model
@@ -47,15 +48,15 @@ def optimize_file(onnx_path: str | Path, kind: str, heads: int = 0, hidden: int 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "optimised.onnx"
         onnx.save(model, str(path), save_as_external_data=model.ByteSize() > 1_500_000_000)
-        return load_onnx(path)
+        return load_onnx(path, input_shapes)
 
 
 def ort_optimizer(original: Graph, onnx_path: str | Path, kind: str | None, cost, heads: int = 0,
-                  hidden: int = 0) -> SearchResult:
+                  hidden: int = 0, input_shapes=None) -> SearchResult:
     """The optimizer's graph for the model in ``onnx_path`` (``original`` is that file imported), scored by
     ``cost``; ``kind`` None: it does not apply and the result is the original."""
     t0 = time.perf_counter()
-    graph = original if kind is None else optimize_file(onnx_path, kind, heads, hidden)
+    graph = original if kind is None else optimize_file(onnx_path, kind, heads, hidden, input_shapes)
     contrib = Counter(f"{n.attrs['domain']}:{n.attrs['op_type']}" for n in graph.nodes
                       if n.op == "Opaque" and n.attrs.get("domain") not in ("", "ai.onnx"))
     before, after = cost.graph_metrics(original), cost.graph_metrics(graph)
