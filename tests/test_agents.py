@@ -174,7 +174,7 @@ def test_search_result_replays_the_run_up_to_its_best_step(setting):
     assert result.final.runtime_ms == pytest.approx(run["best"]["runtime_ms"])
     assert result.expansions == run["steps"] and result.seconds == 0.5 and result.kept == len(plan)
     doc = result.to_json(model="m")
-    assert doc["format"] == "rlflow.search-trace/1" and doc["method"] == "rlflow" and doc["speedup"] > 1
+    assert doc["format"] == "rlflow.search-trace/2" and doc["method"] == "rlflow" and doc["speedup"] > 1
     assert doc["stats"]["best_step"] == len(plan) and doc["settings"] == {"max_steps": 4}
 
     # a run that does not replay to its best graph is refused

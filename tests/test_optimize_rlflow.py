@@ -97,7 +97,7 @@ def test_stage_writes_a_verified_graph_and_a_search_format_trace(trained, which,
                 "candidates_generated", "candidates_kept", "stop_reason", "seconds", "ms_per_expansion", "stats",
                 "max_rel_diff", "tolerance", "training_seconds", "real_interactions"):
         assert key in trace, key
-    assert trace["format"] == "rlflow.search-trace/1" and trace["method"] == method and trace["model"] == "bert"
+    assert trace["format"] == "rlflow.search-trace/2" and trace["method"] == method and trace["model"] == "bert"
     assert trace["device"] == "cpu" and trace["cost_model"] == "analytic" and trace["tolerance"] == 1e-4
     assert 0 <= trace["max_rel_diff"] <= 1e-4
     assert trace["seconds"] > 0 and trace["training_seconds"] > 0
@@ -131,9 +131,12 @@ def test_stage_writes_a_verified_graph_and_a_search_format_trace(trained, which,
     assert trace["final"]["runtime_ms"] <= trace["initial"]["runtime_ms"]
     assert trace["final"]["runtime_ms"] == pytest.approx(metrics["real"]["best"]["runtime_ms"])
     assert trace["final"]["nodes"] == len(found.nodes)
-    # the never-slower check (the protocol on ort): the file is the found graph only if it was called faster
+    # the never-slower check (the protocol on the platform's backend: the analytic target on the CPU -> torch): the
+    # file is the found graph only if it was called faster
     check = trace["speed_check"]
-    assert check == metrics["speed_check"] and check["backend"] == "ort" and check["line"]
+    assert check == metrics["speed_check"] and check["backend"] == "torch" and check["line"]
+    assert trace["platform"] == metrics["platform"] == {"target": "analytic", "label": "analytic roofline",
+                                                         "device": "cpu", "backend": "torch", "verifiable": True}
     optimised = load_onnx(d / which / "model.onnx")
     kept = found if check["kept"] == "optimised" else graph
     assert check["kept"] == "original" or check["verdict"] == "faster"
@@ -323,7 +326,7 @@ def test_optimize_with_an_agent_repeats_the_stages_run(trained, which, ckpt, tmp
     text = capsys.readouterr().out
     assert "wrote" in text and str(out) in text
     mine, stage = json.loads(trace.read_text()), json.loads((d / which / "trace.json").read_text())
-    assert mine["format"] == "rlflow.search-trace/1"
+    assert mine["format"] == "rlflow.search-trace/2"
     assert mine["method"] == ("rlflow" if which == "ctl" else "model_free")
     assert mine["agent"] == str(agent) and mine["agent_trained_on"] == "bert"
     assert mine["steps"] == stage["steps"] and mine["final"] == stage["final"] and mine["initial"] == stage["initial"]

@@ -62,7 +62,7 @@ def test_snakemake_tiny_learning_pipeline_and_partial_reruns(tmp_path):
     for method, folder in FOLDERS.items():
         trace = json.loads((tmp_path / folder / "trace.json").read_text())
         metrics = ctl if method == "controller" else mf
-        assert trace["format"] == "rlflow.search-trace/1"
+        assert trace["format"] == "rlflow.search-trace/2"
         assert trace["method"] == ("rlflow" if method == "controller" else "model_free")
         assert trace["model"] == "bert" and trace["onnx"] == "results/bert/model.onnx"
         assert trace["cost_model"] == resolve_target({"cost": {"target": "auto"}})  # config.yaml: auto

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlflow.config import get
-from rlflow.cost.targets import resolve_target
+from rlflow.cost.platform import resolve_platform, resolved_reward
 from rlflow.errors import RLFlowError
 
 #: how each agent trains: config section, how often the policy is checkpointed (updates), and the dvclive name
@@ -54,7 +54,7 @@ class AgentFiles:
     out: Path              # the agent checkpoint (self-contained; ``rlflow optimize --method rlflow --agent``)
     metrics: Path
     optimised: Path        # the best graph, verified (ONNX)
-    trace: Path            # its trace (rlflow.search-trace/1)
+    trace: Path            # its trace (rlflow.search-trace/2)
     costs: Path | None = None
     logs: Path | None = None          # dvclive folder (optional)
     latents: Path | None = None       # the controller: latents.npz (train_encoder)
@@ -266,15 +266,16 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
     seed, device = seed_for_training(problem), problem.device
     section = get(config, spec["section"])
     max_steps, max_locations = get(config, "env.max_steps"), get(config, "env.max_locations")
-    reward = make_reward(get(config, "env.reward"))
+    platform = resolve_platform(config)
+    reward = make_reward(resolved_reward(config, platform))
     encoder = load_encoder(files.encoder, device)
     world = (_Dream(problem, files, encoder, section, max_steps, max_locations, reward, get(config, "world_model"))
              if method == "rlflow"
              else RealEnvs([problem], encoder, section["num_envs"],
                            None if latency_meter is None or not reward.needs_latency else latency_meter(device)))
 
-    used = {"seed": seed, "device": get(config, "device"), "cost.target": resolve_target(config),
-            "env.reward": get(config, "env.reward"), "ppo": get(config, "ppo"), spec["section"]: section,
+    used = {"seed": seed, "device": get(config, "device"), "cost.target": platform.target,
+            "env.reward": resolved_reward(config, platform), "ppo": get(config, "ppo"), spec["section"]: section,
             "env.max_steps": max_steps, "env.max_locations": max_locations,
             "env.no_revisit": get(config, "env.no_revisit")}
     if method == "rlflow":  # iterated model-based training trains the world model again
@@ -358,7 +359,8 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
     result, episode = agent.optimise(problem.graph, problem.rules, problem.cost, device)
     real = summarise_run(episode)
     interactions = real_interactions(encoder.rollout_steps, training_interactions(), real["steps"])
-    metrics = {"model": model, "method": method, "reward": repr(reward), "real": real,
+    metrics = {"model": model, "method": method, "platform": platform.as_dict(), "reward": repr(reward),
+               "real": real,
                "real_interactions": interactions, "dream_steps": dream_steps(), "curve": curve,
                "training_seconds": train_s}
     if method == "rlflow":
@@ -366,7 +368,8 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
         metrics["iterations"] = refits
     extra = {"model": model, "onnx": str(files.onnx), "rules": str(files.rules), "num_rules": len(problem.rules),
              "device": device, "cost_model": problem.cost.name, "cost": describe_cost(problem, files.costs),
-             "config": used, "agent": str(files.out), "reward": repr(reward), "training_seconds": train_s,
+             "config": used, "platform": platform.as_dict(), "agent": str(files.out), "reward": repr(reward),
+             "training_seconds": train_s,
              "dream_steps": dream_steps(), "real_interactions": interactions}
     diff, written = verify_and_write(problem.graph, result, files.optimised, files.trace, extra, seed=seed,
                                      device=device, speed_check=None if speed_check is None else speed_check(device),

@@ -90,3 +90,70 @@ def chosen_backend(value: str | None, platform: Platform) -> tuple[str, str] | N
     if value in (None, "auto"):
         return (platform.backend, platform.device) if platform.verifiable else None
     return value, platform.device if platform.verifiable else "cpu"
+
+
+def backend_setting(config: Mapping, key: str, platform: Platform) -> tuple[str, str] | None:
+    """:func:`chosen_backend` of the config key ``key`` (dotted: ``timing.check_backend``)."""
+    from rlflow.config import get
+
+    return chosen_backend(get(dict(config), key), platform)
+
+
+#: what a cost cache's refusal tells the user to run
+REMAKE_COSTS = ("rlflow measure-costs --config config.yaml --model M --onnx M.onnx --rules rules.json --out CACHE "
+                "(in the pipeline: `dvc repro --force measure_costs` or `snakemake --forcerun measure_costs`)")
+
+
+def check_cache(path, platform: Platform, remake: str = REMAKE_COSTS) -> None:
+    """Refuse (one line) a cost cache at ``path`` made for another platform, or made before caches recorded the
+    platform; a missing file passes (nothing is read from it)."""
+    import json
+    from pathlib import Path
+
+    from rlflow.errors import RLFlowError
+
+    p = Path(path)
+    if not p.is_file():
+        return
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return  # the cache readers name the damage
+    if not isinstance(data, dict):
+        return
+    made = data.get("platform")
+    if made is None:
+        raise RLFlowError(f"{p}: a cost cache made before caches recorded their platform; remake it: {remake}")
+    if made != platform.as_dict():
+        raise RLFlowError(f"{p}: a cost cache made for {_short(made)}, this run's platform is "
+                          f"{_short(platform.as_dict())}; remake it: {remake}")
+
+
+def _short(d: Mapping) -> str:
+    how = f"verified on {d.get('backend')}/{d.get('device')}" if d.get("verifiable") else "not verifiable there"
+    return f"target {d.get('target')} ({how})"
+
+
+def record_in_cache(path, platform: Platform) -> None:
+    """Add the platform record to the cost cache at ``path`` (atomically; the other sections kept)."""
+    import json
+    from pathlib import Path
+
+    from rlflow.atomic import write_text
+
+    p = Path(path)
+    data = json.loads(p.read_text())
+    data["platform"] = platform.as_dict()
+    write_text(p, json.dumps(data, indent=1) + "\n")
+
+
+def resolved_reward(config: Mapping, platform: Platform) -> dict:
+    """The config's env.reward with ``e2e_backend: auto`` replaced by the backend it resolves to (kept ``auto``
+    where the platform is not verifiable: only the e2e reward measures, and its meter refuses that)."""
+    from rlflow.config import get
+
+    spec = dict(get(dict(config), "env.reward"))
+    chosen = backend_setting(config, "env.reward.e2e_backend", platform)
+    if chosen is not None:
+        spec["e2e_backend"] = chosen[0]
+    return spec

@@ -65,10 +65,15 @@ def gpu_spec(config: Mapping, gpu: str) -> dict:
 def make_cost_model(config: Mapping, device: str, costs_path: str | Path | None = None,
                     kind: str | None = None) -> CostModel:
     """The cost model of the target ``kind`` (else the config's ``cost.target``) on ``device`` (cpu|cuda);
-    ``costs_path`` is the cost cache of `rlflow measure-costs` (tables and calibration), if any."""
+    ``costs_path`` is the cost cache of `rlflow measure-costs` (tables and calibration), if any: one made for
+    another platform (:mod:`rlflow.cost.platform`: a CPU box's cache on a GPU box), or before caches recorded
+    theirs, is refused in one line."""
     from rlflow.cost import calibration as cal
+    from rlflow.cost.platform import check_cache, resolve_platform
 
     target = resolve_target(config, kind)
+    if costs_path is not None:
+        check_cache(costs_path, resolve_platform(config, target))
     cost = dict(config.get("cost") or {})
     warmup, repeats = cost.get("warmup", 8), cost.get("repeats", 32)
     if target.startswith("sim-"):

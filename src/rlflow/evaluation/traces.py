@@ -1,4 +1,4 @@
-"""Read a method's ``trace.json`` (format ``rlflow.search-trace/1``) into the few figures the evaluation reports.
+"""Read a method's ``trace.json`` (format ``rlflow.search-trace/2``) into the few figures the evaluation reports.
 
 Every method writes one: the searches (``rlflow.search.result.SearchResult.to_json``) and the RL agents, which add
 ``training_seconds`` and ``real_interactions`` (``{..., "total": N}``, or a plain count). What is read:
@@ -7,7 +7,10 @@ Every method writes one: the searches (``rlflow.search.result.SearchResult.to_js
   ``flops``, ``bytes``, ``launches``);
 * ``steps``: the rewrites applied (their number is ``rules_applied``; none for eqsat, which applies rules to an
   e-graph, not to the graph one step at a time: its trace's ``stats`` count the matches it applied);
-* ``seconds``: the optimisation time; ``training_seconds``, ``real_interactions``: only the RL methods.
+* ``seconds``: the optimisation time; ``training_seconds``, ``real_interactions``: only the RL methods;
+* ``platform``: the run's resolved platform (:mod:`rlflow.cost.platform`: target, label, device, backend,
+  verifiable). Traces of format ``rlflow.search-trace/1`` were made before it was recorded: refused, with the
+  command that remakes them.
 
 A missing, unreadable or malformed trace is a one-line :class:`rlflow.errors.RLFlowError` naming the file and key.
 """
@@ -22,7 +25,12 @@ from typing import Any
 
 from rlflow.errors import RLFlowError
 
-TRACE_FORMAT = "rlflow.search-trace/1"
+TRACE_FORMAT = "rlflow.search-trace/2"
+#: the trace format before the resolved platform was recorded
+OLD_FORMAT = "rlflow.search-trace/1"
+#: the command that writes each method's trace
+REMAKE = {"taso": "rlflow search-taso", "greedy": "rlflow search-greedy", "eqsat": "rlflow search-eqsat",
+          "model_free": "rlflow train-model-free", "rlflow": "rlflow train-controller"}
 #: the cost-model figures of ``initial`` and ``final`` (``runtime_ms`` is the estimate reported as ``cost_ms``)
 COST_KEYS = ("nodes", "runtime_ms", "flops", "bytes", "launches")
 
@@ -55,6 +63,10 @@ class TraceSummary:
     """The trace's ``expansions`` (for the RL agents: their real steps while optimising), if any."""
     max_rel_diff: float | None = None
     """The written graph's largest relative output difference from the original (``max_rel_diff``), if any."""
+    platform: dict | None = None
+    """The resolved platform the method ran for (``target``, ``label``, ``device``, ``backend``, ``verifiable``;
+    not verifiable: the graph found was kept ungated, labelled "simulated target: not verifiable on this
+    machine")."""
 
 
 def _number(doc: dict, key: str, path: Path, where: str = "") -> float:
@@ -97,6 +109,10 @@ def load_trace(path: str | Path) -> TraceSummary:
         raise RLFlowError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
     if not isinstance(doc, dict):
         raise RLFlowError(f"{path}: a trace must be a JSON object")
+    if doc.get("format") == OLD_FORMAT:
+        remake = REMAKE.get(doc.get("method"), "the stage that made it")
+        raise RLFlowError(f"{path}: a trace made before traces recorded their platform ({OLD_FORMAT}); remake it "
+                          f"with `{remake}` (in the pipeline: `dvc repro` or `snakemake` reruns it)")
     if doc.get("format") != TRACE_FORMAT:
         raise RLFlowError(f"{path}: trace format {doc.get('format')!r}, expected {TRACE_FORMAT!r}")
     steps = doc.get("steps")
@@ -118,7 +134,15 @@ def load_trace(path: str | Path) -> TraceSummary:
         searched=_costs(doc, "final", path),
         expansions=None if doc.get("expansions") is None else int(_number(doc, "expansions", path)),
         max_rel_diff=None if doc.get("max_rel_diff") is None else _number(doc, "max_rel_diff", path),
+        platform=_platform(doc.get("platform"), path),
     )
+
+
+def _platform(v: Any, path: Path) -> dict:
+    keys = ("target", "label", "device", "backend", "verifiable")
+    if not isinstance(v, dict) or not all(k in v for k in keys):
+        raise RLFlowError(f"{path}: trace key 'platform' must be an object with {', '.join(keys)}")
+    return {k: v[k] for k in keys}
 
 
 def _speed_check(v: Any, path: Path) -> str | None:

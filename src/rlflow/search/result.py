@@ -9,7 +9,7 @@ from typing import Any
 from rlflow.cost.metrics import Metrics
 from rlflow.graph.ir import Graph
 
-TRACE_FORMAT = "rlflow.search-trace/1"
+TRACE_FORMAT = "rlflow.search-trace/2"
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class SearchResult:
         return 1e3 * self.seconds / self.expansions if self.expansions else 0.0
 
     def to_json(self, **extra: Any) -> dict:
-        """The trace document (``"format": "rlflow.search-trace/1"``); ``extra`` keys (model, device, ...) are
+        """The trace document (``"format": "rlflow.search-trace/2"``); ``extra`` keys (model, device, ...) are
         added at the top level."""
         doc: dict[str, Any] = {"format": TRACE_FORMAT, "method": self.method}
         doc.update(extra)

@@ -16,10 +16,12 @@ def run_agent(args: argparse.Namespace, method: str) -> int:
     files = AgentFiles(onnx=args.onnx, rules=args.rules, costs=args.costs, encoder=args.encoder, out=args.out,
                        metrics=args.metrics, optimised=args.optimised, trace=args.trace, logs=args.logs,
                        latents=getattr(args, "latents", None), world_model=getattr(args, "world_model", None))
+    from rlflow.cost.platform import resolve_platform
     from rlflow.stages.search_common import e2e_meter, never_slower_check
 
     config = load_config(args.config, args.overrides)
+    platform = resolve_platform(config)
     run_agent_stage(method, args.model, config, files, progress=not args.no_progress,
-                    speed_check=lambda device: never_slower_check(config, device),
-                    latency_meter=lambda device: e2e_meter(config, device))
+                    speed_check=lambda device: never_slower_check(config, platform),
+                    latency_meter=lambda device: e2e_meter(config, platform))
     return 0

@@ -27,9 +27,10 @@ The roofline (rlflow.evaluation.roofline): each graph's lower bound at the devic
 bandwidth, from the cost cache's calibration (--costs, the measure_costs stage's output) or else the per-device
 calibration cache (measured there first, a few seconds); on a GPU none.
 
-Reads these config keys: seed (the inputs and the protocol's random orders), device, timing.*,
-evaluate.backends, evaluate.tolerance. Each method needs its optimised ONNX and its trace (rlflow.search-trace/1; the cost
-estimate, rules applied, optimisation seconds, and for the RL methods training seconds and real interactions);
+Reads these config keys: seed (the inputs and the protocol's random orders), device, cost.target (the platform:
+its backend is the primary one, added to evaluate.backends if missing; recorded in metrics and headline), timing.*,
+evaluate.backends, evaluate.tolerance. Each method needs its optimised ONNX and its trace (rlflow.search-trace/2;
+the cost estimate, rules applied, optimisation seconds, and for the RL methods training seconds and real interactions);
 methods not given are left out. Writes, atomically and only once everything has run:
   --out       evaluation.csv: one row per (method, backend); columns in rlflow.evaluation.tables.COLUMNS
               (same_as_original: the method's graph is the original's, so its figures are the A/A control's)
@@ -75,10 +76,19 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     config = load_config(args.config, args.overrides)
     device = resolve_device(config)
+    from rlflow.cost.platform import check_cache, resolve_platform
     from rlflow.evaluation.protocol import Protocol
 
     seed, protocol = get(config, "seed"), Protocol.from_config(config)
     backends, tolerance = list(get(config, "evaluate.backends")), float(get(config, "evaluate.tolerance"))
+    platform = resolve_platform(config)
+    # the primary backend verifies the run's target (its verdicts answer "is it faster where it was optimised for");
+    # a target this machine cannot verify has none: every backend's verdict is a finding about this machine
+    primary = platform.backend if platform.verifiable else None
+    if primary is not None and primary not in backends:
+        backends.insert(0, primary)
+    if args.costs is not None:
+        check_cache(args.costs, platform)
     for p in (args.out, args.metrics, args.headline):
         if p.is_dir():
             raise RLFlowError(f"{p}: is a folder, expected a file path")
@@ -107,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"evaluate: {args.model} on {device}: {len(graphs)} graphs ({', '.join(m for m, _ in graphs)}) x "
           f"{len(backends)} backends ({', '.join(backends)}), plus the A/A control; {protocol.describe()}; tolerance "
           f"{tolerance:g}; loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+    print(f"evaluate: platform {platform.describe()}; primary backend "
+          f"{primary or 'none (every backend is a finding about this machine)'}", flush=True)
     differ = [f"{m} {int(traces[m].final['nodes'])} -> {len(g.nodes)}" for m, g in graphs[1:]
               if int(traces[m].final["nodes"]) != len(g.nodes)]
     if differ:
@@ -129,11 +141,12 @@ def run(args: argparse.Namespace) -> int:
                      activation_bytes={m: activation_memory_bytes(g) for m, g in graphs}, traces=traces,
                      bounds=bounds, same=same)
     table = to_csv(rows)
-    dvc_metrics = json.dumps(metrics(rows, limits.as_dict() if limits else None), indent=1,
-                             allow_nan=False) + "\n"
-    platforms = {m: getattr(t, "platform", None) for m, t in traces.items()}
-    head = json.dumps(headline(args.model, device, backends, tolerance, rows, traces, platforms), indent=1,
-                      allow_nan=False) + "\n"
+    dvc_metrics = json.dumps({**metrics(rows, limits.as_dict() if limits else None), "platform": platform.as_dict(),
+                              "primary_backend": primary}, indent=1, allow_nan=False) + "\n"
+    platforms = {m: t.platform for m, t in traces.items()}
+    head_doc = headline(args.model, device, backends, tolerance, rows, traces, platforms)
+    head_doc.update(platform=platform.as_dict(), primary_backend=primary)  # the run's, resolved (never auto)
+    head = json.dumps(head_doc, indent=1, allow_nan=False) + "\n"
     for line in summary_lines(rows, backends):
         print("evaluate: " + line)
     # -- write (each file atomically; all three only after everything ran)

@@ -16,8 +16,10 @@ Ops that read weights only (folded before running) and views (Reshape, Flatten, 
 
 Reads these config keys: seed (the walks), device, cost.target, cost.learn_graphs, cost.warmup, cost.repeats,
 cost.explore_steps and cost.peak (fallback figures).
-Writes the cost cache (``--out``, JSON: format, device, hardware, warmup, repeats, peak and one entry per
-signature), atomically. A progress bar goes to stderr; a summary to stdout.
+Writes the cost cache (``--out``, JSON: format, device, hardware, the resolved platform (rlflow.cost.platform:
+target, label, device, backend, verifiable; every stage that reads the cache refuses it when its own platform
+differs, e.g. a cache made on a CPU box read on a GPU box), warmup, repeats, peak and one entry per signature),
+atomically. A progress bar goes to stderr; a summary to stdout.
 
 Config: --config may be given several times; later files are deep-merged over earlier ones, then every
 --set KEY=VALUE applies (VALUE is YAML or JSON). Without --config the schema defaults apply.
@@ -91,6 +93,7 @@ def learning_graphs(graph, rules: Sequence, count: int) -> list:
 def run(args: argparse.Namespace) -> int:
     from rlflow.cost import AnalyticCost, calibration, make_cost_model, resolve_target
     from rlflow.cost.model import write_cache
+    from rlflow.cost.platform import resolve_platform
     from rlflow.cost.targets import MEASURED
     from rlflow.stages.common import load_problem
 
@@ -108,8 +111,10 @@ def run(args: argparse.Namespace) -> int:
               f"({c.hardware})", flush=True)
     from rlflow.cost.model import describe_hardware
 
+    platform = resolve_platform(p.config)
+    print(f"measure_costs: platform {platform.describe()}", flush=True)
     header = {"device": "cuda" if target == "cuda" else "cpu", "hardware": describe_hardware("cpu"),
-              "target": target, "calibration": calibration.to_json(cals)}
+              "target": target, "platform": platform.as_dict(), "calibration": calibration.to_json(cals)}
     if target not in MEASURED:
         write_cache(args.out, {**header, "ops": {}, "kernels": {}, "fusion": {}})
         cost = make_cost_model(p.config, p.device, args.out, target)

@@ -8,7 +8,7 @@ eqsat.ilp_time_limit_s). The result,
 weight-only nodes folded, is checked equal to the original under onnxruntime before anything is written.
 
 Reads these config keys: seed, device, cost.*, eqsat.*.
-Writes OUT (the optimised ONNX) and TRACE (JSON "rlflow.search-trace/1": cost before/after, e-graph size and
+Writes OUT (the optimised ONNX) and TRACE (JSON "rlflow.search-trace/2": cost before/after, e-graph size and
 saturation and extraction statistics, config values used, max output difference), atomically.
 
 """

@@ -6,7 +6,7 @@ folded, is checked equal to the original under onnxruntime (random inputs, seed 
 anything is written.
 
 Reads these config keys: seed, device, cost.model, cost.peak, search.time_limit_s.
-Writes OUT (the optimised ONNX) and TRACE (JSON "rlflow.search-trace/1": the rewrites applied in order with
+Writes OUT (the optimised ONNX) and TRACE (JSON "rlflow.search-trace/2": the rewrites applied in order with
 the cost after each, cost before/after, statistics, config values used, max output difference), atomically.
 """
 

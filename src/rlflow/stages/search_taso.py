@@ -8,7 +8,7 @@ seed from the config) before anything is written.
 
 Reads these config keys: seed, device, cost.model, cost.peak (and cost.warmup/repeats for the cache's
 description), search.alpha, search.budget, search.time_limit_s.
-Writes OUT (the optimised ONNX) and TRACE (JSON "rlflow.search-trace/1": the rewrites applied in order with
+Writes OUT (the optimised ONNX) and TRACE (JSON "rlflow.search-trace/2": the rewrites applied in order with
 the cost after each, cost before/after, search statistics, config values used, max output difference),
 each atomically.
 

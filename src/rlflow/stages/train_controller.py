@@ -15,7 +15,7 @@ Writes, atomically:
                arguments), the rule set's fingerprint, the env settings, the config
                (`rlflow optimize IN.onnx --out OUT.onnx --method rlflow --agent controller.pt` runs it)
   --optimised  the best graph (ONNX), verified
-  --trace      its trace, the searches' format (rlflow.search-trace/1, method "rlflow"): the rewrites up to the
+  --trace      its trace, the searches' format (rlflow.search-trace/2, method "rlflow"): the rewrites up to the
                best step, cost before/after; `seconds` = the real run (the optimisation time), plus
                training_seconds, real_interactions {rollouts, training, evaluation, total}, max_rel_diff
   --metrics    dream curve, the real run, interactions, seconds

@@ -12,7 +12,7 @@ Writes, atomically:
                rule set's fingerprint, the env settings, the config (`rlflow optimize ... --method rlflow
                --agent model_free.pt` runs it)
   --optimised  the best graph (ONNX), verified
-  --trace      its trace (rlflow.search-trace/1, method "model_free"; `seconds` = the real run, plus
+  --trace      its trace (rlflow.search-trace/2, method "model_free"; `seconds` = the real run, plus
                training_seconds, real_interactions {rollouts, training, evaluation, total}, max_rel_diff)
   --metrics    the reward curve, the real run, interactions, seconds
   --logs       dvclive folder: per PPO update the real reward, episode return and length, interactions so far,

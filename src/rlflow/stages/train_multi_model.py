@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                                     problems[train_names[0]].rules, episodes))
 
     ckpt = Checkpointer(args.out, fingerprint(used | {"models": train_names}, inputs))
-    meter = e2e_meter(config, device) if make_reward(get(config, "env.reward")).needs_latency else None
+    meter = e2e_meter(config) if make_reward(get(config, "env.reward")).needs_latency else None
     policy, policy_args, curve, training_steps, train_s = train_shared_policy(
         list(training.values()), encoder, config, seed, ckpt, not args.no_progress, log, live, meter)
     agent = Agent("model_free", policy, policy_args, encoder, rules_fingerprint(problems[train_names[0]].rules),
