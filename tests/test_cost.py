@@ -10,6 +10,7 @@ import torch
 
 from rlflow.cli import main
 from rlflow.cost import AnalyticCost, MeasuredCost, Metrics, make_cost_model, signature
+from rlflow.cost.platform import record_in_cache, resolve_platform
 from rlflow.errors import RLFlowError
 from rlflow.graph import GraphBuilder, load_onnx, save_onnx
 
@@ -130,6 +131,9 @@ def test_measured_measure_save_load(tmp_path):
     assert loaded.graph_metrics(g) == model.graph_metrics(g)
     data = json.loads(path.read_text())
     assert data["device"] == "cpu" and data["hardware"] and data["repeats"] == 3
+    with pytest.raises(RLFlowError, match="made before caches recorded their platform"):
+        make_cost_model({"cost": {"model": "measured"}}, "cpu", path)  # a cache must say what it was made for
+    record_in_cache(path, resolve_platform({"device": "cpu"}, "torch-eager"))
     via_config = make_cost_model({"cost": {"model": "measured"}}, "cpu", path)
     assert isinstance(via_config, MeasuredCost) and via_config.table == model.table
     assert MeasuredCost.load(tmp_path / "none.json", "cpu").table == {}  # no file yet: an empty table

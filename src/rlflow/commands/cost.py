@@ -143,7 +143,10 @@ def run(args) -> int:
                 measured = model.measure([graph], progress=not args.no_progress and sys.stderr.isatty())
             seconds = time.perf_counter() - t0
         if args.save_cache is not None:
+            from rlflow.cost.platform import record_in_cache, resolve_platform
+
             model.save(args.save_cache)
+            record_in_cache(args.save_cache, resolve_platform(config, target))  # what every reader checks
     costs = model.node_costs(graph)
     m = model.graph_metrics(graph)
     bound = model.roofline_bound_ms(graph)
