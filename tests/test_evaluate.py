@@ -18,7 +18,7 @@ from rlflow.errors import RLFlowError
 from rlflow.evaluation import COLUMNS, activation_memory_bytes, activation_memory_mb, evaluate_graphs, load_trace
 from rlflow.evaluation.traces import TRACE_FORMAT
 from rlflow.graph.ir import Constant, Graph, Node, TensorType
-from rlflow.pipeline.registry import METHODS, STAGES
+from rlflow.pipeline.registry import MACHINE_METHODS, METHODS, STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ["--config", str(ROOT / "config.yaml"), "--config", str(ROOT / "tests/configs/tiny.yaml")]
@@ -295,7 +295,6 @@ def tiny(tmp_path_factory) -> dict:
     analytic cost; verified and written by rlflow.search.output), the RL methods as copies of greedy's graph with
     traces that add training_seconds and real_interactions."""
     from rlflow.cost import make_cost_model
-    from rlflow.cost.platform import resolve_platform
     from rlflow.graph import zoo
     from rlflow.graph.onnx_io import load_onnx
     from rlflow.rewrite.builtin import verified_builtin_rules
@@ -306,11 +305,9 @@ def tiny(tmp_path_factory) -> dict:
     zoo.export_model("bert", paths["onnx"], zoo.TINY_SIZES["bert"])
     g = load_onnx(paths["onnx"])
     rules, cost = verified_builtin_rules(), make_cost_model({}, "cpu", kind="analytic")
-    platform = resolve_platform({"device": "cpu"}, "analytic").as_dict()  # what the stages record
     for m in ("taso", "greedy", "eqsat"):
         paths[m], paths[f"{m}_trace"] = d / m / "model.onnx", d / m / "trace.json"
-        verify_and_write(g, run_method(m, g, rules, cost, budget=20), paths[m], paths[f"{m}_trace"],
-                         {"model": "r", "platform": platform})
+        verify_and_write(g, run_method(m, g, rules, cost, budget=20), paths[m], paths[f"{m}_trace"], {"model": "r"})
     for m in RL_METHODS:
         (d / m).mkdir()
         paths[m], paths[f"{m}_trace"] = d / m / "model.onnx", d / m / "trace.json"
@@ -324,7 +321,8 @@ def _outputs(folder: Path) -> dict[str, Path]:
             "headline": folder / "summary" / "bert.json"}
 
 
-def _argv(paths: dict, out: dict, methods=tuple(METHODS), sets=()) -> list[str]:
+def _argv(paths: dict, out: dict, methods=tuple(m for m in METHODS if m not in MACHINE_METHODS), sets=()
+          ) -> list[str]:
     argv = ["evaluate", *CONFIGS, "--model", "bert", "--onnx", str(paths["onnx"]), "--no-progress"]
     for m in methods:
         flag = "--" + m.replace("_", "-")
@@ -525,9 +523,7 @@ def _opaque_case(tmp_path) -> tuple[dict, dict]:
 
     src = tmp_path / "opaque.onnx"
     onnx.save(with_opaque_op(), str(src))
-    trace = {"format": TRACE_FORMAT, "method": "greedy", "steps": [], "seconds": 0.5,
-             "platform": {"target": "ort-cpu", "label": "onnxruntime CPU (kernels timed)", "device": "cpu",
-                          "backend": "ort", "verifiable": True},
+    trace = {"format": "rlflow.search-trace/1", "method": "greedy", "steps": [], "seconds": 0.5,
              "initial": {"nodes": 4, "runtime_ms": 1.0, "flops": 10, "bytes": 20, "launches": 4},
              "final": {"nodes": 4, "runtime_ms": 1.0, "flops": 10, "bytes": 20, "launches": 4}}
     (tmp_path / "trace.json").write_text(json.dumps(trace))
