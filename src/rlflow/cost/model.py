@@ -18,11 +18,13 @@ import json
 import platform
 import statistics
 import sys
+from collections import ChainMap
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from rlflow.cost.metrics import Metrics
 from rlflow.errors import RLFlowError
+from rlflow.graph.exported import as_exported, preactivation
 from rlflow.graph.ir import Graph, Node, TensorType
 from rlflow.graph.ops import OPS, node_bytes, node_flops
 
@@ -114,20 +116,30 @@ class CostModel:
         return launches_of(node)
 
     def node_cost(self, node: Node, types: Mapping[str, TensorType]) -> NodeCost:
-        """(runtime_ms, flops, bytes, launches) of one node (cached per node object)."""
+        """(runtime_ms, flops, bytes, launches) of one node (cached per node object), as exported: a node the ONNX
+        export writes as several ops (a Conv with a fused ReLU: Conv, Relu) costs the sum of those ops, since
+        that is what a user's file runs (:func:`rlflow.graph.exported.as_exported`)."""
         hit = self._by_node.get(id(node))
         if hit is not None and hit[0] is node:
             return hit[1]
+        parts = as_exported(node)
+        if len(parts) == 1:
+            cost = self._op_cost(node, types)
+        else:
+            types = ChainMap({preactivation(node): types[node.outputs[0]]}, types)
+            cost = tuple(map(sum, zip(*(self._op_cost(p, types) for p in parts))))
+        if len(self._by_node) > 500_000:  # bound the cache on very long runs (it holds the nodes alive)
+            self._by_node.clear()
+        self._by_node[id(node)] = (node, cost)
+        return cost
+
+    def _op_cost(self, node: Node, types: Mapping[str, TensorType]) -> NodeCost:
         ins = [types[v] for v in node.inputs if v]
         outs = [types[v] for v in node.outputs]
         flops, nbytes, launches = (float(node_flops(node, ins, outs)), float(node_bytes(node, ins, outs)),
                                    self._launches(node))
         runtime = self._runtime(node, ins, flops, nbytes) if launches else 0.0
-        cost = (runtime, flops, nbytes, float(launches))
-        if len(self._by_node) > 500_000:  # bound the cache on very long runs (it holds the nodes alive)
-            self._by_node.clear()
-        self._by_node[id(node)] = (node, cost)
-        return cost
+        return (runtime, flops, nbytes, float(launches))
 
     def alone_ms(self, node: Node, types: Mapping[str, TensorType]) -> float:
         """The runtime (ms) of ``node`` computed on its own: what an additive search (eqsat's extraction) sums
@@ -226,9 +238,14 @@ class MeasuredCost(CostModel):
                 if not c[3] or seen.get(id(n)) is n:
                     continue
                 seen[id(n)] = n
-                sig = signature(n, [g.types[v] for v in n.inputs if v])
-                if sig not in self.table and sig not in want:
-                    want[sig] = (g, n)
+                parts = as_exported(n)
+                for part in parts:
+                    pg = g if len(parts) == 1 else _alone(g, n, part)
+                    if not self._launches(part):
+                        continue
+                    sig = signature(part, [pg.types[v] for v in part.inputs if v])
+                    if sig not in self.table and sig not in want:
+                        want[sig] = (pg, part)
         return want
 
     def measure(self, graphs: Iterable[Graph], progress: bool = False) -> int:
@@ -274,6 +291,16 @@ class MeasuredCost(CostModel):
         if data is None:
             return cls(device, peak, warmup=warmup, repeats=repeats)
         return cls(device, peak, data["ops"], warmup, repeats, hardware=data.get("hardware"))
+
+
+def _alone(g: Graph, node: Node, part: Node) -> Graph:
+    """``part`` (one of the ops ``node`` of ``g`` exports as) as a graph of its own, to be timed: its inputs
+    typed as in ``g`` (the value before a fused activation typed as the node's output), ``g``'s weights kept."""
+    types = {preactivation(node): g.types[node.outputs[0]], **g.types}
+    ins = [v for v in dict.fromkeys(part.inputs) if v and v not in g.constants]
+    consts = {v: g.constants[v] for v in part.inputs if v in g.constants}
+    return Graph(inputs=ins, outputs=list(part.outputs), nodes=[part],
+                 types={v: types[v] for v in (*ins, *consts, *part.outputs)}, constants=consts)
 
 
 def _check_entries(p: Path, section: str, entries, key: str) -> None:
