@@ -30,6 +30,11 @@ printed at the start and the end.
   python benchmarks/cost_model.py --sizes tiny --graphs 30 --budget-s 1      # a short check (kernels/ops: 2 + 10 runs)
   python benchmarks/cost_model.py --sizes paper --graphs 40 --budget-s 20 --out /tmp/cost_model.json
   python benchmarks/cost_model.py --models bert resnet18 --graphs 0           # the table only
+
+**Held-out exports** (benchmarks/heldout_exports.py; skipped with ``--heldout-sizes``): ort-cpu's estimate of
+transformers exports (BERT, ViT, GPT-2 at ``--heldout-sizes``) it never learned from, beside their end-to-end
+latency; its mean discrepancy is the very last line (``heldout_mean_abs_diff_pct_as_rlflow_cost=...``), to read
+beside the zoo's ``mean_abs_diff_pct_ort_cpu`` on the line before it.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from rlflow.config import get, load_config  # noqa: E402
 from rlflow.cost import AnalyticCost, make_cost_model  # noqa: E402
-from rlflow.cost.calibration import load_or_measure  # noqa: E402
+from rlflow.cost.calibration import measure as calibrate  # noqa: E402
 from rlflow.cost.model import describe_hardware  # noqa: E402
 from rlflow.evaluation import protocol as proto  # noqa: E402
 from rlflow.graph import load_onnx, zoo  # noqa: E402
@@ -321,6 +326,8 @@ def main() -> None:
     ap.add_argument("--rules", help="rules file (default: the builtin rules)")
     ap.add_argument("--config", help="config file (default: the schema defaults)")
     ap.add_argument("--out", type=Path, help="also write the results as JSON here")
+    ap.add_argument("--heldout-sizes", nargs="*", default=["small", "medium"], choices=("small", "medium"),
+                    help="sizes of the held-out transformers exports (default: small medium; none given: skip)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch's CPU threads (default 0: all cores); 1 keeps torch-eager op timings stable when "
                          "other processes share the machine (oversubscribed OpenMP waits inflate them)")
@@ -337,29 +344,39 @@ def main() -> None:
     config = load_config(args.config, overrides)
     rules = load_rule_list(args.rules)
     load0, t0 = os.getloadavg()[0], time.perf_counter()
-    cal = load_or_measure("ort", "cpu")
+    cal = calibrate("ort", "cpu")  # measured now, beside the timings (a cached one may be from a busier hour)
     with tempfile.TemporaryDirectory() as tmp:
         loaded = Models(args, config, cal, rules, Path(tmp))
         rows = table(args, loaded) if args.models else []
         signs = sign_test(args, config, rules, loaded) if args.graphs > 0 else []
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import heldout_exports  # its e2e_ort is this module's
+
+    heldout = heldout_exports.heldout_rows(config, cal, sizes=args.heldout_sizes, warmup=args.warmup,
+                                           repeats=args.repeats) if args.heldout_sizes else []
     hw = describe_hardware("cpu")
     print(f"{hw} ({os.cpu_count()} cores), sizes {args.sizes}; calibration (ort): GEMM "
           f"{cal.gemm_flops_per_s / 1e9:.1f} GFLOP/s, {cal.bandwidth_bytes_per_s / 1e9:.2f} GB/s, "
           f"{cal.kernel_overhead_s * 1e6:.2f} us per kernel; kernels/ops: warmup {get(config, 'cost.warmup')}, "
-          f"repeats {get(config, 'cost.repeats')}; E2E fastest of 3 sessions' medians of {args.repeats} (warmup {args.warmup}); load "
+          f"repeats {get(config, 'cost.repeats')}, profiler {(cal.profiler_overhead_s or 0) * 1e6:.2f} us per "
+          f"kernel; E2E fastest of 3 sessions' medians of {args.repeats} (warmup {args.warmup}); load "
           f"average {load0:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; {time.perf_counter() - t0:.0f} s")
     means = print_table(rows) if rows else {k: None for k in LOCAL}
     sign = print_sign(signs) if signs else {k: (0, 0) for k in ("ort-cpu", "torch-eager")}
+    heldout_line = heldout_exports.print_rows(heldout) if heldout else None
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"hardware": hw, "cores": os.cpu_count(), "sizes": args.sizes,
                                         "calibration": cal.as_peak(), "table": rows, "mean_diff_pct": means,
-                                        "sign_test": signs, "sign_hits": sign}, indent=1, default=str) + "\n")
+                                        "sign_test": signs, "sign_hits": sign, "heldout": heldout}, indent=1,
+                                       default=str) + "\n")
     print(f"mean_abs_diff_pct_ort_cpu={fmt(means['ort-cpu'], '.1f')} "
           f"mean_abs_diff_pct_torch_eager={fmt(means['torch-eager'], '.1f')} "
           f"mean_abs_diff_pct_analytic={fmt(means['analytic'], '.1f')} "
           f"sign_hits_ort_cpu={sign['ort-cpu'][0]}/{sign['ort-cpu'][1]} "
           f"sign_hits_torch_eager={sign['torch-eager'][0]}/{sign['torch-eager'][1]}")
+    if heldout_line:
+        print(heldout_line)
 
 
 if __name__ == "__main__":

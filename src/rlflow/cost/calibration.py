@@ -10,7 +10,12 @@ eager calls under ``inference_mode``):
 - ``bandwidth_bytes_per_s``: the median rate of an Add of two 8 Mi-element float32 tensors (96 MiB moved, far
   beyond the caches);
 - ``kernel_overhead_s``: the slope of the runtime of a chain of k tiny Relu kernels (k = 1 and 65) per kernel --
-  what each extra kernel launch costs the runtime, whatever its work.
+  what each extra kernel launch costs the runtime, whatever its work;
+- ``profiler_overhead_s`` (``ort`` only): what onnxruntime's profiler adds to each kernel time it reports -- the
+  slope of the same chains' summed profiled kernel times per kernel, less ``kernel_overhead_s`` (a few us here,
+  where a tiny kernel costs 0.2 us: on BERT-sized transformer exports, with ~100 kernels of 0.01-1 ms, it is
+  10-30% of the profiled total). The ``ort-cpu`` target subtracts it from every profiled kernel time. A cached
+  calibration without it gets it measured and added on first use, its other figures kept.
 
     from rlflow.cost.calibration import load_or_measure
     cal = load_or_measure("ort")          # cached in ~/.cache/rlflow/calibration/cpu-<hardware>.json
@@ -25,7 +30,7 @@ import re
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -56,6 +61,8 @@ class Calibration:
     """Time each extra kernel adds to a run, whatever its work."""
     threads: int = 0
     """Intra-op threads (0: the library's default, all cores)."""
+    profiler_overhead_s: float | None = None
+    """Time onnxruntime's profiler adds to each kernel time it reports (``ort``; None: not measured)."""
 
     def as_peak(self) -> dict[str, float]:
         """The roofline figures of the config's ``cost.peak`` form (GFLOP/s, GB/s, µs)."""
@@ -69,8 +76,10 @@ class Calibration:
             c = cls(**{k: v for k, v in d.items() if k in names})
         except TypeError as e:
             raise RLFlowError(f"{where}: malformed calibration ({e})") from None
-        for k in ("gemm_flops_per_s", "bandwidth_bytes_per_s", "kernel_overhead_s"):
+        for k in ("gemm_flops_per_s", "bandwidth_bytes_per_s", "kernel_overhead_s", "profiler_overhead_s"):
             v = getattr(c, k)
+            if v is None and k == "profiler_overhead_s":
+                continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
                 raise RLFlowError(f"{where}: calibration field '{k}' must be a number >= 0")
         return c
@@ -88,48 +97,80 @@ def _median_s(fn: Callable[[], object], warmup: int, repeats: int) -> float:
     return statistics.median(ts)
 
 
-def _ort_session(nodes, inputs, outputs, threads: int):
+def _ort_model(nodes, inputs, outputs) -> bytes:
     import onnx
-    import onnxruntime as ort
     from onnx import helper
-
-    from rlflow.graph.exec.ort_exec import quiet_options
 
     g = helper.make_graph(nodes, "calibration",
                           [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s) for n, s in inputs],
                           [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s) for n, s in outputs])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    return model.SerializeToString()
+
+
+def _ort_session(model: bytes, threads: int):
+    import onnxruntime as ort
+
+    from rlflow.graph.exec.ort_exec import quiet_options
+
     opts = quiet_options()
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the evaluation's OrtRunner
     if threads:
         opts.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
 
-def _measure_ort(threads: int, repeats: int) -> tuple[float, float, float]:
+def _measure_ort(threads: int, repeats: int) -> tuple[float, float, float, float]:
     from onnx import helper
 
     rng = np.random.default_rng(0)
     rate = 0.0
     for n in (512, 1024):
-        s = _ort_session([helper.make_node("MatMul", ["a", "b"], ["c"])], [("a", [n, n]), ("b", [n, n])],
-                         [("c", [n, n])], threads)
+        s = _ort_session(_ort_model([helper.make_node("MatMul", ["a", "b"], ["c"])], [("a", [n, n]), ("b", [n, n])],
+                                    [("c", [n, n])]), threads)
         feeds = {"a": rng.standard_normal((n, n), np.float32), "b": rng.standard_normal((n, n), np.float32)}
         rate = max(rate, 2 * n ** 3 / _median_s(lambda: s.run(None, feeds), 2, repeats))
     n = 8 << 20
-    s = _ort_session([helper.make_node("Add", ["a", "b"], ["c"])], [("a", [n]), ("b", [n])], [("c", [n])], threads)
+    s = _ort_session(_ort_model([helper.make_node("Add", ["a", "b"], ["c"])], [("a", [n]), ("b", [n])], [("c", [n])]),
+                     threads)
     feeds = {"a": rng.standard_normal(n, np.float32), "b": rng.standard_normal(n, np.float32)}
     bw = 3 * 4 * n / _median_s(lambda: s.run(None, feeds), 2, max(5, repeats // 4))
-    per_chain = []
+    over, prof = _chain_overheads(threads, repeats)
+    return rate, bw, over, prof
+
+
+def _chain_overheads(threads: int, repeats: int) -> tuple[float, float]:
+    """(per-kernel overhead, what the profiler adds to each kernel time it reports) in seconds, from chains of 1
+    and 65 tiny Relu kernels: the slope of their run time, and of their summed profiled kernel times less it."""
+    from onnx import helper
+
+    rng = np.random.default_rng(0)
+    per_chain, profiled = [], []
     for k in (1, 65):
         nodes = [helper.make_node("Relu", [f"v{i}"], [f"v{i + 1}"]) for i in range(k)]
-        s = _ort_session(nodes, [("v0", [16])], [(f"v{k}", [16])], threads)
+        model = _ort_model(nodes, [("v0", [16])], [(f"v{k}", [16])])
+        s = _ort_session(model, threads)
         feeds = {"v0": rng.standard_normal(16, np.float32)}
         per_chain.append(_median_s(lambda: s.run(None, feeds), 20, 4 * repeats))
-    return rate, bw, max(0.0, (per_chain[1] - per_chain[0]) / 64)
+        profiled.append(_profiled_kernels_s(model, feeds, 20, 4 * repeats, threads))
+    over = max(0.0, (per_chain[1] - per_chain[0]) / 64)
+    return over, max(0.0, (profiled[1] - profiled[0]) / 64 - over)
 
 
-def _measure_torch(threads: int, repeats: int) -> tuple[float, float, float]:
+def _profiled_kernels_s(model: bytes, feeds, warmup: int, repeats: int, threads: int) -> float:
+    """The median over runs of the summed kernel times onnxruntime's profiler reports for ``model``."""
+    import bisect
+
+    from rlflow.cost.ort_cpu import _profiled_runs
+
+    events, starts, _ = _profiled_runs(model, feeds, warmup, repeats, threads)
+    per_run = [0.0] * len(starts)
+    for e in events:
+        per_run[bisect.bisect_right(starts, e["ts"]) - 1] += e["dur"] * 1e-6
+    return statistics.median(per_run[warmup:] or per_run)
+
+
+def _measure_torch(threads: int, repeats: int) -> tuple[float, float, float, None]:
     import torch
 
     old = torch.get_num_threads()
@@ -158,7 +199,7 @@ def _measure_torch(threads: int, repeats: int) -> tuple[float, float, float]:
             t1, t65 = (_median_s(chain(k), 20, 4 * repeats) for k in (1, 65))
     finally:
         torch.set_num_threads(old)
-    return rate, bw, max(0.0, (t65 - t1) / 64)
+    return rate, bw, max(0.0, (t65 - t1) / 64), None
 
 
 def measure(backend: str, device: str = "cpu", threads: int = 0, repeats: int = 20) -> Calibration:
@@ -170,8 +211,8 @@ def measure(backend: str, device: str = "cpu", threads: int = 0, repeats: int = 
     if device != "cpu":
         raise RLFlowError(f"calibration measures CPU backends; device '{device}' is not one (a GPU target is "
                           "timed per op with CUDA events, or simulated)")
-    rate, bw, over = (_measure_ort if backend == "ort" else _measure_torch)(threads, repeats)
-    return Calibration(backend, device, describe_hardware(device), rate, bw, over, threads)
+    rate, bw, over, prof = (_measure_ort if backend == "ort" else _measure_torch)(threads, repeats)
+    return Calibration(backend, device, describe_hardware(device), rate, bw, over, threads, prof)
 
 
 # ---------------------------------------------------------------------------------------------- the cache
@@ -219,9 +260,13 @@ def load_or_measure(backend: str = "ort", device: str = "cpu", path: str | Path 
     p = Path(path) if path is not None else default_path(device)
     cals = read(p)
     c = cals.get(backend)
-    if c is None or remeasure or c.hardware != describe_hardware(device) or c.threads != threads:
+    stale = c is None or remeasure or c.hardware != describe_hardware(device) or c.threads != threads
+    if stale or (backend == "ort" and c.profiler_overhead_s is None):
         print(f"rlflow: calibrating {backend} on {device} ({describe_hardware(device)}) -> {p}", file=sys.stderr)
-        c = measure(backend, device, threads)
+        if stale:
+            c = measure(backend, device, threads)
+        else:  # a file from before the profiler's overhead was measured: add it, keep the rest
+            c = replace(c, profiler_overhead_s=_chain_overheads(threads, 20)[1])
         cals[backend] = c
         if p.is_dir():
             raise RLFlowError(f"{p}: is a folder, expected a calibration file (.json)")

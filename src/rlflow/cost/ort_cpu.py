@@ -12,8 +12,10 @@ scale into FusedMatMul, and so on. So the kernels it runs are groups of the grap
    graph's edges: a pure-Python pass, no session);
 3. **times each kernel signature once** (:meth:`OrtCpuCost.measure`): the group as its own onnxruntime session
    (weights as initializers, as in the real model, so onnxruntime prepacks them the same way), with onnxruntime's
-   profiler, summing the group's kernel times per run (no session-call overhead), median of ``repeats`` runs;
-   cached in the cost cache (``kernels``) per device;
+   profiler, summing the group's kernel times per run (no session-call overhead; each kernel time less what the
+   profiler itself adds to it, the calibration's ``profiler_overhead_s``), median of ``repeats`` runs; cached in
+   the cost cache (``kernels``) per device. A learning graph's kernels are timed inside the whole model the same
+   way, each of onnxruntime's kernels traced to the group it came from (:func:`trace_groups`);
 4. **adds the per-kernel overhead** of the device's calibration (:mod:`rlflow.cost.calibration`, backend ``ort``)
    to every group; a group not timed yet is estimated from the calibrated roofline (GEMM rate, bandwidth) scaled
    by the median measured/estimate ratio of timed groups of the same op pattern (else of all of them);
@@ -45,7 +47,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from rlflow.cost.calibration import Calibration
-from rlflow.cost.model import NodeCost, CostModel, signature
+from rlflow.cost.model import NodeCost, CostModel, essential_bytes, signature
 from rlflow.graph.ir import Constant, Graph, Node
 
 #: onnxruntime's optimisation level in the evaluation (the InferenceSession default)
@@ -286,24 +288,36 @@ def reorders(graph: Graph, groups: list[list[int]], blocked: list[bool], static:
 KERNEL_SESSIONS = 3
 
 
-def _profiled_runs(model: bytes, feeds: dict, warmup: int, repeats: int, threads: int
-                   ) -> tuple[list[dict], list[float]]:
+def _profiled_runs(model: bytes, feeds: dict, warmup: int, repeats: int, threads: int, optimized: bool = False
+                   ) -> tuple[list[dict], list[float], object]:
     """One fresh onnxruntime session of ``model`` run ``warmup + repeats`` times under its profiler: (the
-    kernel-time events of its nodes, the start times of its runs in order)."""
+    kernel-time events of its nodes, the start times of its runs in order, and with ``optimized`` the session's
+    own optimised model (onnx ModelProto), else None)."""
+    import onnx
+
     with tempfile.TemporaryDirectory() as tmp:
-        s = _session(model, threads, profile_prefix=str(Path(tmp) / "p"))
+        opt = str(Path(tmp) / "opt.onnx") if optimized else None
+        s = _session(model, threads, optimized_path=opt, profile_prefix=str(Path(tmp) / "p"))
         for _ in range(warmup + repeats):
             s.run(None, feeds)
         events = json.loads(Path(s.end_profiling()).read_text())
+        opt_model = onnx.load(opt, load_external_data=False) if opt else None
     starts = sorted(e["ts"] for e in events if e.get("name") == "model_run")
-    return [e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")], starts
+    return ([e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")],
+            starts, opt_model)
 
 
-def time_kernel(kernel: Graph, warmup: int, repeats: int, threads: int = 0, sessions: int = KERNEL_SESSIONS
-                ) -> float:
+def _kernel_ms(event: dict, profiler_ms: float) -> float:
+    """A profiled kernel's time (ms), less what the profiler adds to each (``profiler_ms``), never below 0."""
+    return max(0.0, event["dur"] / 1e3 - profiler_ms)
+
+
+def time_kernel(kernel: Graph, warmup: int, repeats: int, threads: int = 0, sessions: int = KERNEL_SESSIONS,
+                profiler_ms: float = 0.0) -> float:
     """The kernel times of ``kernel`` (ms) from onnxruntime's profiler: per session the median over ``repeats``
     runs (after ``warmup``) of the sum of its kernels' own times (no session call around them, no layout
-    reorder), the smallest over ``sessions`` fresh sessions."""
+    reorder; each less ``profiler_ms``, what the profiler adds to a kernel), the smallest over ``sessions``
+    fresh sessions."""
     import bisect
 
     from rlflow.graph.exec import make_inputs
@@ -313,27 +327,71 @@ def time_kernel(kernel: Graph, warmup: int, repeats: int, threads: int = 0, sess
     model = to_onnx(kernel).SerializeToString()
     best = float("inf")
     for _ in range(max(1, sessions)):
-        events, starts = _profiled_runs(model, feeds, warmup, repeats, threads)
+        events, starts, _ = _profiled_runs(model, feeds, warmup, repeats, threads)
         per_run = [0.0] * len(starts)
         for e in events:  # a reorder of the kernel's own inputs / outputs is charged where the layout changes
             if not str((e.get("args") or {}).get("op_name", "")).startswith("Reorder"):
                 k = bisect.bisect_right(starts, e["ts"]) - 1
                 if k >= 0:
-                    per_run[k] += e["dur"] / 1e3
+                    per_run[k] += _kernel_ms(e, profiler_ms)
         timed = per_run[warmup:] or per_run
         if timed:
             best = min(best, float(statistics.median(timed)))
     return best if best < float("inf") else 0.0
 
 
+def _is_reorder(op_type: str) -> bool:
+    return op_type.startswith("Reorder")
+
+
+def trace_groups(optimised, node_group: Mapping[str, int], value_group: Mapping[str, int]) -> dict[str, int]:
+    """Which kernel group each node of onnxruntime's optimised model came from (node name -> group index): a node
+    that keeps its source node's name, is named after it (``<node>/<Fusion>...``, the longest such prefix) or
+    ``<value>_nchwc``, or computes one of the graph's values belongs to that node's / value's group; a node it
+    made up (the Reshapes around a Gemm of 3-D inputs, ``gemm_input_reshape*``) to the group of the node that
+    reads its output, else of the node that made its input. Layout reorders belong to no group (they are
+    charged where the layout changes)."""
+    nodes = [n for n in optimised.graph.node if not _is_reorder(n.op_type)]
+    out: dict[str, int] = {}
+    for n in nodes:
+        k = node_group.get(n.name)
+        parts = n.name.split("/")
+        while k is None and len(parts) > 1:
+            parts.pop()
+            k = node_group.get("/".join(parts))
+        if k is None and n.name.endswith("_nchwc"):
+            k = value_group.get(n.name[:-len("_nchwc")])
+        if k is None:
+            k = next((value_group[v] for v in n.output if v in value_group), None)
+        if k is not None:
+            out[n.name] = k
+    made = {v: n.name for n in nodes for v in n.output}
+    readers: dict[str, list[str]] = {}
+    for n in nodes:
+        for v in n.input:
+            readers.setdefault(v, []).append(n.name)
+    for n in reversed(nodes):  # made-up nodes: the group of their reader, then of their producer
+        if n.name not in out:
+            k = next((out[r] for v in n.output for r in readers.get(v, ()) if r in out), None)
+            if k is not None:
+                out[n.name] = k
+    for n in nodes:
+        if n.name not in out:
+            k = next((out[made[v]] for v in n.input if v in made and made[v] in out), None)
+            if k is not None:
+                out[n.name] = k
+    return out
+
+
 def profile_in_context(graph: Graph, groups: list[list[int]], warmup: int, repeats: int, threads: int = 0,
-                       sessions: int = KERNEL_SESSIONS) -> tuple[list[float], float, tuple[float, float]]:
+                       sessions: int = KERNEL_SESSIONS, profiler_ms: float = 0.0
+                       ) -> tuple[list[float], float, tuple[float, float]]:
     """Each kernel group's time inside the whole model (ms): onnxruntime sessions of ``graph`` with the profiler,
     per group the median over ``repeats`` runs (after ``warmup``) of the summed times of the optimised nodes that
-    came from its nodes (a node keeps its name, or is named ``<node>/<Fusion>``, ``<value>_nchwc`` or computes
-    one of the graph's values); of ``sessions`` fresh sessions the one with the smallest total is kept. Returns
-    (per group; the median time per run of the nodes traced to no group, the layout reorders and the reshapes
-    onnxruntime adds around a Gemm; the reorders' time and output bytes per run)."""
+    came from its nodes (:func:`trace_groups`, on the session's own optimised model); of ``sessions`` fresh
+    sessions the one with the smallest total is kept. Each kernel time is taken less ``profiler_ms``, what the
+    profiler adds to it. Returns (per group; the median time per run of the nodes traced to no group and of the
+    layout reorders; the reorders' time and output bytes per run)."""
     import bisect
 
     from rlflow.graph.exec import make_inputs
@@ -351,25 +409,20 @@ def profile_in_context(graph: Graph, groups: list[list[int]], warmup: int, repea
     feeds = make_inputs(graph)
     best: tuple[list[float], float, tuple[float, float]] | None = None
     for _ in range(max(1, sessions)):
-        events, starts = _profiled_runs(model, feeds, warmup, repeats, threads)
+        events, starts, optimised = _profiled_runs(model, feeds, warmup, repeats, threads, optimized=True)
+        traced = trace_groups(optimised, node_group, value_group)
         first = starts[min(warmup, len(starts) - 1)] if starts else 0
         per = [[0.0] * len(starts) for _ in range(len(groups) + 1)]
         reorder = [0.0, 0.0]
         for e in events:
-            name = str(e["name"])
             args = e.get("args") or {}
-            if str(args.get("op_name", "")).startswith("Reorder") and e["ts"] >= first:
-                reorder[0] += e["dur"] / 1e3
+            if _is_reorder(str(args.get("op_name", ""))) and e["ts"] >= first:
+                reorder[0] += _kernel_ms(e, profiler_ms)
                 reorder[1] += float(args.get("output_size", 0))
-            node = name[:-len("_kernel_time")]
-            k = node_group.get(node, node_group.get(node.split("/")[0]))
-            if k is None and node.endswith("_nchwc"):
-                k = value_group.get(node[:-len("_nchwc")])
-            if k is None:
-                k = next((value_group[v] for v in args.get("output_name") or () if v in value_group), len(groups))
+            k = traced.get(str(e["name"])[:-len("_kernel_time")], len(groups))
             r = bisect.bisect_right(starts, e["ts"]) - 1
             if r >= 0:
-                per[k][r] += e["dur"] / 1e3
+                per[k][r] += _kernel_ms(e, profiler_ms)
         med = [float(statistics.median(x[warmup:] or x)) if x else 0.0 for x in per]
         runs = max(1, len(starts) - min(warmup, max(len(starts) - 1, 0)))
         if best is None or sum(med) < sum(best[0]) + best[1]:
@@ -434,6 +487,12 @@ class OrtCpuCost(CostModel):
     def overhead_ms(self) -> float:
         return self.peak["launch_us"] * 1e-3
 
+    @property
+    def profiler_ms(self) -> float:
+        """What onnxruntime's profiler adds to each kernel time it reports (the calibration's), in ms."""
+        c = self.calibration
+        return (c.profiler_overhead_s or 0.0) * 1e3 if c is not None else 0.0
+
     def _estimate(self, flops: float, nbytes: float, gemm: bool) -> float:
         """Roofline ms of a kernel (calibrated rates), without the overhead."""
         return self.roofline_ms(flops if gemm else 0.0, nbytes)
@@ -466,6 +525,14 @@ class OrtCpuCost(CostModel):
                 last = groups[k][-1]
                 rt, f, b, n = out[last]
                 out[last] = (rt + self.reorder_ms(types[v].nbytes), f, b, n + 1)
+        # never below the graph's roofline bound (CostModel.roofline_bound_ms, from the flops and bytes at hand):
+        # an estimate under it means the calibrated rates were measured low, and the bound is the better figure
+        floor = self.roofline_ms(sum(c[1] for c in base), essential_bytes(graph))
+        total = sum(c[0] for c in out)
+        if groups and total < floor:
+            last = groups[-1][-1]
+            rt, f, b, n = out[last]
+            out[last] = (rt + floor - total, f, b, n)
         return out
 
     def alone_ms(self, node: Node, types: Mapping) -> float:
@@ -530,7 +597,8 @@ class OrtCpuCost(CostModel):
         best: list = [None] * len(grouped)
         for _ in range(KERNEL_SESSIONS):
             for j, (g, groups) in enumerate(grouped):
-                p = profile_in_context(g, groups, self.warmup, self.repeats, self.threads, sessions=1)
+                p = profile_in_context(g, groups, self.warmup, self.repeats, self.threads, sessions=1,
+                                       profiler_ms=self.profiler_ms)
                 if best[j] is None or sum(p[0]) + p[1] < sum(best[j][0]) + best[j][1]:
                     best[j] = p
         for (g, groups), (times, _, (reorder_ms, reorder_bytes)) in zip(grouped, best):
@@ -574,7 +642,8 @@ class OrtCpuCost(CostModel):
                 flops += node_flops(n, ins, outs)
                 nbytes += node_bytes(n, ins, outs)
             self.kernels[sig] = {"pattern": kernel_pattern(g, members),
-                                 "runtime_ms": time_kernel(kernel, self.warmup, self.repeats, self.threads),
+                                 "runtime_ms": time_kernel(kernel, self.warmup, self.repeats, self.threads,
+                                                           profiler_ms=self.profiler_ms),
                                  "flops": float(flops), "bytes": float(nbytes)}
         if want:
             self._refresh()
