@@ -2,8 +2,9 @@
 what that graph is worth here, verified end to end on onnxruntime with the measurement protocol.
 
 For each model (paper size by default): export it (`rlflow export-model`), make the machine target's cost cache
-(`rlflow measure-costs --set cost.target=machine`: ort-cpu on a CPU box, as the pipeline's measure_costs_machine),
-then run taso, greedy and eqsat with that cost model (the config's search and eqsat settings), and onnxruntime's
+(`rlflow measure-costs --set cost.target=machine`: ort-cpu on a CPU box, with the pipeline's measure_costs_machine
+settings), then run taso, greedy and eqsat with that cost model (the config's search and eqsat settings, with the
+pipeline's machine-track time limit for taso and greedy: registry MACHINE_SEARCH_SETS), and onnxruntime's
 offline transformer optimizer where it applies (bert, taso-bert, vit, gpt2). Every graph is checked equal to the
 original under onnxruntime. Each graph that differs from the original is then timed against it under the
 measurement protocol (rlflow.evaluation.protocol, the config's timing section, --budget-s seconds per comparison,
@@ -40,6 +41,7 @@ from rlflow.evaluation.protocol import AA, Protocol, aa_copy, backend_runner, co
 from rlflow.graph import load_onnx, zoo  # noqa: E402
 from rlflow.graph.exec import make_inputs  # noqa: E402
 from rlflow.graph.exec.check import check_equal  # noqa: E402
+from rlflow.pipeline.registry import MACHINE_COSTS_SETS, MACHINE_SEARCH_SETS  # noqa: E402
 from rlflow.rewrite import load_rules  # noqa: E402
 from rlflow.search.ort_optimizer import model_type, ort_optimizer  # noqa: E402
 from rlflow.search.output import run_method  # noqa: E402
@@ -58,9 +60,11 @@ def cli(*argv: str) -> None:
 def run_model(name: str, args, config_files: list[str], work: Path) -> dict:
     """One model: export, cost cache, the methods' graphs, their comparisons with the original."""
     t0 = time.perf_counter()
-    config = load_config(config_files, args.set)
+    # the pipeline's machine-track settings (cost cache, search time limit), then the command line's --set
+    sets = [f"{k}={v}" for k, v in (*MACHINE_COSTS_SETS, *MACHINE_SEARCH_SETS)] + args.set
+    config = load_config(config_files, sets)
     device, seed = resolve_device(config), get(config, "seed")
-    conf = [a for f in config_files for a in ("--config", f)] + [a for s in args.set for a in ("--set", s)]
+    conf = [a for f in config_files for a in ("--config", f)] + [a for s in sets for a in ("--set", s)]
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
     onnx, costs = folder / "model.onnx", folder / "costs-machine.json"

@@ -813,26 +813,38 @@ STAGES: dict[str, Stage] = {
 MACHINE_TRACK = ("measure_costs", "search_taso", "search_greedy", "search_eqsat")
 #: the machine target's cost cache (measure_costs_machine)
 MACHINE_COSTS = "results/costs/{device}/machine/{model}.json"
+#: what the machine track's cost cache measures: the model and its one-rewrite neighbours, onnxruntime's fusions
+#: learned from the model alone (what `rlflow optimize` measures for itself); kernels the searches create beyond
+#: them are estimated. The configured track's cost.learn_graphs / cost.explore_steps would add minutes to `make run`
+#: (paper-size bert on ort-cpu: over 12 min with 6 graphs and 200 steps here, 1.8 min with these).
+MACHINE_COSTS_SETS = (("cost.learn_graphs", "1"), ("cost.explore_steps", "0"))
+#: the machine track's TASO and greedy stop after a minute: on ort-cpu every candidate is scored by the whole-graph
+#: estimate (not additive), about 2 s per TASO expansion of paper-size bert here, so search.budget's 1000 expansions
+#: would take half an hour (eqsat keeps its own eqsat.time_limit_s)
+MACHINE_SEARCH_SETS = (("search.time_limit_s", "60"),)
 
 
-def on_machine(st: Stage) -> Stage:
+def on_machine(st: Stage, fixed: tuple[tuple[str, str], ...] = ()) -> Stage:
     """The machine track's copy of a stage: the same code with ``cost.target=machine`` fixed (this machine's runtime:
-    ort-cpu on a CPU box, cuda on a GPU box), reading the machine target's cost cache and writing under
-    ``results/<model>/machine/`` (a cost cache: ``results/costs/<device>/machine/``)."""
+    ort-cpu on a CPU box, cuda on a GPU box), and the config keys of ``fixed`` set, reading the machine target's
+    cost cache and writing under ``results/<model>/machine/`` (a cost cache: ``results/costs/<device>/machine/``)."""
     def moved(path: str) -> str:
         if path == PROBLEM_INPUTS["costs"]:
             return MACHINE_COSTS
         return path.replace("results/{model}/", "results/{model}/machine/", 1)
 
+    sets = (("cost.target", "machine"), *fixed)
     return _check(replace(
         st, name=f"{st.name}_machine", doc=f"Machine track (cost.target=machine): {st.doc}",
         inputs={k: moved(v) if k == "costs" else v for k, v in st.inputs.items()},
         outputs={k: moved(v) for k, v in st.outputs.items()},
-        params={k: v for k, v in st.params.items() if v != "cost.target"},
-        sets=(("cost.target", "machine"),), runs=st.code_name, priority=0))
+        params={k: v for k, v in st.params.items() if v not in {key for key, _ in sets}},
+        sets=sets, runs=st.code_name, priority=0))
 
 
-STAGES.update({s.name: s for s in (on_machine(STAGES[n]) for n in MACHINE_TRACK)})
+MACHINE_SETS = {"measure_costs": MACHINE_COSTS_SETS, "search_taso": MACHINE_SEARCH_SETS,
+                "search_greedy": MACHINE_SEARCH_SETS}
+STAGES.update({s.name: s for s in (on_machine(STAGES[n], MACHINE_SETS.get(n, ())) for n in MACHINE_TRACK)})
 STAGES["search_ortopt"] = _check(Stage(
     name="search_ortopt",
     doc="Machine track baseline: onnxruntime's offline transformer optimizer (method ort_optimizer); verified graph "
