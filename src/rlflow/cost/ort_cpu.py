@@ -340,6 +340,26 @@ def time_kernel(kernel: Graph, warmup: int, repeats: int, threads: int = 0, sess
     return best if best < float("inf") else 0.0
 
 
+def wall_ms(graph: Graph, warmup: int, repeats: int, threads: int = 0) -> float:
+    """``graph``'s run time (ms) in one fresh onnxruntime session without the profiler: the median of ``repeats``
+    ``run`` calls after ``warmup``."""
+    import time
+
+    from rlflow.graph.exec import make_inputs
+    from rlflow.graph.onnx_io import to_onnx
+
+    s = _session(to_onnx(graph).SerializeToString(), threads)
+    feeds = make_inputs(graph)
+    for _ in range(warmup):
+        s.run(None, feeds)
+    ts = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        s.run(None, feeds)
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return float(statistics.median(ts))
+
+
 def _is_reorder(op_type: str) -> bool:
     return op_type.startswith("Reorder")
 
@@ -593,18 +613,26 @@ class OrtCpuCost(CostModel):
                 self.layout[key] = [b + bool(outs & blocked), ps + bool(outs & passing), seen + 1]
             grouped.append((g, groups))
         # sessions interleaved over the graphs (one of each, then again): a slow spell of the machine hits them
-        # alike, and each graph keeps its fastest session
+        # alike, and each graph keeps its fastest session, profiled and not
         best: list = [None] * len(grouped)
+        wall = [float("inf")] * len(grouped)
         for _ in range(KERNEL_SESSIONS):
             for j, (g, groups) in enumerate(grouped):
                 p = profile_in_context(g, groups, self.warmup, self.repeats, self.threads, sessions=1,
                                        profiler_ms=self.profiler_ms)
                 if best[j] is None or sum(p[0]) + p[1] < sum(best[j][0]) + best[j][1]:
                     best[j] = p
-        for (g, groups), (times, _, (reorder_ms, reorder_bytes)) in zip(grouped, best):
+                wall[j] = min(wall[j], wall_ms(g, self.warmup, self.repeats, self.threads))
+        for (g, groups), (times, rest, (reorder_ms, reorder_bytes)), w in zip(grouped, best, wall):
+            # the profiler still inflates kernels beyond the calibrated figure (more on multi-threaded ones: a
+            # 2-layer BERT export's kernels, less that figure, summed to 10-25% over its run time): the times are
+            # scaled so that the graph's kernels and per-kernel overheads add up to its run time without profiler
+            profiled = sum(times) + rest
+            scale = (w - len(groups) * self.overhead_ms) / profiled if profiled > 0 and w < float("inf") else 1.0
+            scale = max(scale, 0.0)
             for members, ms in zip(groups, times):
-                self.context.setdefault(group_signature(g, members), ms)
-            self.reorder = [self.reorder[0] + reorder_ms, self.reorder[1] + reorder_bytes]
+                self.context.setdefault(group_signature(g, members), ms * scale)
+            self.reorder = [self.reorder[0] + reorder_ms * scale, self.reorder[1] + reorder_bytes]
         self._refresh()
         return len(seen_graphs)
 
