@@ -3,8 +3,8 @@
 Methods (default: eqsat, the strongest on this machine's target in the project's measurements: optimising for
 ort-cpu, eqsat made paper-size taso-bert run 0.800 [0.794, 0.805] of the original's latency on onnxruntime
 (interleaved, 60 rounds; FLOPs 4.43 -> 3.49 G) where TASO's search left it unchanged, and bert 0.989
-[0.985, 0.993]; eqsat explores every rule's rewrites at once, so it also finds what TASO's and greedy's
-one-rewrite-at-a-time paths miss):
+[0.985, 0.993]; equality saturation keeps the results of all rewrites at once, where TASO and greedy follow
+paths of one rewrite at a time):
   taso    TASO's cost-based backtracking search (--alpha, --budget)
   greedy  apply the best cost-lowering rewrite until none lowers the cost
   eqsat   equality saturation over the rules (Tensat), then the cheapest graph the e-graph holds, extracted by
