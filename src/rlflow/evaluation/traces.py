@@ -30,7 +30,8 @@ TRACE_FORMAT = "rlflow.search-trace/2"
 OLD_FORMAT = "rlflow.search-trace/1"
 #: the command that writes each method's trace
 REMAKE = {"taso": "rlflow search-taso", "greedy": "rlflow search-greedy", "eqsat": "rlflow search-eqsat",
-          "model_free": "rlflow train-model-free", "rlflow": "rlflow train-controller"}
+          "model_free": "rlflow train-model-free", "rlflow": "rlflow train-controller",
+          "ort_optimizer": "rlflow search-ortopt"}
 #: the cost-model figures of ``initial`` and ``final`` (``runtime_ms`` is the estimate reported as ``cost_ms``)
 COST_KEYS = ("nodes", "runtime_ms", "flops", "bytes", "launches")
 
