@@ -36,3 +36,13 @@ class Metrics:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+
+#: the searches compare costs as integers in units of QUANTUM ms: sums are exact, so a graph's cost does not
+#: depend on the order in which rewrites (and their cost deltas) reached it, and a rewrite that swaps equal-cost
+#: nodes leaves the cost exactly unchanged
+QUANTUM_MS = 1e-9
+
+
+def quantize(runtime_ms: float) -> int:
+    return round(runtime_ms / QUANTUM_MS)

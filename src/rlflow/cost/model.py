@@ -22,7 +22,7 @@ from collections import ChainMap
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from rlflow.cost.metrics import Metrics
+from rlflow.cost.metrics import QUANTUM_MS, Metrics, quantize
 from rlflow.errors import RLFlowError
 from rlflow.graph.exported import as_exported, preactivation
 from rlflow.graph.ir import Graph, Node, TensorType
@@ -126,8 +126,11 @@ class CostModel:
         if len(parts) == 1:
             cost = self._op_cost(node, types)
         else:
+            # each part's runtime on the searches' integer grid, so the node costs exactly what its parts do
+            # written as separate nodes (quantize(a + b) could differ from quantize(a) + quantize(b) by one unit)
             types = ChainMap({preactivation(node): types[node.outputs[0]]}, types)
-            cost = tuple(map(sum, zip(*(self._op_cost(p, types) for p in parts))))
+            costs = [self._op_cost(p, types) for p in parts]
+            cost = (sum(quantize(c[0]) for c in costs) * QUANTUM_MS, *(sum(c[i] for c in costs) for i in (1, 2, 3)))
         if len(self._by_node) > 500_000:  # bound the cache on very long runs (it holds the nodes alive)
             self._by_node.clear()
         self._by_node[id(node)] = (node, cost)
@@ -140,6 +143,13 @@ class CostModel:
                                    self._launches(node))
         runtime = self._runtime(node, ins, flops, nbytes) if launches else 0.0
         return (runtime, flops, nbytes, float(launches))
+
+    def changed_kernels(self, parent: Graph, child: Graph, removed: set[str], changed: set[str]
+                        ) -> tuple[list[float], list[float]] | None:
+        """A non-additive target: the runtimes of the kernels of ``parent`` that a rewrite (which removed the
+        nodes named ``removed``, added or rewired those named ``changed``) touched, and of the ``child``'s kernels
+        that replace them, so that a search scores the child from its parent exactly; None: score it whole."""
+        return None
 
     def alone_ms(self, node: Node, types: Mapping[str, TensorType]) -> float:
         """The runtime (ms) of ``node`` computed on its own: what an additive search (eqsat's extraction) sums

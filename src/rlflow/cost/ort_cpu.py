@@ -47,7 +47,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from rlflow.cost.calibration import Calibration
-from rlflow.cost.model import NodeCost, CostModel, essential_bytes, signature
+from rlflow.cost.model import NodeCost, CostModel, signature
 from rlflow.graph.ir import Constant, Graph, Node
 
 #: onnxruntime's optimisation level in the evaluation (the InferenceSession default)
@@ -476,6 +476,7 @@ class OrtCpuCost(CostModel):
         self.warmup, self.repeats, self.threads = warmup, repeats, threads
         self.hardware = hardware or describe_hardware("cpu")
         self._groups: dict[tuple[int, ...], tuple[list[Node], float, str]] = {}
+        self._parent: _Kernels | None = None  # the last graph changed_kernels scored the children of
         self._refresh()
 
     # ------------------------------------------------------------------ learned state
@@ -529,31 +530,132 @@ class OrtCpuCost(CostModel):
         out = [(0.0, c[1], c[2], 0.0) for c in base]
         groups = kernel_groups(graph, self.fusable, flags)
         for members in groups:
-            key = tuple(id(graph.nodes[i]) for i in members)
-            hit = self._groups.get(key)
-            if hit is None or any(a is not graph.nodes[i] for a, i in zip(hit[0], members)):
-                rt, sig = self._group_runtime(graph, members, base)
-                if len(self._groups) > 200_000:
-                    self._groups.clear()
-                hit = ([graph.nodes[i] for i in members], rt, sig)
-                self._groups[key] = hit
+            nodes = [graph.nodes[i] for i in members]
             last = members[-1]
-            out[last] = (hit[1], base[last][1], base[last][2], 1.0)
-        if "blocked" in self.layout_kind.values():
+            out[last] = (self._kernel(nodes, types, [base[i] for i in members])[0], base[last][1], base[last][2],
+                         1.0)
+        if self.reorders_layout:
             blocked = group_layout(graph, groups, self.layout_kind)
             for k, v in reorders(graph, groups, blocked, static):
                 last = groups[k][-1]
                 rt, f, b, n = out[last]
                 out[last] = (rt + self.reorder_ms(types[v].nbytes), f, b, n + 1)
-        # never below the graph's roofline bound (CostModel.roofline_bound_ms, from the flops and bytes at hand):
-        # an estimate under it means the calibrated rates were measured low, and the bound is the better figure
-        floor = self.roofline_ms(sum(c[1] for c in base), essential_bytes(graph))
-        total = sum(c[0] for c in out)
-        if groups and total < floor:
-            last = groups[-1][-1]
-            rt, f, b, n = out[last]
-            out[last] = (rt + floor - total, f, b, n)
         return out
+
+    @property
+    def reorders_layout(self) -> bool:
+        """Does some kernel run in the blocked layout (then a graph pays layout reorders where it changes)?"""
+        return "blocked" in self.layout_kind.values()
+
+    def _kernel(self, nodes: list[Node], types: Mapping, base: list[NodeCost]) -> tuple[float, str]:
+        """(runtime ms, signature) of the kernel made of ``nodes``, cached per node objects."""
+        key = tuple(map(id, nodes))
+        hit = self._groups.get(key)
+        if hit is None or any(a is not b for a, b in zip(hit[0], nodes)):
+            rt, sig = self._kernel_runtime(nodes, types, base)
+            if len(self._groups) > 200_000:
+                self._groups.clear()
+            hit = (nodes, rt, sig)
+            self._groups[key] = hit
+        return hit[1], hit[2]
+
+    def changed_kernels(self, parent: Graph, child: Graph, removed: set[str], changed: set[str]
+                        ) -> tuple[list[float], list[float]] | None:
+        """For a search scoring ``child``, a rewrite of ``parent`` that removed the nodes named ``removed`` and
+        added or rewired those named ``changed``: (the runtimes of ``parent``'s kernels the rewrite touched, the
+        runtimes of ``child``'s kernels that replace them). Every other kernel is the same nodes joined the same
+        way in both graphs, so it costs the same: the child's estimate is the parent's less the first list plus
+        the second, exactly :meth:`node_costs`'s. None where that does not hold or is not worked out here: layout
+        reorders in play, or a value outside the rewrite changing whether it is weight-only."""
+        if self.reorders_layout:
+            return None
+        pk = self._parent_kernels(parent)
+        static = pk.static
+        gone = [pk.by_name[x] for x in (*removed, *changed) if x in pk.by_name]  # (rewired: their old nodes)
+        pos = {id(n): i for i, n in enumerate(child.nodes)}
+        new = [n for n in child.nodes if n.name in changed]
+        # weight-only status in the child: the parent's, the new nodes' from their inputs; a value outside the
+        # rewrite that changes status changes kernels anywhere: not worked out here
+        child_static: dict[str, bool] = {}
+        consts = child.constants
+        for n in new:
+            st = n.op != "Opaque" and bool(n.inputs) and all(
+                child_static.get(v, v in static or v in consts) for v in n.inputs if v)
+            for v in n.outputs:
+                if v in static and not st:
+                    return None
+                child_static[v] = st
+        if any(st and v not in static for v, st in child_static.items()
+               if v in pk.readers and any(r.name not in changed and r.name not in removed for r in pk.readers[v])):
+            return None
+        running_new = [n for n in new if not child_static[n.outputs[0]]]
+        # the parent's kernels that hold a removed node, or a node next to one or to a new node
+        gone_ids = {id(n) for n in gone}
+        touched_values = {v for n in (*gone, *new) for v in (*n.inputs, *n.outputs) if v}
+        seeds = {id(x) for v in touched_values for x in (*pk.readers.get(v, ()), *pk.maker(v))}
+        old_groups = {pk.group_of[i] for i in seeds | gone_ids if i in pk.group_of}
+        before = [pk.kernel_ms[k] for k in sorted(old_groups)]
+        # the child's kernels around the same nodes: grown along fusable edges from the seeds
+        readers: dict[str, list[Node]] = {}
+        for v in touched_values:
+            rs = [r for r in pk.readers.get(v, ()) if id(r) not in gone_ids]
+            rs += [n for n in running_new for x in n.inputs if x == v]
+            readers[v] = rs
+        makers = {v: n for n in running_new for v in n.outputs}
+        outs = set(child.outputs)
+
+        def reads_of(v: str) -> list[Node]:
+            if v not in readers:
+                readers[v] = [r for r in pk.readers.get(v, ()) if id(r) not in gone_ids]
+            return readers[v]
+
+        def maker_of(v: str) -> Node | None:
+            if v in makers:
+                return makers[v]
+            m = pk.maker(v)
+            return m[0] if m and id(m[0]) not in gone_ids and id(m[0]) in pos else None
+
+        new_ids = {id(n) for n in new}
+
+        def is_running(n: Node) -> bool:
+            return not child_static[n.outputs[0]] if id(n) in new_ids else id(n) in pk.running
+
+        def fused(p: Node, v: str, c: Node) -> bool:
+            return v not in outs and c is not p and (label(p), label(c)) in self.fusable
+
+        start = running_new + [x for x in (pk.node_by_id[i] for i in seeds)
+                                            if id(x) not in gone_ids and id(x) in pos and is_running(x)]
+        seen: set[int] = set()
+        after = []
+        for s0 in start:
+            if id(s0) in seen:
+                continue
+            comp, stack = [], [s0]
+            seen.add(id(s0))
+            while stack:
+                n = stack.pop()
+                comp.append(n)
+                for v in n.outputs:  # to its one reader
+                    rs = reads_of(v)
+                    if len(rs) == 1 and is_running(rs[0]) and fused(n, v, rs[0]) and id(rs[0]) not in seen:
+                        seen.add(id(rs[0]))
+                        stack.append(rs[0])
+                for v in n.inputs:  # to the maker of a value it alone reads
+                    m = maker_of(v) if v else None
+                    if m is not None and is_running(m) and len(reads_of(v)) == 1 and fused(m, v, n) and \
+                            id(m) not in seen:
+                        seen.add(id(m))
+                        stack.append(m)
+            comp.sort(key=lambda n: pos[id(n)])
+            types = child.types
+            after.append(self._kernel(comp, types, [self.node_cost(n, types) for n in comp])[0])
+        return before, after
+
+    def _parent_kernels(self, graph: Graph) -> "_Kernels":
+        hit = self._parent
+        if hit is None or hit.graph is not graph:
+            hit = self._parent = _Kernels(self, graph)
+        return hit
 
     def alone_ms(self, node: Node, types: Mapping) -> float:
         """``node`` as a kernel of its own (its in-model or lone timing, else its scaled estimate, plus the
@@ -573,9 +675,15 @@ class OrtCpuCost(CostModel):
     def _group_runtime(self, graph: Graph, members: list[int], base: list[NodeCost]) -> tuple[float, str]:
         """A kernel's time: inside the model where a learning graph ran it, else timed on its own (or its
         roofline estimate) scaled by its pattern's inside/alone ratio; plus the per-kernel overhead."""
-        sig = group_signature(graph, members)
-        pattern = kernel_pattern(graph, members)
-        alt = unfused_signature(graph, members)  # a fused Conv[relu] is onnxruntime's own Conv + Relu kernel
+        return self._kernel_runtime([graph.nodes[i] for i in members], graph.types, [base[i] for i in members])
+
+    def _kernel_runtime(self, nodes: list[Node], types: Mapping, base: list[NodeCost]) -> tuple[float, str]:
+        """:meth:`_group_runtime` of the kernel made of ``nodes`` (in graph order; ``base``: their node costs)."""
+        kernel = Graph(inputs=[], outputs=[], nodes=nodes, types=types)
+        members = list(range(len(nodes)))
+        sig = group_signature(kernel, members)
+        pattern = kernel_pattern(kernel, members)
+        alt = unfused_signature(kernel, members)  # a fused Conv[relu] is onnxruntime's own Conv + Relu kernel
         keys = ([alt] if alt else []) + [sig]
         scale = self.context_ratio.get(pattern, self.default_context_ratio)
         for key in keys:
@@ -585,8 +693,8 @@ class OrtCpuCost(CostModel):
             e = self.kernels.get(key)
             if e is not None:
                 return e["runtime_ms"] * scale + self.overhead_ms, sig
-        flops = sum(base[i][1] for i in members)
-        nbytes = sum(base[i][2] for i in members)
+        flops = sum(c[1] for c in base)
+        nbytes = sum(c[2] for c in base)
         est = self._estimate(flops, nbytes, True)
         return est * self.ratio.get(pattern, self.default_ratio) * scale + self.overhead_ms, sig
 
@@ -715,3 +823,36 @@ class OrtCpuCost(CostModel):
                 "fusable_edges": sorted(">".join(k) for k in self.fusable),
                 "blocked_layout": sorted(k for k, v in self.layout_kind.items() if v == "blocked"),
                 "calibrated": self.calibration is not None}
+
+
+class _Kernels:
+    """What :meth:`OrtCpuCost.changed_kernels` keeps of a parent graph: its weight-only values, running nodes,
+    readers and makers of each value, and its kernels (node -> kernel, each kernel's runtime)."""
+
+    def __init__(self, cost: OrtCpuCost, graph: Graph):
+        self.graph = graph
+        self.static, flags = _static(graph)
+        nodes = graph.nodes
+        self.running = {id(n) for n, f in zip(nodes, flags) if not f}
+        self.by_name = {n.name: n for n in nodes}
+        self.node_by_id = {id(n): n for n in nodes}
+        self.readers: dict[str, list[Node]] = {}
+        self._maker: dict[str, Node] = {}
+        for n in nodes:
+            for v in n.inputs:
+                if v:
+                    self.readers.setdefault(v, []).append(n)
+            for v in n.outputs:
+                self._maker[v] = n
+        types = graph.types
+        self.group_of: dict[int, int] = {}
+        self.kernel_ms: list[float] = []
+        for k, members in enumerate(kernel_groups(graph, cost.fusable, flags)):
+            ks = [nodes[i] for i in members]
+            self.kernel_ms.append(cost._kernel(ks, types, [cost.node_cost(n, types) for n in ks])[0])
+            for n in ks:
+                self.group_of[id(n)] = k
+
+    def maker(self, v: str) -> tuple[Node, ...]:
+        m = self._maker.get(v)
+        return (m,) if m is not None else ()

@@ -7,8 +7,9 @@ the nodes the rewrite added minus those it removed (weight-only nodes cost nothi
 equals the whole-graph sum exactly, since costs are integers in units of QUANTUM_MS. Only a rewrite that changes
 whether a value outside the match is weight-only (then nodes far from it can become free, or stop being free) has
 its child summed from scratch. On a target that groups nodes into kernels (ort-cpu) a node alone costs something
-else than inside its kernel, so every child is scored by the whole-graph estimate (the target caches its kernel
-groups, so the unchanged part of the graph is looked up, not recomputed).
+else than inside its kernel, so a child's cost is its parent's less the kernels the rewrite touched plus the
+kernels that replace them (``changed_kernels``: the same whole-graph estimate, kernel by kernel; where the target
+cannot work that out locally, the whole-graph estimate of the child).
 
 Identity: :class:`GraphHasher` is ``Graph.structural_hash`` (names ignored; inputs by position and type, weights
 by content, nodes by op, attributes and inputs) as a 64-bit integer, each node's op-and-attributes part cached;
@@ -21,7 +22,7 @@ import hashlib
 import time
 from typing import Iterator
 
-from rlflow.cost.metrics import Metrics
+from rlflow.cost.metrics import QUANTUM_MS, Metrics, quantize  # noqa: F401 -- (QUANTUM_MS: the searches')
 from rlflow.cost.model import CostModel
 from rlflow.graph.fold import fold_constants
 from rlflow.graph.ir import Graph, Node
@@ -108,16 +109,6 @@ class GraphHasher:
         return self.digest(g, vh)
 
 
-#: the searches compare costs as integers in units of QUANTUM ms: sums are exact, so a graph's cost does not
-#: depend on the order in which rewrites (and their cost deltas) reached it, and a rewrite that swaps equal-cost
-#: nodes leaves the cost exactly unchanged
-QUANTUM_MS = 1e-9
-
-
-def quantize(runtime_ms: float) -> int:
-    return round(runtime_ms / QUANTUM_MS)
-
-
 class Scorer:
     """Children of a graph with their (integer) costs and hashes::
 
@@ -159,8 +150,7 @@ class Scorer:
                 if additive:
                     c = self.child_cost(g, view, static, cost, m, new, first, changed)
                 else:
-                    self.full_sums += 1
-                    c = self.graph_cost(new)
+                    c = self.kernel_child_cost(g, cost, new, removed, changed)
                 yield k, j, m, new, c, first
 
     def graph_hash(self, g: Graph) -> int:
@@ -198,6 +188,17 @@ class Scorer:
             return self.graph_cost(new)
         self.delta_sums += 1
         return cost + delta
+
+    def kernel_child_cost(self, g: Graph, cost: int, new: Graph, removed: set[str], changed: list[str]) -> int:
+        """The cost of ``new`` on a target that groups nodes into kernels: ``g``'s less the kernels the rewrite
+        touched plus those that replace them (``CostModel.changed_kernels``), else its whole-graph estimate."""
+        parts = self.cost.changed_kernels(g, new, removed, set(changed))
+        if parts is None:
+            self.full_sums += 1
+            return self.graph_cost(new)
+        self.delta_sums += 1
+        before, after = parts
+        return cost - sum(map(quantize, before)) + sum(map(quantize, after))
 
     @staticmethod
     def _added_nodes(new: Graph, first: int, names: list[str]) -> list[Node]:
