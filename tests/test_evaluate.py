@@ -295,6 +295,7 @@ def tiny(tmp_path_factory) -> dict:
     analytic cost; verified and written by rlflow.search.output), the RL methods as copies of greedy's graph with
     traces that add training_seconds and real_interactions."""
     from rlflow.cost import make_cost_model
+    from rlflow.cost.platform import resolve_platform
     from rlflow.graph import zoo
     from rlflow.graph.onnx_io import load_onnx
     from rlflow.rewrite.builtin import verified_builtin_rules
@@ -305,9 +306,11 @@ def tiny(tmp_path_factory) -> dict:
     zoo.export_model("bert", paths["onnx"], zoo.TINY_SIZES["bert"])
     g = load_onnx(paths["onnx"])
     rules, cost = verified_builtin_rules(), make_cost_model({}, "cpu", kind="analytic")
+    platform = resolve_platform({"device": "cpu"}, "analytic").as_dict()  # what the stages record
     for m in ("taso", "greedy", "eqsat"):
         paths[m], paths[f"{m}_trace"] = d / m / "model.onnx", d / m / "trace.json"
-        verify_and_write(g, run_method(m, g, rules, cost, budget=20), paths[m], paths[f"{m}_trace"], {"model": "r"})
+        verify_and_write(g, run_method(m, g, rules, cost, budget=20), paths[m], paths[f"{m}_trace"],
+                         {"model": "r", "platform": platform})
     for m in RL_METHODS:
         (d / m).mkdir()
         paths[m], paths[f"{m}_trace"] = d / m / "model.onnx", d / m / "trace.json"
@@ -523,7 +526,9 @@ def _opaque_case(tmp_path) -> tuple[dict, dict]:
 
     src = tmp_path / "opaque.onnx"
     onnx.save(with_opaque_op(), str(src))
-    trace = {"format": "rlflow.search-trace/1", "method": "greedy", "steps": [], "seconds": 0.5,
+    trace = {"format": TRACE_FORMAT, "method": "greedy", "steps": [], "seconds": 0.5,
+             "platform": {"target": "ort-cpu", "label": "onnxruntime CPU (kernels timed)", "device": "cpu",
+                          "backend": "ort", "verifiable": True},
              "initial": {"nodes": 4, "runtime_ms": 1.0, "flops": 10, "bytes": 20, "launches": 4},
              "final": {"nodes": 4, "runtime_ms": 1.0, "flops": 10, "bytes": 20, "launches": 4}}
     (tmp_path / "trace.json").write_text(json.dumps(trace))
