@@ -1,7 +1,7 @@
 """The rule generator (TASO's method), the numeric verifier, TASO's pruning and the generate_rules stage.
 
 Small configs (reduced operator sets, max_ops 2-3 over a few variables) keep this file fast; the default config
-is measured by `time rlflow generate-rules --config config.yaml ...` (README, "Rules")."""
+is measured by `time rlflow generate-rules --config config.yaml ...` (docs/results-history.md, "Rule generation")."""
 
 from __future__ import annotations
 
