@@ -1,4 +1,4 @@
-# RLFlow experiment pipeline (see README.md, "Pipeline").
+# RLFlow experiment pipeline (see docs/pipeline.md).
 #   snakemake --cores 2                           rule all: results/<model>/report.html for every model in
 #                                                 config["models"] (and every stage before it), results/summary.html
 #   snakemake results/vit/model.onnx --cores 2    build one file

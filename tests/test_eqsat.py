@@ -26,7 +26,8 @@ CONV = dict(strides=(1, 1), pads=(1, 1, 1, 1), group=1, activation="none")
 
 def shared_input_graph():
     """Two MatMuls reading x (matmul-merge, a two-root rule) then Relu; two Convs on a (conv-merge) with Relu
-    after one (conv-relu-fuse): the e-graph holds both the merged and the fused forms."""
+    after one (conv-relu-fuse) and a per-channel scale after the other (conv-mul-fold, the gain every target sees:
+    a Conv + ReLU fusion is scored as exported, Conv and Relu): the e-graph holds the merged and fused forms."""
     rng = np.random.default_rng(1)
     b = GraphBuilder("shared")
     x = b.input("x", (2, 8))
@@ -35,6 +36,7 @@ def shared_input_graph():
     a = b.input("a", (1, 4, 6, 6))
     c1 = b.op("Relu", [b.op("Conv", [a, b.const("k1", rng.standard_normal((4, 4, 3, 3)).astype(np.float32))], **CONV)])
     c2 = b.op("Conv", [a, b.const("k2", rng.standard_normal((4, 4, 3, 3)).astype(np.float32))], **CONV)
+    c2 = b.op("Mul", [c2, b.const("s2", rng.standard_normal((1, 4, 1, 1)).astype(np.float32))])
     return b.build([b.op("Relu", [y1]), y2, c1, c2])
 
 
@@ -241,6 +243,8 @@ def test_on_a_fusing_target_the_ilp_costs_seen_ops_in_context():
 
     class Fusing(AnalyticCost):
         """An Add right after a MatMul runs inside the MatMul's kernel for free."""
+
+        additive = False
 
         def node_costs(self, graph):
             out = super().node_costs(graph)

@@ -433,7 +433,7 @@ def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
                                                                            rel=1e-5)
     head = json.loads(out["headline"].read_text())
     assert head["model"] == "bert" and head["device"] == "cpu" and head["backends"] == backends
-    assert head["format"] == "rlflow.evaluation-headline/2"
+    assert head["format"] == "rlflow.evaluation-headline/3"
     for m, h in head["methods"].items():
         assert "best_backend" not in h and set(h["backends"]) == set(backends)
         for b, e in h["backends"].items():

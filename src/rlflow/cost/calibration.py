@@ -39,6 +39,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from rlflow.cost.ort_session import session
 from rlflow.errors import RLFlowError
 
 CALIBRATION_FORMAT = "rlflow.calibration/1"
@@ -120,18 +121,6 @@ def _ort_model(nodes, inputs, outputs, weights=None) -> bytes:
     return model.SerializeToString()
 
 
-def _ort_session(model: bytes, threads: int):
-    import onnxruntime as ort
-
-    from rlflow.graph.exec.ort_exec import quiet_options
-
-    opts = quiet_options()
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the evaluation's OrtRunner
-    if threads:
-        opts.intra_op_num_threads = threads
-    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
-
-
 def _measure_ort(threads: int, repeats: int) -> tuple[float, float, float, float]:
     from onnx import helper
 
@@ -139,12 +128,12 @@ def _measure_ort(threads: int, repeats: int) -> tuple[float, float, float, float
     rate = 0.0
     for n in (512, 1024):
         b = rng.standard_normal((n, n), np.float32)
-        s = _ort_session(_ort_model([helper.make_node("MatMul", ["a", "b"], ["c"])], [("a", [n, n])],
+        s = session(_ort_model([helper.make_node("MatMul", ["a", "b"], ["c"])], [("a", [n, n])],
                                     [("c", [n, n])], {"b": b}), threads)
         feeds = {"a": rng.standard_normal((n, n), np.float32)}
         rate = max(rate, 2 * n ** 3 / _best_s(lambda: s.run(None, feeds), 2, repeats))
     n = 8 << 20
-    s = _ort_session(_ort_model([helper.make_node("Add", ["a", "b"], ["c"])], [("a", [n]), ("b", [n])], [("c", [n])]),
+    s = session(_ort_model([helper.make_node("Add", ["a", "b"], ["c"])], [("a", [n]), ("b", [n])], [("c", [n])]),
                      threads)
     feeds = {"a": rng.standard_normal(n, np.float32), "b": rng.standard_normal(n, np.float32)}
     bw = 3 * 4 * n / _best_s(lambda: s.run(None, feeds), 2, max(5, repeats // 4))
@@ -162,7 +151,7 @@ def _chain_overheads(threads: int, repeats: int) -> tuple[float, float]:
     for k in (1, 65):
         nodes = [helper.make_node("Relu", [f"v{i}"], [f"v{i + 1}"]) for i in range(k)]
         model = _ort_model(nodes, [("v0", [16])], [(f"v{k}", [16])])
-        s = _ort_session(model, threads)
+        s = session(model, threads)
         feeds = {"v0": rng.standard_normal(16, np.float32)}
         per_chain.append(_median_s(lambda: s.run(None, feeds), 20, 4 * repeats))
         profiled.append(_profiled_kernels_s(model, feeds, 20, 4 * repeats, threads))
@@ -174,9 +163,9 @@ def _profiled_kernels_s(model: bytes, feeds, warmup: int, repeats: int, threads:
     """The median over runs of the summed kernel times onnxruntime's profiler reports for ``model``."""
     import bisect
 
-    from rlflow.cost.ort_cpu import _profiled_runs
+    from rlflow.cost.ort_session import profiled_runs
 
-    events, starts, _ = _profiled_runs(model, feeds, warmup, repeats, threads)
+    events, starts, _ = profiled_runs(model, feeds, warmup, repeats, threads)
     per_run = [0.0] * len(starts)
     for e in events:
         per_run[bisect.bisect_right(starts, e["ts"]) - 1] += e["dur"] * 1e-6

@@ -36,22 +36,20 @@ Per node the runtime of a group is reported on its last node (one launch); flops
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from rlflow.cost.calibration import Calibration
+from rlflow.cost.ort_session import profiled_runs as _profiled_runs, session as _session
 from rlflow.cost.model import NodeCost, CostModel, signature
+from rlflow.graph.exported import as_exported, preactivation
 from rlflow.graph.ir import Constant, Graph, Node
 
-#: onnxruntime's optimisation level in the evaluation (the InferenceSession default)
-ORT_LEVEL = "ORT_ENABLE_ALL"
 
 
 def label(node: Node) -> str:
@@ -143,16 +141,14 @@ def kernel_pattern(graph: Graph, members: list[int]) -> str:
 
 def unfused_signature(graph: Graph, members: list[int]) -> str | None:
     """The signature of the kernel group onnxruntime makes of a Conv with a fused ReLU: a lone ``Conv[relu]``
-    node is the same kernel as the group Conv + Relu that onnxruntime fuses itself, so it is known by that
-    group's timings. None for any other group."""
+    node is the same kernel as the group Conv + Relu that onnxruntime fuses itself (and the ONNX export writes,
+    :func:`rlflow.graph.exported.as_exported`), so it is known by that group's timings. None for any other group."""
     n = _fused_relu(graph, members)
     if n is None:
         return None
-    pre = f"{n.outputs[0]}_preact"
-    conv = replace(n, attrs={**n.attrs, "activation": "none"}, outputs=(pre,))
-    relu = Node(name=f"{n.name}_relu", op="Relu", inputs=(pre,), outputs=n.outputs[:1], attrs={})
+    conv, relu = as_exported(n)
     types = {v: graph.types[v] for v in n.inputs if v}
-    types[pre] = graph.types[n.outputs[0]]
+    types[preactivation(n)] = graph.types[n.outputs[0]]
     return _wired_signature([conv, relu], types)
 
 
@@ -184,24 +180,6 @@ def group_graph(graph: Graph, members: list[int], static: set[str]) -> Graph:
     used = set(inputs) | set(constants) | inside
     return Graph(inputs=inputs, outputs=outputs, nodes=nodes, types={v: graph.types[v] for v in used},
                  constants=constants, name="kernel", opset=graph.opset, extra_opsets=graph.extra_opsets)
-
-
-def _session(model_bytes: bytes, threads: int, optimized_path: str | None = None, profile_prefix: str | None = None):
-    import onnxruntime as ort
-
-    from rlflow.graph.exec.ort_exec import quiet_options
-
-    opts = quiet_options()
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the evaluation's OrtRunner
-    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, ORT_LEVEL)
-    if threads:
-        opts.intra_op_num_threads = threads
-    if optimized_path:
-        opts.optimized_model_filepath = optimized_path
-    if profile_prefix:
-        opts.enable_profiling = True
-        opts.profile_file_prefix = profile_prefix
-    return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
 
 
 NCHWC = "com.microsoft.nchwc"
@@ -286,25 +264,6 @@ def reorders(graph: Graph, groups: list[list[int]], blocked: list[bool], static:
 #: (thread placement, buffer alignment; InceptionV3's 96-channel 35x35 Conv: 0.46-0.81 ms, 0.57 ms inside the
 #: model), so each session's median is taken and the smallest of them kept
 KERNEL_SESSIONS = 3
-
-
-def _profiled_runs(model: bytes, feeds: dict, warmup: int, repeats: int, threads: int, optimized: bool = False
-                   ) -> tuple[list[dict], list[float], object]:
-    """One fresh onnxruntime session of ``model`` run ``warmup + repeats`` times under its profiler: (the
-    kernel-time events of its nodes, the start times of its runs in order, and with ``optimized`` the session's
-    own optimised model (onnx ModelProto), else None)."""
-    import onnx
-
-    with tempfile.TemporaryDirectory() as tmp:
-        opt = str(Path(tmp) / "opt.onnx") if optimized else None
-        s = _session(model, threads, optimized_path=opt, profile_prefix=str(Path(tmp) / "p"))
-        for _ in range(warmup + repeats):
-            s.run(None, feeds)
-        events = json.loads(Path(s.end_profiling()).read_text())
-        opt_model = onnx.load(opt, load_external_data=False) if opt else None
-    starts = sorted(e["ts"] for e in events if e.get("name") == "model_run")
-    return ([e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")],
-            starts, opt_model)
 
 
 def _kernel_ms(event: dict, profiler_ms: float) -> float:

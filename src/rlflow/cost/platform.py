@@ -25,7 +25,37 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
-from rlflow.cost.targets import has_gpu, resolve_target
+from rlflow.errors import RLFlowError
+
+#: targets with their own cost class
+TARGETS = ("ort-cpu", "torch-eager", "cuda", "sim-v100", "sim-a100", "sim-h100", "analytic")
+#: what ``cost.target`` may say: a target, or a rule that picks one on the machine
+CHOICES = ("auto", "machine", *TARGETS)
+#: the old ``cost.model`` values and the targets they became
+OLD_MODELS = {"measured": "torch-eager", "analytic": "analytic"}
+def has_gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def resolve_target(config: Mapping, target: str | None = None) -> str:
+    """The concrete target: ``target`` if given, else the config's ``cost.target`` (or the old ``cost.model``,
+    which wins when set: ``measured`` is ``torch-eager``); ``auto`` and ``machine`` are decided here."""
+    cost = config.get("cost") or {}
+    if target is None:
+        old = cost.get("model")
+        target = OLD_MODELS.get(old, old) if old is not None else cost.get("target", "machine")
+    target = OLD_MODELS.get(target, target) if target in ("measured",) else target
+    if target not in CHOICES:
+        raise RLFlowError(f"unknown cost target '{target}' (choose from {', '.join(CHOICES)}; the old "
+                          "cost.model values: measured = torch-eager, analytic)")
+    if target == "auto":
+        return "cuda" if has_gpu() else "sim-h100"
+    if target == "machine":
+        return "cuda" if has_gpu() else "ort-cpu"
+    return target
+
 
 #: what every figure of a target is called (the cost classes' ``label``)
 LABELS = {
@@ -110,7 +140,6 @@ def check_cache(path, platform: Platform, remake: str = REMAKE_COSTS) -> None:
     import json
     from pathlib import Path
 
-    from rlflow.errors import RLFlowError
 
     p = Path(path)
     if not p.is_file():

@@ -17,40 +17,12 @@ from pathlib import Path
 from typing import Mapping
 
 from rlflow.cost.model import AnalyticCost, CostModel, MeasuredCost, read_cache
+from rlflow.cost.platform import (CHOICES, OLD_MODELS, TARGETS, check_cache, has_gpu,  # noqa: F401
+                                  resolve_platform, resolve_target)
 from rlflow.errors import RLFlowError
 
-#: targets with their own cost class
-TARGETS = ("ort-cpu", "torch-eager", "cuda", "sim-v100", "sim-a100", "sim-h100", "analytic")
-#: what ``cost.target`` may say: a target, or a rule that picks one on the machine
-CHOICES = ("auto", "machine", *TARGETS)
-#: the old ``cost.model`` values and the targets they became
-OLD_MODELS = {"measured": "torch-eager", "analytic": "analytic"}
 #: targets that time something on this machine (measure_costs fills their table)
 MEASURED = ("ort-cpu", "torch-eager", "cuda")
-
-
-def has_gpu() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-def resolve_target(config: Mapping, target: str | None = None) -> str:
-    """The concrete target: ``target`` if given, else the config's ``cost.target`` (or the old ``cost.model``,
-    which wins when set: ``measured`` is ``torch-eager``); ``auto`` and ``machine`` are decided here."""
-    cost = config.get("cost") or {}
-    if target is None:
-        old = cost.get("model")
-        target = OLD_MODELS.get(old, old) if old is not None else cost.get("target", "machine")
-    target = OLD_MODELS.get(target, target) if target in ("measured",) else target
-    if target not in CHOICES:
-        raise RLFlowError(f"unknown cost target '{target}' (choose from {', '.join(CHOICES)}; the old "
-                          "cost.model values: measured = torch-eager, analytic)")
-    if target == "auto":
-        return "cuda" if has_gpu() else "sim-h100"
-    if target == "machine":
-        return "cuda" if has_gpu() else "ort-cpu"
-    return target
 
 
 def gpu_spec(config: Mapping, gpu: str) -> dict:
@@ -69,7 +41,6 @@ def make_cost_model(config: Mapping, device: str, costs_path: str | Path | None 
     another platform (:mod:`rlflow.cost.platform`: a CPU box's cache on a GPU box), or before caches recorded
     theirs, is refused in one line."""
     from rlflow.cost import calibration as cal
-    from rlflow.cost.platform import check_cache, resolve_platform
 
     target = resolve_target(config, kind)
     if costs_path is not None:

@@ -57,11 +57,6 @@ def finding(r: dict | None) -> str:
     return TOO_NOISY if r.get("too_noisy") and r["verdict"] != "reference" else r["verdict"]
 
 
-def noisy_backends(rows: list[dict]) -> list[str]:
-    """The backends whose A/A control's interval excludes 1.0."""
-    return [b for b in backends(rows) if any(r["backend"] == b and r.get("too_noisy") for r in rows)]
-
-
 def method_value(rows: list[dict], method: str, column: str) -> float | None:
     """A per-method column (optimisation_s, training_s, real_interactions, rules_applied, activation memory):
     the first row of the method that has it."""

@@ -29,7 +29,7 @@ The rules (``b-conv-bias-*`` is the same rule for a Conv with a bias input):
   MatMul + Add -> Gemm for 3-D activations, flattened to 2-D around it; ``b-split-add-merge``: Split(y)[j] + c_j
   -> Split(y + Concat(c0, c1)), which brings merged Q/K/V's biases in front of the Split, to the Gemm. Off by
   default: on vit they double every method's simulated gain, but the agents' route then needs ~156 rewrites, more
-  than the 100-step horizon, and TASO keeps most of it (README, "Bias fusion").
+  than the 100-step horizon, and TASO keeps most of it (docs/results-history.md, "Bias fusion").
 
 **Soundness over every binding.** The matcher binds a variable to any value and accepts a match when the target
 pattern's shape inference succeeds and its output types equal the source's. So each target is written to fail
