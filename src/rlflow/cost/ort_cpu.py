@@ -46,7 +46,7 @@ import numpy as np
 
 from rlflow.cost.calibration import Calibration
 from rlflow.cost.ort_session import profiled_runs as _profiled_runs, session as _session
-from rlflow.cost.model import NodeCost, CostModel, signature
+from rlflow.cost.model import COMMUTATIVE, NodeCost, CostModel, signature
 from rlflow.graph.exported import as_exported, preactivation
 from rlflow.graph.ir import Constant, Graph, Node
 
@@ -115,12 +115,18 @@ def group_signature(graph: Graph, members: list[int]) -> str:
 
 
 def _wired_signature(nodes: list[Node], types: Mapping) -> str:
+    """Of a commutative op (Add, Mul) the operands are listed in a canonical order, each type with its wire, so
+    that swapping them (a commutativity rewrite) leaves the kernel known by its timings: onnxruntime runs it the
+    same, and a search must not take an untimed copy's estimate for a gain."""
     made = {v: f"@{k}.{j}" for k, n in enumerate(nodes) for j, v in enumerate(n.outputs)}
     ext: dict[str, str] = {}
     parts = []
     for n in nodes:
-        wires = ",".join(made.get(v) or ext.setdefault(v, f"${len(ext)}") if v else "-" for v in n.inputs)
-        parts.append(f"{signature(n, [types[v] for v in n.inputs if v])}<{wires}>")
+        ins = n.inputs
+        if n.op in COMMUTATIVE:  # by type, an operand made inside the kernel first (its wire), then the others
+            ins = sorted(ins, key=lambda v: (str(types[v]), made.get(v, "~")))
+        wires = ",".join(made.get(v) or ext.setdefault(v, f"${len(ext)}") if v else "-" for v in ins)
+        parts.append(f"{signature(n, [types[v] for v in ins if v])}<{wires}>")
     return " ; ".join(parts)
 
 
