@@ -86,7 +86,8 @@ def run_comparisons(name: str, reference, other, label: str, repeats: int, base,
     out = []
     for k in range(first, first + repeats):
         p = replace(base, seed=base.seed + 1000 * k)
-        c = compare([("original", reference), (label, other)], feeds, p, backend_runner(backend, device))
+        with backend_runner(backend, device) as fresh:
+            c = compare([("original", reference), (label, other)], feeds, p, fresh)
         e = c[label]
         out.append(e)
         print(f"{name} {label} {k + 1}/{first + repeats}: ratio {e.interval()} -> {e.verdict}; smallest detectable "

@@ -278,6 +278,7 @@ def sign_test(args, config, rules, loaded: Models) -> list[dict]:
               + (" (too noisy: A/A " + cmp[proto.AA].interval() + ")" if cmp.too_noisy else "")
               + "; estimate ratio " + ", ".join(f"{k} {b / a:.3f}" for k, (a, b) in est.items() if a > 0),
               file=sys.stderr, flush=True)
+    make_runner.close()  # (its ONNX files)
     return rows
 
 

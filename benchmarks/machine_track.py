@@ -106,8 +106,8 @@ def run_model(name: str, args, config_files: list[str], work: Path) -> dict:
     protocol = Protocol.from_config(config, budget_s=args.budget_s)
     feeds = make_inputs(original, seed)
     for method, graph in graphs.items():
-        c = compare([("original", original), (AA, aa_copy(original)), (method, graph)], feeds, protocol,
-                    backend_runner(args.backend, device))
+        with backend_runner(args.backend, device) as fresh:
+            c = compare([("original", original), (AA, aa_copy(original)), (method, graph)], feeds, protocol, fresh)
         e = c[method]
         found[method].update(ratio=e.ratio, ci_low=e.ci_low, ci_high=e.ci_high, verdict=e.verdict,
                              detectable=e.detectable, runs=e.runs, too_noisy=c.too_noisy, aa_ratio=c[AA].ratio,

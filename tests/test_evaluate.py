@@ -18,7 +18,7 @@ from rlflow.errors import RLFlowError
 from rlflow.evaluation import COLUMNS, activation_memory_bytes, activation_memory_mb, evaluate_graphs, load_trace
 from rlflow.evaluation.traces import TRACE_FORMAT
 from rlflow.graph.ir import Constant, Graph, Node, TensorType
-from rlflow.pipeline.registry import MACHINE_METHODS, METHODS, STAGES
+from rlflow.pipeline.registry import MACHINE_AGENT_METHODS, MACHINE_METHODS, METHODS, STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ["--config", str(ROOT / "config.yaml"), "--config", str(ROOT / "tests/configs/tiny.yaml")]
@@ -150,13 +150,13 @@ def _fake_runs(monkeypatch, log: list, built: list | None = None, values: dict |
     ``ms[name]`` milliseconds of ``clock``; the A/A control is the original's graph renamed."""
     import rlflow.evaluation.runs as runs
 
-    def first_run(g, backend, device, feeds):
+    def first_run(g, backend, device, feeds, fresh=None):
         if built is not None:
             built.append((g.name, backend))
         v = (values or {}).get(g.name, 1.0)
         return _FakeRunner(g.name, [], v), [np.full((2, 3), v, np.float32)], None
 
-    def new_runner(g, backend, device):
+    def new_runner(g, backend, device, fresh=None):
         if sessions is not None:
             sessions.append((g.name, backend))
         return _FakeRunner(g.name, log, 1.0, clock, (ms or {}).get(g.name, 1.0))
@@ -324,7 +324,8 @@ def _outputs(folder: Path) -> dict[str, Path]:
             "headline": folder / "summary" / "bert.json"}
 
 
-def _argv(paths: dict, out: dict, methods=tuple(m for m in METHODS if m not in MACHINE_METHODS), sets=()
+def _argv(paths: dict, out: dict, methods=tuple(m for m in METHODS if m not in MACHINE_METHODS
+                                                 and m not in MACHINE_AGENT_METHODS), sets=()
           ) -> list[str]:
     argv = ["evaluate", *CONFIGS, "--model", "bert", "--onnx", str(paths["onnx"]), "--no-progress"]
     for m in methods:
@@ -356,9 +357,34 @@ def test_registry_command_line_parses():
     args = build_parser().parse_args(shlex.split(cmd)[1:])
     assert args.model == "bert" and str(args.onnx) == "results/bert/model.onnx"
     for m, folder in METHODS.items():
+        if m in MACHINE_AGENT_METHODS:  # machine.agents is off in config.yaml: not passed
+            assert getattr(args, m) is None and getattr(args, f"{m}_trace") is None
+            continue
         assert str(getattr(args, m)) == f"results/bert/{folder}/model.onnx"
         assert str(getattr(args, f"{m}_trace")) == f"results/bert/{folder}/trace.json"
     assert str(args.headline) == "results/summary/bert.json"
+
+
+def test_the_machine_agents_are_read_where_their_switch_is_on():
+    """machine.agents on (configs/paper.yaml): evaluate's rule reads their graphs and traces and passes them."""
+    from rlflow.config import load_config
+
+    on = load_config([ROOT / "config.yaml", ROOT / "configs" / "paper.yaml"])
+    st = STAGES["evaluate"]
+    paths = st.input_paths(on, model="bert", device="cuda")
+    shell = st.snakemake_shell(on)
+    for m, folder in MACHINE_AGENT_METHODS.items():
+        assert paths[f"{m}_onnx"] == f"results/bert/{folder}/model.onnx"
+        assert f"--{m.replace('_', '-')} {{input.{m}_onnx:q}}" in shell
+        assert m not in STAGES["evaluate"].input_paths(model="bert") and f"--{m.replace('_', '-')} " not in \
+            STAGES["evaluate"].snakemake_shell()
+    # the chain they come from: the machine track's own rollouts, encoder and world model
+    ctl = STAGES["train_controller_machine"].input_paths(on, model="bert", device="cpu")
+    assert ctl["world_model"] == "results/bert/machine/world_model/world_model.pt"
+    assert ctl["costs"] == "results/costs/cpu/machine/bert.json"
+    merge = STAGES["merge_rollouts_machine"]
+    assert ("--shards-dir", "results/{model}/machine/rollouts") in merge.args
+    assert merge.input_paths(on, model="bert")["shards"][0] == "results/bert/machine/rollouts/shard-0.json"
 
 
 def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
@@ -572,7 +598,7 @@ def test_a_backend_crash_fails_the_stage(monkeypatch):
     _fake_runs(monkeypatch, log)
     fake = runs.first_run
 
-    def crashing(g, backend, device, feeds):
+    def crashing(g, backend, device, feeds, fresh=None):
         if g.name == "greedy" and backend == "torch":
             raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore detail")
         return fake(g, backend, device, feeds)
@@ -592,7 +618,7 @@ def test_a_backend_crash_writes_nothing(tmp_path, capsys, monkeypatch):
 
     real = runs.first_run
 
-    def crashing(g, backend, device, feeds):
+    def crashing(g, backend, device, feeds, fresh=None):
         if backend == "torch":
             raise ValueError("boom in the torch runner")
         return real(g, backend, device, feeds)

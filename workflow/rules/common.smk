@@ -80,7 +80,7 @@ def stage_threads(name):
 
 
 def stage_shell(name):
-    return registry.stage(name).snakemake_shell()
+    return registry.stage(name).snakemake_shell(config)
 
 
 def stage_targets(name, models):

@@ -96,3 +96,123 @@ rule search_ortopt:
         stage_conda("search_ortopt")
     shell:
         stage_shell("search_ortopt")
+
+
+# With machine.agents on (configs/paper.yaml): the RL agents again, for this machine's target -> the methods
+# rlflow_machine and model_free_machine (results/<model>/machine/controller/, machine/model_free/), from their own
+# rollouts, encoder and world model under results/<model>/machine/. Code: the configured track's stage modules
+# (collect_rollouts.py, merge_rollouts.py, train_encoder.py, train_world_model.py, train_model_free.py,
+# train_controller.py).
+
+rule collect_rollouts_machine:
+    input:
+        unpack(stage_input("collect_rollouts_machine")),
+    output:
+        **stage_output("collect_rollouts_machine"),
+    params:
+        **stage_params("collect_rollouts_machine"),
+    log:
+        stage_log("collect_rollouts_machine"),
+    benchmark:
+        stage_benchmark("collect_rollouts_machine")
+    priority: stage_priority("collect_rollouts_machine")
+    conda:
+        stage_conda("collect_rollouts_machine")
+    threads: stage_threads("collect_rollouts_machine")
+    shell:
+        stage_shell("collect_rollouts_machine")
+
+
+rule merge_rollouts_machine:
+    input:
+        unpack(stage_input("merge_rollouts_machine")),
+    output:
+        **stage_output("merge_rollouts_machine"),
+    params:
+        **stage_params("merge_rollouts_machine"),
+    log:
+        stage_log("merge_rollouts_machine"),
+    benchmark:
+        stage_benchmark("merge_rollouts_machine")
+    priority: stage_priority("merge_rollouts_machine")
+    conda:
+        stage_conda("merge_rollouts_machine")
+    threads: stage_threads("merge_rollouts_machine")
+    shell:
+        stage_shell("merge_rollouts_machine")
+
+
+rule train_encoder_machine:
+    input:
+        unpack(stage_input("train_encoder_machine")),
+    output:
+        **stage_output("train_encoder_machine"),
+    params:
+        **stage_params("train_encoder_machine"),
+    log:
+        stage_log("train_encoder_machine"),
+    benchmark:
+        stage_benchmark("train_encoder_machine")
+    priority: stage_priority("train_encoder_machine")
+    conda:
+        stage_conda("train_encoder_machine")
+    threads: stage_threads("train_encoder_machine")
+    shell:
+        stage_shell("train_encoder_machine")
+
+
+rule train_world_model_machine:
+    input:
+        unpack(stage_input("train_world_model_machine")),
+    output:
+        **stage_output("train_world_model_machine"),
+    params:
+        **stage_params("train_world_model_machine"),
+    log:
+        stage_log("train_world_model_machine"),
+    benchmark:
+        stage_benchmark("train_world_model_machine")
+    priority: stage_priority("train_world_model_machine")
+    conda:
+        stage_conda("train_world_model_machine")
+    threads: stage_threads("train_world_model_machine")
+    shell:
+        stage_shell("train_world_model_machine")
+
+
+rule train_model_free_machine:
+    input:
+        unpack(stage_input("train_model_free_machine")),
+    output:
+        **stage_output("train_model_free_machine"),
+    params:
+        **stage_params("train_model_free_machine"),
+    log:
+        stage_log("train_model_free_machine"),
+    benchmark:
+        stage_benchmark("train_model_free_machine")
+    priority: stage_priority("train_model_free_machine")
+    conda:
+        stage_conda("train_model_free_machine")
+    threads: stage_threads("train_model_free_machine")
+    shell:
+        stage_shell("train_model_free_machine")
+
+
+rule train_controller_machine:
+    input:
+        unpack(stage_input("train_controller_machine")),
+    output:
+        **stage_output("train_controller_machine"),
+    params:
+        **stage_params("train_controller_machine"),
+    log:
+        stage_log("train_controller_machine"),
+    benchmark:
+        stage_benchmark("train_controller_machine")
+    priority: stage_priority("train_controller_machine")
+    conda:
+        stage_conda("train_controller_machine")
+    threads: stage_threads("train_controller_machine")
+    shell:
+        stage_shell("train_controller_machine")

@@ -86,9 +86,8 @@ def run(args) -> int:
         if args.budget is not None and not args.budget > 0:
             raise RLFlowError("--budget must be > 0")
         protocol = Protocol.from_config({**cfg, "seed": args.seed}, budget_s=args.budget)
-        with backend_errors(graph, args.backend, feeds, args.model):
-            c = compare([("reference", reference), ("model", graph)], feeds, protocol,
-                        backend_runner(args.backend, device))
+        with backend_errors(graph, args.backend, feeds, args.model), backend_runner(args.backend, device) as fresh:
+            c = compare([("reference", reference), ("model", graph)], feeds, protocol, fresh)
         e = c["model"]
         result["compare"] = {"reference": ref_path if args.compare else f"{ref_path} (re-exported: A/A)",
                              "ratio": e.ratio, "ci_low": e.ci_low, "ci_high": e.ci_high, "verdict": e.verdict,

@@ -286,11 +286,18 @@ def aa_copy(graph):
         return load_onnx(path)
 
 
-def backend_runner(backend: str, device: str) -> Callable[[Any], Runner]:
-    """``make_runner`` for :func:`compare` on a real backend: a fresh runner of ``graph`` each call."""
-    from rlflow.graph.exec import get_runner
+def backend_runner(backend: str, device: str):
+    """``make_runner`` for :func:`compare` on a real backend: a fresh runner of ``graph`` each call, each graph
+    exported once (:class:`rlflow.graph.exec.FreshRunners`; close it, or use it in a ``with`` block, when done)."""
+    from rlflow.graph.exec import FreshRunners
 
-    return lambda graph: get_runner(graph, backend, device)
+    return FreshRunners(backend, device)
+
+
+def _close(make_runner) -> None:
+    close = getattr(make_runner, "close", None)
+    if close is not None:
+        close()
 
 
 def speed_check(original, optimised, backend: str, device: str, feeds: dict, protocol: Protocol,
@@ -300,9 +307,14 @@ def speed_check(original, optimised, backend: str, device: str, feeds: dict, pro
     ``backend``, under ``protocol``. Returns the trace record: ``{"backend", "ratio", "ci_low", "ci_high",
     "verdict", "detectable", "kept": "optimised" | "original", "line"}``; the optimised graph is kept only when
     the verdict is ``faster``."""
+    own = make_runner is None
     make_runner = make_runner or backend_runner(backend, device)
-    est = compare([("original", original), ("optimised", optimised)], feeds, protocol, make_runner,
-                  clock=clock)["optimised"]
+    try:
+        est = compare([("original", original), ("optimised", optimised)], feeds, protocol, make_runner,
+                      clock=clock)["optimised"]
+    finally:
+        if own:
+            _close(make_runner)
     kept = "optimised" if est.verdict == FASTER else "original"
     if kept == "optimised":
         line = f"speed check: faster, ratio {est.interval()} on {backend}"
@@ -343,14 +355,17 @@ def latency_meter(protocol: Protocol, backend: str, device: str, seed: int = 0,
     """The ``e2e`` reward's measurement as ``meter(first, graph) -> {"ratio", "ci_low", "ci_high", "verdict",
     "first_ms"}``: ``graph``'s latency over the episode's first graph's under ``protocol`` (a graph equal to the
     first is not timed: ratio 1, no detectable difference)."""
-    make_runner = make_runner or backend_runner(backend, device)
-
     def meter(first, graph) -> dict:
         if first.structural_hash() == graph.structural_hash():
             return {"ratio": 1.0, "ci_low": 1.0, "ci_high": 1.0, "verdict": SAME, "first_ms": None}
         from rlflow.graph.exec import make_inputs
 
-        c = compare([("first", first), ("graph", graph)], make_inputs(first, seed), protocol, make_runner, clock=clock)
+        fresh = make_runner or backend_runner(backend, device)  # a graph's file only lives through its comparison
+        try:
+            c = compare([("first", first), ("graph", graph)], make_inputs(first, seed), protocol, fresh, clock=clock)
+        finally:
+            if make_runner is None:
+                _close(fresh)
         e = c["graph"]
         return {"ratio": e.ratio, "ci_low": e.ci_low, "ci_high": e.ci_high, "verdict": e.verdict,
                 "first_ms": c["first"].latency_ms}

@@ -162,13 +162,12 @@ def runner_device(runner) -> str:
     return "cuda" if str(getattr(dev, "type", dev)).lower().lstrip("/").startswith(("cuda", "gpu")) else "cpu"
 
 
-def first_run(graph: Graph, backend: str, device: str, feeds: dict) -> tuple[object, list, int | None]:
-    """Build ``backend``'s runner for ``graph`` and run it once: (runner, outputs, peak bytes or None)."""
-    from rlflow.graph.exec import get_runner
-
+def first_run(graph: Graph, backend: str, device: str, feeds: dict, fresh=None) -> tuple[object, list, int | None]:
+    """Build ``backend``'s runner for ``graph`` (through ``fresh``, a :class:`rlflow.graph.exec.FreshRunners`, when
+    given) and run it once: (runner, outputs, peak bytes or None)."""
     mem = _gpu_memory(backend) if device == "cuda" else None
     base = mem[0]() if mem else 0
-    runner = get_runner(graph, backend, device)
+    runner = new_runner(graph, backend, device, fresh)
     if mem:
         mem[1]()
     outputs = runner(feeds)
@@ -246,11 +245,12 @@ def _release_memory() -> None:
         pass
 
 
-def new_runner(graph: Graph, backend: str, device: str):
-    """A fresh runner of ``graph`` on ``backend`` (what the protocol builds for every session)."""
+def new_runner(graph: Graph, backend: str, device: str, fresh=None):
+    """A fresh runner of ``graph`` on ``backend`` (what the protocol builds for every session); ``fresh``: the
+    backend run's :class:`rlflow.graph.exec.FreshRunners` (each graph exported once)."""
     from rlflow.graph.exec import get_runner
 
-    return get_runner(graph, backend, device)
+    return fresh(graph) if fresh is not None else get_runner(graph, backend, device)
 
 
 def evaluate_graphs(graphs: Sequence[tuple[str, Graph]], backends: Sequence[str], device: str, protocol: Protocol,
@@ -281,9 +281,12 @@ def evaluate_graphs(graphs: Sequence[tuple[str, Graph]], backends: Sequence[str]
             bar.set_postfix_str(backend)
             t0 = time.perf_counter()
             run = _BackendRun(backend, device, feeds, reference, tolerance, seed, orig_name, hashes, results, log)
-            for method, g in graphs:
-                run.check(method, g)
-            n = run.compare(graphs, protocol, clock)
+            try:
+                for method, g in graphs:
+                    run.check(method, g)
+                n = run.compare(graphs, protocol, clock)
+            finally:
+                run.fresh.close()
             _release_memory()
             log(f"evaluate: {backend}: {n} of {len(graphs)} graphs checked and compared in "
                 f"{time.perf_counter() - t0:.1f} s" + (f" ({run.comparisons} comparisons, to stay within the memory "
@@ -310,6 +313,10 @@ class _BackendRun:
         self.base_diff: float | None = None
         self.comparisons = 0
         self.too_noisy = False
+        from rlflow.graph.exec import FreshRunners
+
+        self.fresh = FreshRunners(backend, device)
+        """Each graph exported once for this backend's check and sessions (closed when they are done)."""
 
     def check(self, method: str, graph: Graph) -> None:
         """Build and run the graph once (or reuse an equal graph's check) and compare its outputs."""
@@ -324,7 +331,7 @@ class _BackendRun:
             else:
                 before = _rss_bytes()
                 try:
-                    runner, outputs, peak = first_run(graph, self.backend, self.device, self.feeds)
+                    runner, outputs, peak = first_run(graph, self.backend, self.device, self.feeds, self.fresh)
                 except Exception as e:  # noqa: BLE001 -- a crash is a failure of the stage, never a row
                     raise BackendFailure(f"{method} on {self.backend} ({self.device}): the backend failed while "
                                          f"building or running the graph: {_first_line(e)}; nothing written") from e
@@ -386,7 +393,7 @@ class _BackendRun:
             group = units[k:k + size]
             self.comparisons += 1
             comp = compare([(self.orig_name, original)] + group, self.feeds, protocol,
-                           lambda g: new_runner(g, self.backend, self.device), clock=clock)
+                           lambda g: new_runner(g, self.backend, self.device, self.fresh), clock=clock)
             orig_times += comp[self.orig_name].times_ms
             self.too_noisy |= comp.too_noisy
             for method, _ in group:

@@ -106,7 +106,7 @@ COLUMNS = ("model", "method", "backend", "device", "latency_ms_median", "latency
 INT_COLUMNS = ("sessions", "runs", "nodes", "flops", "bytes", "launches", "real_interactions", "rules_applied")
 #: every method the table may hold, in its row order (the optimised ones are rlflow.pipeline.registry.METHODS)
 METHOD_ORDER = ("original", AA, "taso", "greedy", "eqsat", "model_free", "rlflow",
-                "taso_machine", "greedy_machine", "eqsat_machine", "ort_optimizer")
+                "taso_machine", "greedy_machine", "eqsat_machine", "ort_optimizer", "model_free_machine", "rlflow_machine")
 HEADLINE_FORMAT = "rlflow.evaluation-headline/3"
 TOO_NOISY = "too noisy"
 

@@ -87,6 +87,19 @@ def stage_entry(stage: Stage) -> dict:
     return {"matrix": {w: "${%s}" % WILDCARD_CONFIG[w] for w in stage.wildcards}, **body}
 
 
+def _enabled(stage: Stage) -> bool:
+    """Is the stage on under config.yaml (its :attr:`~rlflow.pipeline.registry.Stage.enabled_by` switch)?"""
+    from rlflow.config import get
+    from rlflow.pipeline.registry import default_config
+
+    return not stage.enabled_by or bool(get(default_config(), stage.enabled_by))
+
+
+def _switches() -> set[str]:
+    """The config switches that add stages or inputs to the pipeline (``enabled_by``, ``when``)."""
+    return {k for st in STAGES.values() for k in (st.enabled_by, *st.when.values()) if k}
+
+
 def _to_root(pipeline: str) -> str:
     """The repository root relative to a pipeline file's folder (its stages' ``wdir``: paths stay root-relative)."""
     depth = len(Path(PIPELINE_FILES[pipeline]).parent.parts)
@@ -104,7 +117,8 @@ def render(pipeline: str = "main") -> str:
     root = _to_root(pipeline)
     doc = {
         "vars": [f"{CONFIG_FILE if root == '.' else root + '/' + CONFIG_FILE}:{','.join(tops)}"],
-        "stages": {name: stage_entry(stage) for name, stage in STAGES.items() if stage.pipeline == pipeline},
+        "stages": {name: stage_entry(stage) for name, stage in STAGES.items()
+                   if stage.pipeline == pipeline and _enabled(stage)},
     }
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=120)
     header = HEADER if pipeline == "main" else HEADER.replace(
@@ -126,7 +140,19 @@ def exp_flags(path: Path) -> list[str]:
             else:
                 yield f"{prefix}{key}", value
 
-    return [f"-S {key}={cli_value(value)}" for key, value in leaves(_read_yaml_mapping(path))]
+    from rlflow.config import get
+    from rlflow.pipeline.registry import default_config
+
+    flags = []
+    for key, value in leaves(_read_yaml_mapping(path)):
+        if key in _switches() and bool(value) != bool(get(default_config(), key)):
+            # dvc.yaml holds the stages of config.yaml's switches; a flag cannot add or remove stages
+            print(f"note: {key}={cli_value(value)} left out: it changes which stages run, and dvc.yaml was made "
+                  f"with config.yaml's value; set it there and run `make dvc-yaml`, or run this config with "
+                  f"Snakemake (--configfile {path})", file=sys.stderr)
+            continue
+        flags.append(f"-S {key}={cli_value(value)}")
+    return flags
 
 
 def main(argv: list[str] | None = None) -> int:

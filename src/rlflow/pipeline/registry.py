@@ -47,6 +47,21 @@ CONFIG_FILE = "config.yaml"
 DEFAULT_CONDA = "envs/rlflow.yaml"
 
 
+def default_config() -> dict:
+    """config.yaml's values (schema defaults filled in): what a stage's switches (:attr:`Stage.when`,
+    :attr:`Stage.enabled_by`) read where no run's config is given (dvc.yaml, a command's help)."""
+    global _DEFAULT_CONFIG
+    if _DEFAULT_CONFIG is None:
+        from rlflow.config import load_config
+
+        path = REPO_ROOT / CONFIG_FILE
+        _DEFAULT_CONFIG = load_config([path] if path.exists() else None)
+    return _DEFAULT_CONFIG
+
+
+_DEFAULT_CONFIG: dict | None = None
+
+
 def model_names() -> tuple[str, ...]:
     """The zoo's model names, as the config schema lists them (``models`` items). A test checks that they are
     ``rlflow.graph.zoo.MODEL_NAMES``; reading them from the schema keeps this module free of torch."""
@@ -81,9 +96,16 @@ REPORTED_CONFIG = ("seed", "device", "export", "run", "timing", "cost", "search"
 #: (``cost.target=machine``), and onnxruntime's transformer optimizer as a baseline: method -> its results folder
 MACHINE_METHODS = {"taso_machine": "machine/taso", "greedy_machine": "machine/greedy", "eqsat_machine": "machine/eqsat",
                    "ort_optimizer": "machine/ort_optimizer"}
+#: the machine track's RL agents, trained for this machine's own target where ``machine.agents`` is on
+#: (configs/paper.yaml; off by default: they repeat the whole learning chain): method -> its results folder
+MACHINE_AGENT_METHODS = {"model_free_machine": "machine/model_free", "rlflow_machine": "machine/controller"}
+#: the config switch of the machine track's agents
+MACHINE_AGENTS_KEY = "machine.agents"
 #: the methods the evaluate stage compares (besides the original graph): method -> its results folder
 METHODS = {"taso": "taso", "greedy": "greedy", "eqsat": "eqsat", "model_free": "model_free", "rlflow": "controller",
-           **MACHINE_METHODS}
+           **MACHINE_METHODS, **MACHINE_AGENT_METHODS}
+#: evaluate's and report's inputs of the machine track's agents, read only with ``machine.agents`` on
+AGENT_INPUTS = {f"{m}_{kind}": MACHINE_AGENTS_KEY for m in MACHINE_AGENT_METHODS for kind in ("onnx", "trace")}
 
 
 class _Partial(dict):
@@ -148,6 +170,13 @@ class Stage:
     cli_optional: tuple[str, ...] = ()
     """Flags of ``args`` a user of the command line may leave out (the pipeline always passes them), besides
     :data:`OPTIONAL_FLAGS`."""
+    when: Mapping[str, str] = field(default_factory=dict)
+    """Inputs (by name) read only where a boolean config key is on: input -> the key (evaluate reads the machine
+    track's agents only with ``machine.agents``). Off, the input, the flag naming it and its DVC dependency are
+    left out (:meth:`active_inputs`)."""
+    enabled_by: str = ""
+    """A boolean config key: where it is off the stage is left out of dvc.yaml (Snakemake runs it only when a
+    rule asks for its files)."""
 
     # -- the command line ---------------------------------------------------------------------------------
     def add_cli_arguments(self, parser: argparse.ArgumentParser, set_example: str) -> None:
@@ -231,11 +260,20 @@ class Stage:
         """Output paths with the given wildcard / config-field values filled in (others stay ``{field}``)."""
         return {k: fill(v, **values) for k, v in self.outputs.items()}
 
+    def active_inputs(self, config: Mapping | None = None) -> dict[str, str]:
+        """The inputs the stage reads under ``config`` (default: config.yaml's): those of :attr:`when` whose
+        switch is off left out."""
+        if not self.when:
+            return dict(self.inputs)
+        config = default_config() if config is None else config
+        return {k: v for k, v in self.inputs.items() if k not in self.when or bool(get(dict(config), self.when[k]))}
+
     def input_paths(self, config: Mapping | None = None, **values: Any) -> dict[str, Any]:
         """Input paths with the given values filled in; an ``expand`` input becomes a list over its config list
-        (``config`` needed), or stays a pattern when no config is given."""
+        (``config`` needed), or stays a pattern when no config is given. Inputs switched off (:attr:`when`) under
+        ``config`` (default: config.yaml's) are left out."""
         out: dict[str, Any] = {}
-        for k, v in self.inputs.items():
+        for k, v in self.active_inputs(config).items():
             pattern = fill(v, **values)
             lists = [f for f in self.expand if "{%s}" % f in pattern]
             if lists and config is not None:
@@ -262,7 +300,13 @@ class Stage:
 
     # -- command lines --------------------------------------------------------------------------------------
     def _render_args(self, values: Mapping[str, str], output: Any, input: Any) -> list[str]:
-        return [f"{flag} {fill(value, **values, output=output, input=input)}" for flag, value in self.args]
+        """The ``args`` filled in; a flag naming an input ``input`` lacks (switched off) is left out."""
+        out = []
+        for flag, value in self.args:
+            ref = re.fullmatch(r"\{input\.(\w+)\}", value)
+            if ref is None or hasattr(input, ref.group(1)):
+                out.append(f"{flag} {fill(value, **values, output=output, input=input)}")
+        return out
 
     def _render_sets(self, values: Mapping[str, str]) -> list[str]:
         return [f"--set {key}={fill(value, **values)}" for key, value in self.sets]
@@ -280,21 +324,21 @@ class Stage:
         """The command DVC runs: ``rlflow export-model --config config.yaml --model ${item} --out ...``."""
         return self.example_cmd(**self.dvc_values())
 
-    def example_cmd(self, **values: str) -> str:
+    def example_cmd(self, config: Mapping | None = None, **values: str) -> str:
         """The command the pipeline runs for example wildcard values (model bert, shard 0, ...): the stage
         command's help shows it, so no docstring repeats the flags by hand."""
         values = {"model": "bert", "shard": "0", "tau": "1.0", "reward": "delta", "device": "cpu", "variant": "shaped",
                   **values}
         output = SimpleNamespace(**self.output_paths(**values))
-        input = SimpleNamespace(**self.input_paths(**values))
+        input = SimpleNamespace(**self.input_paths(config, **values))
         return " ".join([self.command, "--config", CONFIG_FILE, *self._render_args(values, output, input),
                          *self._render_sets(values)])
 
-    def snakemake_shell(self) -> str:
-        """The rule's shell command: the values come from the rule's params (``--set KEY=VALUE``), the log
-        collects stdout and stderr."""
+    def snakemake_shell(self, config: Mapping | None = None) -> str:
+        """The rule's shell command under ``config`` (the run's; default config.yaml's): the values come from the
+        rule's params (``--set KEY=VALUE``), the log collects stdout and stderr."""
         output = SimpleNamespace(**{k: "{output.%s:q}" % k for k in self.outputs})
-        input = SimpleNamespace(**{k: "{input.%s:q}" % k for k in self.inputs})
+        input = SimpleNamespace(**{k: "{input.%s:q}" % k for k in self.active_inputs(config)})
         values = {w: "{wildcards.%s}" % w for w in self.wildcards}
         parts = [self.command, *self._render_args(values, output, input)]
         for pname, key in self.params.items():
@@ -695,6 +739,7 @@ STAGES: dict[str, Stage] = {
                   ("--out", "{output.table}"), ("--metrics", "{output.metrics}"), ("--headline", "{output.headline}")),
             metrics=("metrics",),
             all_cores=True,
+            when=AGENT_INPUTS,
             cli_optional=("--costs", *(f"--{m.replace('_', '-')}{t}" for m in METHODS for t in ("", "-trace"))),
             progress=True,
         ),
@@ -717,6 +762,7 @@ STAGES: dict[str, Stage] = {
             args=(("--model", "{model}"), ("--results", "results/{model}"), ("--rules-stats", "{input.rules_stats}"),
                   ("--out", "{output.html}")),
             expand={"tau": "sweeps.temperatures", "reward": "sweeps.rewards"},
+            when={k: v for k, v in AGENT_INPUTS.items() if k.endswith("_trace")},
         ),
         Stage(
             name="export_hlo",
@@ -811,6 +857,9 @@ STAGES: dict[str, Stage] = {
 
 #: the configured track's stages the machine track runs again with ``cost.target=machine`` (named ``<stage>_machine``)
 MACHINE_TRACK = ("measure_costs", "search_taso", "search_greedy", "search_eqsat")
+#: ... and, with ``machine.agents`` on, its RL agents' stages: rollouts, encoder, world model, controller, model-free
+MACHINE_AGENT_TRACK = ("collect_rollouts", "merge_rollouts", "train_encoder", "train_world_model", "train_model_free",
+                       "train_controller")
 #: the machine target's cost cache (measure_costs_machine)
 MACHINE_COSTS = "results/costs/{device}/machine/{model}.json"
 #: what the machine track's cost cache measures: the model and its one-rewrite neighbours, onnxruntime's fusions
@@ -822,29 +871,45 @@ MACHINE_COSTS_SETS = (("cost.learn_graphs", "1"), ("cost.explore_steps", "0"))
 #: estimate (not additive), about 2 s per TASO expansion of paper-size bert here, so search.budget's 1000 expansions
 #: would take half an hour (eqsat keeps its own eqsat.time_limit_s)
 MACHINE_SEARCH_SETS = (("search.time_limit_s", "60"),)
+#: the machine track's cost cache times kernels, so it runs alone (all cores): first, as soon as the model and the
+#: rules are there, so that the machine track's searches (one core each) can run beside the training chain, on the
+#: core it leaves idle. Run last (its priority 0), it waited for the chain to end and the searches then ran after
+#: it, before evaluate: 3.5 min of the default run's 19 (paper-size bert, 2 cores).
+MACHINE_COSTS_PRIORITY = 2
 
 
-def on_machine(st: Stage, fixed: tuple[tuple[str, str], ...] = ()) -> Stage:
+def _machine_path(path: str) -> str:
+    """A configured-track path moved to the machine track's: ``results/{model}/X`` -> ``results/{model}/machine/X``,
+    the cost cache -> :data:`MACHINE_COSTS`."""
+    if path == PROBLEM_INPUTS["costs"]:
+        return MACHINE_COSTS
+    return path.replace("results/{model}/", "results/{model}/machine/", 1)
+
+
+def on_machine(st: Stage, fixed: tuple[tuple[str, str], ...] = (), made: frozenset[str] = frozenset(),
+               enabled_by: str = "") -> Stage:
     """The machine track's copy of a stage: the same code with ``cost.target=machine`` fixed (this machine's runtime:
     ort-cpu on a CPU box, cuda on a GPU box), and the config keys of ``fixed`` set, reading the machine target's
-    cost cache and writing under ``results/<model>/machine/`` (a cost cache: ``results/costs/<device>/machine/``)."""
-    def moved(path: str) -> str:
-        if path == PROBLEM_INPUTS["costs"]:
-            return MACHINE_COSTS
-        return path.replace("results/{model}/", "results/{model}/machine/", 1)
-
+    cost cache and the machine track's copies of the files in ``made`` (what its other stages write), writing
+    under ``results/<model>/machine/`` (a cost cache: ``results/costs/<device>/machine/``); a folder it names on
+    the command line (merge_rollouts' shards) moves too. ``enabled_by``: the config switch it runs under."""
     sets = (("cost.target", "machine"), *fixed)
+    literal = re.compile(r"results/\{model\}/[^{}]*")
     return _check(replace(
         st, name=f"{st.name}_machine", doc=f"Machine track (cost.target=machine): {st.doc}",
-        inputs={k: moved(v) if k == "costs" else v for k, v in st.inputs.items()},
-        outputs={k: moved(v) for k, v in st.outputs.items()},
+        inputs={k: _machine_path(v) if k == "costs" or v in made else v for k, v in st.inputs.items()},
+        outputs={k: _machine_path(v) for k, v in st.outputs.items()},
+        args=tuple((f, _machine_path(v) if literal.fullmatch(v) else v) for f, v in st.args),
         params={k: v for k, v in st.params.items() if v not in {key for key, _ in sets}},
-        sets=sets, runs=st.code_name, priority=0))
+        sets=sets, runs=st.code_name, enabled_by=enabled_by,
+        priority=MACHINE_COSTS_PRIORITY if st.name == "measure_costs" else 0))
 
 
 MACHINE_SETS = {"measure_costs": MACHINE_COSTS_SETS, "search_taso": MACHINE_SEARCH_SETS,
                 "search_greedy": MACHINE_SEARCH_SETS}
-STAGES.update({s.name: s for s in (on_machine(STAGES[n], MACHINE_SETS.get(n, ())) for n in MACHINE_TRACK)})
+_MADE = frozenset(v for n in MACHINE_TRACK + MACHINE_AGENT_TRACK for v in STAGES[n].outputs.values())
+STAGES.update({s.name: s for s in (on_machine(STAGES[n], MACHINE_SETS.get(n, ()), _MADE) for n in MACHINE_TRACK)})
+STAGES.update({s.name: s for s in (on_machine(STAGES[n], (), _MADE, MACHINE_AGENTS_KEY) for n in MACHINE_AGENT_TRACK)})
 STAGES["search_ortopt"] = _check(Stage(
     name="search_ortopt",
     doc="Machine track baseline: onnxruntime's offline transformer optimizer (method ort_optimizer); verified graph "

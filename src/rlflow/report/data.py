@@ -59,7 +59,8 @@ METHOD_LABEL = {"original": "original", AA: "A/A control (original re-exported)"
                 "greedy": "greedy", "eqsat": "equality saturation", "model_free": "model-free PPO", "rlflow": "RLFlow",
                 # the machine track (the searches again, for this machine's own target) and its baseline
                 "taso_machine": "TASO search (machine)", "greedy_machine": "greedy (machine)",
-                "eqsat_machine": "equality saturation (machine)",
+                "eqsat_machine": "equality saturation (machine)", "model_free_machine": "model-free PPO (machine)",
+                "rlflow_machine": "RLFlow (machine)",
                 "ort_optimizer": "onnxruntime transformer optimizer"}
 BACKEND_ORDER = ("ort", "torch", "tf", "tf-xla")
 BACKEND_LABEL = {"ort": "onnxruntime", "torch": "torch", "tf": "TensorFlow", "tf-xla": "TF-XLA"}

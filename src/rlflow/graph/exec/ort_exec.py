@@ -18,7 +18,9 @@ def quiet_options():
 
 
 class OrtRunner:
-    def __init__(self, graph: Graph, device: str = "cpu", threads: int = 0):
+    def __init__(self, graph: Graph, device: str = "cpu", threads: int = 0, model_path: str | None = None):
+        """A session of ``graph``; ``model_path``: ``graph`` already saved as an ONNX file (what
+        :class:`rlflow.graph.exec.FreshRunners` passes), else it is exported here."""
         import onnxruntime as ort
 
         from rlflow.graph.onnx_io import to_onnx
@@ -34,7 +36,8 @@ class OrtRunner:
         providers = ["CPUExecutionProvider"]
         if device == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
-        self.session = ort.InferenceSession(to_onnx(graph).SerializeToString(), opts, providers=providers)
+        model = model_path if model_path is not None else to_onnx(graph).SerializeToString()
+        self.session = ort.InferenceSession(model, opts, providers=providers)
         self.outputs = list(graph.outputs)
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
