@@ -61,6 +61,7 @@ def zoo_learned(config, cal, tmp: Path):
         zoo.export_model(name, path, dict(zoo.DEFAULT_SIZES[name], **ZOO_SIZE[name]))
         graphs += learning_graphs(load_onnx(path), rules, get(config, "cost.learn_graphs"))
     cost.learn(graphs)
+    cost.measure(graphs)  # as measure_costs does: each kernel also alone, so its in-model / alone ratio is known
     return cost
 
 

@@ -184,3 +184,21 @@ def test_ort_cpu_fused_conv_relu_is_onnxruntimes_own_conv_relu_kernel(config):
     sig = group_signature(g, [k, k + 1])
     assert sig in ort.context
     assert ort.alone_ms(fused.nodes[kf], fused.types) == pytest.approx(ort.context[sig] + ort.overhead_ms)
+
+
+def test_in_model_ratios_are_time_weighted_and_a_rare_pattern_takes_its_class():
+    """ort-cpu scales a kernel timed alone by its pattern's in-model / alone ratio: total over total, so a long
+    kernel counts for more than a short one; a pattern seen in fewer than MIN_PATTERN_KERNELS kernels (one small
+    Gemm of the zoo's GPT-2 ran 3.8x as long in the model as alone) or never seen takes its class's ratio
+    (GEMM-like or not)."""
+    from rlflow.cost.ort_cpu import MIN_PATTERN_KERNELS, _weighted_ratios, pattern_class
+
+    assert pattern_class("Gemm") == pattern_class("MatMul+Add") == pattern_class("Conv[relu]") == "class:gemm"
+    assert pattern_class("Add+LayerNormalization") == pattern_class("Reshape") == "class:other"
+    pairs = {"MatMul+Add": [(8.0, 10.0), (0.3, 0.1), (0.9, 1.0)],  # (in model, alone) ms
+             "Gemm": [(3.8, 1.0)],                                   # one kernel: not its own ratio
+             "Add": [(1.0, 0.5)] * MIN_PATTERN_KERNELS}
+    r = _weighted_ratios(pairs)
+    assert r["MatMul+Add"] == pytest.approx(9.2 / 11.1)  # not the median of 0.8, 3, 0.9
+    assert "Gemm" not in r and r["class:gemm"] == pytest.approx(13.0 / 12.1)
+    assert r["Add"] == r["class:other"] == pytest.approx(2.0)

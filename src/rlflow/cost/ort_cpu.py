@@ -272,6 +272,46 @@ def reorders(graph: Graph, groups: list[list[int]], blocked: list[bool], static:
 KERNEL_SESSIONS = 3
 
 
+#: ops whose kernels are GEMM-like (their time is mostly arithmetic, prepacked weights): a pattern never seen keeps
+#: the ratios of the patterns of its class (GEMM-like or not) rather than the median over all of them
+GEMM_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul", "Conv", "ConvTranspose"})
+
+
+def pattern_class(pattern: str) -> str:
+    """``gemm`` for a kernel pattern with a GEMM-like op (``MatMul+Add``, ``Gemm``, ``Conv+Relu``), else ``other``."""
+    return "class:gemm" if any(op.split("[")[0] in GEMM_OPS for op in pattern.split("+")) else "class:other"
+
+
+#: a pattern's own in-model / alone ratio is used from this many kernels on; below, its class's (one kernel of a
+#: pattern is too few: the zoo's GPT-2 has one small Gemm that ran 3.8x as long inside the model as alone)
+MIN_PATTERN_KERNELS = 3
+
+
+def _medians(values: Mapping[str, list[float]]) -> dict[str, float]:
+    """Per pattern the median of its values, and per :func:`pattern_class` the median of its patterns' values
+    (keys ``class:gemm``, ``class:other``): what a pattern never seen falls back to."""
+    out = {k: statistics.median(v) for k, v in values.items()}
+    by_class: dict[str, list[float]] = {}
+    for k, v in values.items():
+        by_class.setdefault(pattern_class(k), []).extend(v)
+    out.update({k: statistics.median(v) for k, v in by_class.items()})
+    return out
+
+
+def _weighted_ratios(pairs: Mapping[str, list[tuple[float, float]]]) -> dict[str, float]:
+    """In-model / alone per pattern from ``(in-model ms, alone ms)`` pairs: total over total (a long kernel counts
+    for more than a short one), for patterns of :data:`MIN_PATTERN_KERNELS` kernels or more; and per
+    :func:`pattern_class` over all its kernels (keys ``class:gemm``, ``class:other``)."""
+    out = {k: sum(a for a, _ in v) / sum(b for _, b in v) for k, v in pairs.items()
+           if len(v) >= MIN_PATTERN_KERNELS and sum(b for _, b in v) > 0}
+    by_class: dict[str, list[tuple[float, float]]] = {}
+    for k, v in pairs.items():
+        by_class.setdefault(pattern_class(k), []).extend(v)
+    out.update({k: sum(a for a, _ in v) / sum(b for _, b in v) for k, v in by_class.items()
+                if sum(b for _, b in v) > 0})
+    return out
+
+
 def _kernel_ms(event: dict, profiler_ms: float) -> float:
     """A profiled kernel's time (ms), less what the profiler adds to each (``profiler_ms``), never below 0."""
     return max(0.0, event["dur"] / 1e3 - profiler_ms)
@@ -455,17 +495,17 @@ class OrtCpuCost(CostModel):
             base = self._estimate(e["flops"], e["bytes"], e.get("gemm", True))
             if base > 0:
                 ratios.setdefault(e["pattern"], []).append(e["runtime_ms"] / base)
-        self.ratio = {k: statistics.median(v) for k, v in ratios.items()}
+        self.ratio = _medians(ratios)
         every = [x for v in ratios.values() for x in v]
         self.default_ratio = statistics.median(every) if every else 1.0
-        ctx: dict[str, list[float]] = {}  # a kernel inside the model / on its own, per pattern
+        ctx: dict[str, list[tuple[float, float]]] = {}  # a kernel inside the model, on its own; per pattern
         for sig, ms in self.context.items():
             e = self.kernels.get(sig)
             if e is not None and e["runtime_ms"] > 0:
-                ctx.setdefault(e["pattern"], []).append(ms / e["runtime_ms"])
-        self.context_ratio = {k: statistics.median(v) for k, v in ctx.items()}
-        every = [x for v in ctx.values() for x in v]
-        self.default_context_ratio = statistics.median(every) if every else 1.0
+                ctx.setdefault(e["pattern"], []).append((ms, e["runtime_ms"]))
+        self.context_ratio = _weighted_ratios(ctx)
+        inside, alone = sum(a for v in ctx.values() for a, _ in v), sum(b for v in ctx.values() for _, b in v)
+        self.default_context_ratio = inside / alone if alone > 0 else 1.0
         self._groups.clear()
         self._by_node.clear()
 
@@ -650,7 +690,8 @@ class OrtCpuCost(CostModel):
         pattern = kernel_pattern(kernel, members)
         alt = unfused_signature(kernel, members)  # a fused Conv[relu] is onnxruntime's own Conv + Relu kernel
         keys = ([alt] if alt else []) + [sig]
-        scale = self.context_ratio.get(pattern, self.default_context_ratio)
+        scale = self.context_ratio.get(pattern) or self.context_ratio.get(pattern_class(pattern),
+                                                                          self.default_context_ratio)
         for key in keys:
             if key in self.context:
                 return self.context[key] + self.overhead_ms, sig
@@ -661,7 +702,8 @@ class OrtCpuCost(CostModel):
         flops = sum(c[1] for c in base)
         nbytes = sum(c[2] for c in base)
         est = self._estimate(flops, nbytes, True)
-        return est * self.ratio.get(pattern, self.default_ratio) * scale + self.overhead_ms, sig
+        ratio = self.ratio.get(pattern) or self.ratio.get(pattern_class(pattern), self.default_ratio)
+        return est * ratio * scale + self.overhead_ms, sig
 
     # ------------------------------------------------------------------ learning and timing
     def learn(self, graphs: Iterable[Graph]) -> int:
