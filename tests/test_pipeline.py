@@ -294,7 +294,7 @@ def test_snakemake_dry_run_is_exactly_the_export_job():
 
 
 def test_snakemake_starts_the_longest_chain_first():
-    """The rollouts -> encoder -> world model -> controller chain has priority 1 (registry), every other job 0, so
+    """The costs -> rollouts -> encoder -> world model -> controller chain has priority 1 (registry), the others 0, so
     on a small machine (`make run`: --cores all) the searches wait for a core the chain leaves idle; the machine
     track's cost cache (all cores) has 2: it runs first, so that its searches can fill that core."""
     r = sh(tool("snakemake"), "-n", "-F", "--cores", "2", "results/bert/report.html")
@@ -303,8 +303,8 @@ def test_snakemake_starts_the_longest_chain_first():
     got = {name: int(m.group(1)) if (m := re.search(r"^\s+priority: (\d+)$", body, re.M)) else 0
            for name, body in jobs}
     want = {name: registry.stage(name).priority for name in got if name in registry.STAGES}
-    assert {k for k, v in want.items() if v == 1} == {"collect_rollouts", "merge_rollouts", "train_encoder",
-                                                      "train_world_model", "train_controller"}
+    assert {k for k, v in want.items() if v == 1} == {"measure_costs", "collect_rollouts", "merge_rollouts",
+                                                      "train_encoder", "train_world_model", "train_controller"}
     assert {k for k, v in want.items() if v > 1} == {"measure_costs_machine"}
     assert {k: got[k] for k in want} == want
 

@@ -517,6 +517,7 @@ STAGES: dict[str, Stage] = {
                 "and of graphs a few rewrites away.",
             inputs={"onnx": "results/{model}/model.onnx", "rules": "results/rules/rules.json"},
             outputs={"costs": "results/costs/{device}/{model}.json"},
+            priority=1,  # the head of the longest chain (rollouts read its costs): before the searches
             params={
                 "seed": "seed",
                 "device": "device",
@@ -872,9 +873,10 @@ MACHINE_COSTS_SETS = (("cost.learn_graphs", "1"), ("cost.explore_steps", "0"))
 #: would take half an hour (eqsat keeps its own eqsat.time_limit_s)
 MACHINE_SEARCH_SETS = (("search.time_limit_s", "60"),)
 #: the machine track's cost cache times kernels, so it runs alone (all cores): first, as soon as the model and the
-#: rules are there, so that the machine track's searches (one core each) can run beside the training chain, on the
-#: core it leaves idle. Run last (its priority 0), it waited for the chain to end and the searches then ran after
-#: it, before evaluate: 3.5 min of the default run's 19 (paper-size bert, 2 cores).
+#: rules are there (then measure_costs, priority 1, and the chain), so that the machine track's searches (one core
+#: each) can run beside the training chain, on the core it leaves idle. Run last (its priority 0), it waited for
+#: the chain to end and the searches then ran after it, before evaluate: 3.5 min of the default run's 19
+#: (paper-size bert, 2 cores).
 MACHINE_COSTS_PRIORITY = 2
 
 
