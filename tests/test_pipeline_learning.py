@@ -25,7 +25,8 @@ SEARCH_KEYS = {"format", "method", "model", "onnx", "rules", "num_rules", "devic
                "candidates_generated", "candidates_kept", "stop_reason", "seconds", "ms_per_expansion", "stats",
                "max_rel_diff", "tolerance"}
 #: the stages that run an agent (train_controller's code, model_free's): the only ones reading env.reward
-AGENT_STAGES = {"train_controller", "train_model_free", "sweep_temperature", "sweep_reward", "train_multi_model"}
+AGENT_STAGES = {"train_controller", "train_model_free", "sweep_temperature", "sweep_reward", "train_multi_model",
+                "train_controller_machine", "train_model_free_machine"}  # (the machine track's agents: machine.agents)
 
 
 def test_only_the_agents_read_the_reward():
