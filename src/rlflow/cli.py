@@ -21,33 +21,12 @@ import sys
 
 from rlflow import __version__
 from rlflow.errors import RLFlowError
-from rlflow.pipeline.registry import stage
+from rlflow.pipeline.registry import STAGES, stage
 
 STAGE_PREFIX = "rlflow.stages."
 
-COMMAND_MODULES = [
-    "rlflow.stages.export_model",
-    "rlflow.stages.generate_rules",
-    "rlflow.stages.collect_rollouts",
-    "rlflow.stages.merge_rollouts",
-    "rlflow.stages.measure_costs",
-    "rlflow.stages.search_taso",
-    "rlflow.stages.search_greedy",
-    "rlflow.stages.search_eqsat",
-    "rlflow.stages.search_ortopt",
-    "rlflow.stages.train_encoder",
-    "rlflow.stages.train_world_model",
-    "rlflow.stages.train_controller",
-    "rlflow.stages.train_model_free",
-    "rlflow.stages.generalise",
-    "rlflow.stages.evaluate",
-    "rlflow.stages.report",
-    "rlflow.stages.summary",
-    "rlflow.stages.export_hlo",
-    "rlflow.stages.train_pass_agent",
-    "rlflow.stages.evaluate_passes",
-    "rlflow.stages.train_multi_model",
-    "rlflow.stages.report_multi",
+#: the user tools, each a module of rlflow.commands
+USER_COMMANDS = [
     "rlflow.commands.inspect",
     "rlflow.commands.run",
     "rlflow.commands.convert",
@@ -56,6 +35,8 @@ COMMAND_MODULES = [
     "rlflow.commands.cost",
     "rlflow.commands.passes",
 ]
+#: every subcommand's module: the pipeline stages' (from the registry, each stage module once), then the tools
+COMMAND_MODULES = [*dict.fromkeys(s.module for s in STAGES.values()), *USER_COMMANDS]
 
 
 def _wrapped(command: str, width: int = 110) -> str:
