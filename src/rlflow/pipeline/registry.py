@@ -148,9 +148,11 @@ class Stage:
     """The most processes its work runs at once (generalise scores its variants in parallel): Snakemake gives it
     that many cores, at most ``--cores`` (``stage_threads`` in workflow/rules/common.smk), and the stage uses no more."""
     priority: int = 0
-    """Snakemake starts ready jobs of higher priority first. The stages on the pipeline's longest chain (rollouts ->
-    encoder -> world model -> controller) have 1, so with ``--cores all`` on a small machine the searches fill the
-    cores those leave idle instead of slowing them down (DVC runs stages one at a time and has no priorities)."""
+    """Snakemake starts ready jobs of higher priority first. The stages on the pipeline's longest chain (costs ->
+    rollouts -> encoder -> world model -> controller) have 1, so with ``--cores all`` on a small machine the
+    searches fill the cores those leave idle instead of slowing them down; the machine track's cost cache
+    (``measure_costs_machine``, every core) has 2, so it runs before the chain takes a core and its searches can
+    fill the core the chain leaves idle. DVC runs stages one at a time and has no priorities."""
     folders: tuple[str, ...] = ()
     """Outputs (by name) that are folders, e.g. a dvclive log folder (Snakemake ``directory()``)."""
     sets: tuple[tuple[str, str], ...] = ()
