@@ -141,19 +141,14 @@ class Scorer:
         static = view.static
         pos = view.pos
         additive = self.cost.additive
-        for k, ms in enumerate(index.matches):
-            if not ms:
-                continue
-            if deadline and time.perf_counter() > deadline:
-                return
-            for j, m in enumerate(ms):
-                new, removed, changed = _apply(g, m)
-                first = min(pos[x] for x in m.nodes)
-                if additive:
-                    c = self.child_cost(g, view, static, cost, m, new, first, changed)
-                else:
-                    c = self.kernel_child_cost(g, cost, new, removed, changed)
-                yield k, j, m, new, c, first
+        for k, j, m in _locations(index, deadline):
+            new, removed, changed = _apply(g, m)
+            first = min(pos[x] for x in m.nodes)
+            if additive:
+                c = self.child_cost(g, view, static, cost, m, new, first, changed)
+            else:
+                c = self.kernel_child_cost(g, cost, new, removed, changed)
+            yield k, j, m, new, c, first
 
     def child_costs(self, index: MatchIndex, cost: int, deadline: float = 0.0
                     ) -> Iterator[tuple[int, int, Match, int]]:
@@ -169,32 +164,27 @@ class Scorer:
         g, view = index.graph, index.view
         surroundings = self.cost.surroundings
         memo, self._memo = self._memo, {}
-        for k, ms in enumerate(index.matches):
-            if not ms:
+        for k, j, m in _locations(index, deadline):
+            hit = memo.get(id(m))
+            if hit is not None and hit[0] is m and _in_place(view, m) and surroundings(g, hit[1]) == hit[2]:
+                self._memo[id(m)] = hit
+                self.reused += 1
+                yield k, j, m, cost + hit[3]
                 continue
-            if deadline and time.perf_counter() > deadline:
-                return
-            for j, m in enumerate(ms):
-                hit = memo.get(id(m))
-                if hit is not None and hit[0] is m and _in_place(view, m) and surroundings(g, hit[1]) == hit[2]:
-                    self._memo[id(m)] = hit
-                    self.reused += 1
-                    yield k, j, m, cost + hit[3]
-                    continue
-                new, removed, changed = _apply(g, m)
-                around: list[str] = []
-                parts = self.cost.changed_kernels(g, new, removed, set(changed), around)
-                if parts is None:
-                    self.full_sums += 1
-                    yield k, j, m, self.graph_cost(new)
-                    continue
-                self.delta_sums += 1
-                delta = sum(map(quantize, parts[1])) - sum(map(quantize, parts[0]))
-                if _in_place(view, m):  # (a child whose nodes were re-sorted has its order from the whole graph)
-                    here = surroundings(g, around)
-                    if here is not None:
-                        self._memo[id(m)] = (m, around, here, delta)
-                yield k, j, m, cost + delta
+            new, removed, changed = _apply(g, m)
+            around: list[str] = []
+            parts = self.cost.changed_kernels(g, new, removed, set(changed), around)
+            if parts is None:
+                self.full_sums += 1
+                yield k, j, m, self.graph_cost(new)
+                continue
+            self.delta_sums += 1
+            delta = sum(map(quantize, parts[1])) - sum(map(quantize, parts[0]))
+            if _in_place(view, m):  # (a child whose nodes were re-sorted has its order from the whole graph)
+                here = surroundings(g, around)
+                if here is not None:
+                    self._memo[id(m)] = (m, around, here, delta)
+            yield k, j, m, cost + delta
 
     def graph_hash(self, g: Graph) -> int:
         return self.hasher(g)
@@ -276,6 +266,18 @@ class Scorer:
             if (sv in static) != (other in static):
                 return False
         return True
+
+
+def _locations(index: MatchIndex, deadline: float) -> Iterator[tuple[int, int, Match]]:
+    """(rule index, location, match) of every match of ``index``, in rule order then location order; stops
+    (between rules) once ``time.perf_counter()`` passes ``deadline`` (0: never)."""
+    for k, ms in enumerate(index.matches):
+        if not ms:
+            continue
+        if deadline and time.perf_counter() > deadline:
+            return
+        for j, m in enumerate(ms):
+            yield k, j, m
 
 
 def _in_place(view, m: Match) -> bool:
