@@ -134,14 +134,25 @@ def _split_large_weights(data: bytes, min_bytes: int = 1 << 16) -> tuple[bytes, 
     return data[:gtag] + _len_field(_MODEL_GRAPH, len(graph_bytes)) + graph_bytes + data[gb:], views
 
 
-def _read_model(path: str | os.PathLike) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """Parse the file; large weights come back separately as zero-copy numpy views of the file's bytes."""
-    p = Path(path)
-    if not p.exists():
-        raise RLFlowError(f"{p}: no such file")
-    if not p.is_file():
-        raise RLFlowError(f"{p}: not a file")
-    data = p.read_bytes()
+#: how errors name a model given as bytes
+IN_MEMORY = "the model"
+
+
+def _read_model(path: str | os.PathLike | bytes) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Parse the file (or the bytes of one); large weights come back separately as zero-copy numpy views of the
+    file's bytes."""
+    if isinstance(path, (bytes, bytearray)):
+        p, data = Path("."), bytes(path)
+    else:
+        p = Path(path)
+        if not p.exists():
+            raise RLFlowError(f"{p}: no such file")
+        if not p.is_file():
+            raise RLFlowError(f"{p}: not a file")
+        data = p.read_bytes()
+    folder = p.parent
+    if isinstance(path, (bytes, bytearray)):
+        p = IN_MEMORY
     if not data:
         raise RLFlowError(f"{p}: empty file, not an ONNX model")
     model = onnx.ModelProto()
@@ -159,7 +170,7 @@ def _read_model(path: str | os.PathLike) -> tuple[onnx.ModelProto, dict[str, np.
         raise RLFlowError(f"{p}: the graph has no outputs, so there is nothing to compute")
     if model.graph.initializer and any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer):
         try:
-            onnx.load_external_data_for_model(model, str(p.parent))
+            onnx.load_external_data_for_model(model, str(folder))
         except Exception as e:
             raise RLFlowError(f"{p}: cannot load external weight data ({_first_line(e)})") from None
     return model, views
@@ -610,9 +621,12 @@ def _drop_unused_constants(g: Graph) -> Graph:
     return g
 
 
-def load_onnx(path: str | os.PathLike, input_shapes: Mapping[str, Any] | list[str] | None = None) -> Graph:
-    """Import an ONNX file as a static IR graph (see the module docstring). Errors are one-line RLFlowErrors."""
+def load_onnx(path: str | os.PathLike | bytes, input_shapes: Mapping[str, Any] | list[str] | None = None) -> Graph:
+    """Import an ONNX file (or the bytes of one) as a static IR graph (see the module docstring). Errors are
+    one-line RLFlowErrors."""
     model, weights = _read_model(path)
+    if isinstance(path, (bytes, bytearray)):
+        path = IN_MEMORY
     _opset_of(model, path)
     _sort_or_cycle(model, path)
     for i in model.graph.input:
