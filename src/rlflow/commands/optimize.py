@@ -63,7 +63,8 @@ from pathlib import Path
 from rlflow.commands.common import add_model_arguments
 
 NAME = "optimize"
-HELP = "optimise an ONNX model with TASO search, greedy search or a trained RLFlow agent over the verified rules"
+HELP = ("optimise an ONNX model with the verified rules (equality saturation; or TASO's search, greedy, a "
+        "trained RLFlow agent); keep it only if faster here")
 #: methods of --method: the two searches and the learned agent
 METHODS = ("taso", "greedy", "eqsat", "rlflow", "ort-optimizer")
 
