@@ -19,13 +19,18 @@ STAMP  := $(VENV)/.rlflow-installed
 # themselves are named by path too, because make 4.3 looks commands up on its own, unmodified PATH.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run test setup lint dvc-yaml default-rules clean
+.PHONY: run test test-install setup lint dvc-yaml default-rules clean
 
 run: $(STAMP)
 	$(BIN)/snakemake --cores all
 
 test: $(STAMP)
 	$(BIN)/pytest -q -n auto --dist loadfile
+
+# pip install . into a clean venv (torch first), then rlflow optimize with no other file (about a minute with
+# pip's cache warm; it downloads about 40 packages once)
+test-install: $(STAMP)
+	$(BIN)/pytest -q --run-install tests/test_install.py
 
 setup: $(STAMP)
 
