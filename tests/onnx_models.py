@@ -114,4 +114,4 @@ def shared_input_mlp(batch: int | str = 8) -> onnx.ModelProto:
              helper.make_node("Relu", ["a"], ["ra"]), helper.make_node("Relu", ["b"], ["rb"]),
              helper.make_node("Add", ["ra", "rb"], ["y"])]
     g = helper.make_graph(nodes, "mlp", [x], [y], w)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)

@@ -20,7 +20,9 @@ __all__ = ["__version__", *_API]
 
 def __getattr__(name: str):
     if name in _API:
-        from rlflow import api
+        # importlib, not an import statement: the pipeline's code dependencies are the import statements a stage's
+        # module reaches (rlflow.pipeline.imports), and every stage runs this file; none of them uses the API
+        import importlib
 
-        return getattr(api, name)
+        return getattr(importlib.import_module("rlflow.api"), name)
     raise AttributeError(f"module 'rlflow' has no attribute '{name}'")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -22,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from rlflow.errors import RLFlowError
 
 if TYPE_CHECKING:
+    import onnx
+
     from rlflow.graph.ir import Graph
 
 #: the methods of :func:`optimize`: three searches, a trained agent and onnxruntime's transformer optimizer
@@ -82,6 +85,16 @@ class Optimised:
     platform: Any           #: the resolved platform (target, backend, device)
     max_rel_diff: float     #: largest output difference of the graph found, relative to the outputs' magnitude
     ops_measured: int       #: op (kernel) signatures timed on the way (a measured target)
+    #: the graph kept as an ONNX model with the original's dynamic dimensions, where it is shape-generic
+    #: (rlflow.graph.dynamic); None: the graph is written as it is, static
+    dynamic_model: onnx.ModelProto | None = None
+    dynamic_note: str | None = None  #: what happened to the original's dynamic dimensions (None: it had none)
+
+    def to_onnx(self) -> onnx.ModelProto:
+        """The graph kept, as an ONNX model (with its dynamic dimensions where they were kept)."""
+        from rlflow.graph.onnx_io import to_onnx
+
+        return self.dynamic_model if self.dynamic_model is not None else to_onnx(self.graph)
 
     @property
     def kept_original(self) -> bool:
@@ -99,7 +112,9 @@ def optimize(model, *, method: str = "eqsat", target: str | None = None, rules: 
     The graph found is checked equal to the original under onnxruntime on random inputs (largest relative output
     difference <= ``tolerance``; otherwise RLFlowError). With ``speed_check`` it is then timed against the
     original on this machine (the measurement protocol); unless it is significantly faster, the ORIGINAL graph is
-    returned. Either way the result's weight-only nodes are folded and its input shapes are static.
+    returned. Either way the result's weight-only nodes are folded. Its inputs keep the original's dynamic
+    dimensions if the result computes what the original computes at other sizes too (checked at two); else its
+    shapes are the ones given (``input_shapes``), with a warning saying so.
 
     * ``method``: ``eqsat`` (equality saturation, the default), ``taso``, ``greedy``, ``rlflow`` (a trained
       agent: ``agent`` is its checkpoint from the pipeline) or ``ort-optimizer``.
@@ -114,7 +129,6 @@ def optimize(model, *, method: str = "eqsat", target: str | None = None, rules: 
     * ``verbose``: print what the command line prints (the check's verdict, the cost before and after).
     """
     from rlflow.graph.ir import Graph
-    from rlflow.graph.onnx_io import to_onnx
 
     settings = dict(settings or {})
     cfg = load_settings(config, settings)
@@ -122,12 +136,16 @@ def optimize(model, *, method: str = "eqsat", target: str | None = None, rules: 
     optimiser = Optimiser(config=cfg, target=target or (None if names_target else "machine"), method=method,
                           rules=rules, agent=agent, backend=backend, speed_check=speed_check, tolerance=tolerance,
                           time_limit=time_limit, progress=progress, log=print if verbose else (lambda line: None))
-    graph = load(model, input_shapes)
-    path = model if isinstance(model, (str, os.PathLike)) else None
-    run = optimiser.run(graph, model_name=str(path or "the model"), source=path, input_shapes=input_shapes)
+    source = None if isinstance(model, Graph) else (
+        model if isinstance(model, (str, os.PathLike, bytes, bytearray)) else _onnx_bytes(model))
+    graph = load(model if source is None else source, input_shapes)
+    name = str(model) if isinstance(model, (str, os.PathLike)) else "the model"
+    run = optimiser.run(graph, model_name=name, source=source, input_shapes=input_shapes)
     if verbose:
         print(summary_lines(run, method))
-    return run.graph if isinstance(model, Graph) else to_onnx(run.graph)
+    elif run.dynamic_note and run.dynamic_model is None:
+        warnings.warn(run.dynamic_note, stacklevel=2)
+    return run.graph if isinstance(model, Graph) else run.to_onnx()
 
 
 def load_settings(config=None, settings: Mapping[str, Any] | None = None) -> dict:
@@ -200,7 +218,11 @@ class Optimiser:
         """Optimise ``graph``: run the method for the cost target, check the graph found equal to the original,
         then (with the speed check) never slower. ``source``, ``input_shapes``: the ONNX file the graph was
         loaded from and how (``ort-optimizer`` works on the file; without one, on the graph written out).
-        ``not_written`` ends the message of a failed equality check (``out.onnx not written``)."""
+        ``not_written`` ends the message of a failed equality check (``out.onnx not written``). With a
+        ``source`` (a path or the bytes of an ONNX file) whose inputs have dynamic dimensions, the result keeps
+        them where the graph is shape-generic (:func:`rlflow.graph.dynamic.keep_dynamic`); ``log`` gets a line
+        saying which."""
+        from rlflow.graph.dynamic import keep_dynamic
         from rlflow.graph.exec import check_memory
         from rlflow.search.output import verify_and_choose
 
@@ -224,8 +246,12 @@ class Optimiser:
         chosen, diff, doc = verify_and_choose(graph, result, extra, seed=self.seed, device=self.device,
                                               tol=self.tolerance, speed_check=check, log=self.log,
                                               not_written=not_written)
+        dynamic, note = (None, None) if source is None else keep_dynamic(chosen, source, self.seed, self.tolerance)
+        if note:
+            self.log(note)
+            doc["dynamic_axes"] = {"kept": dynamic is not None, "note": note}
         return Optimised(graph=chosen, found=result, trace=doc, cost=cost, platform=self.platform,
-                         max_rel_diff=diff, ops_measured=measured)
+                         max_rel_diff=diff, ops_measured=measured, dynamic_model=dynamic, dynamic_note=note)
 
     def _search(self, graph, cost, source, input_shapes):
         """Run the search method; on a measured target, time the kernels of the graph found that the cost model
@@ -277,7 +303,7 @@ def _ort_optimizer(graph, cost, source, input_shapes):
     from rlflow.graph.onnx_io import save_onnx
     from rlflow.search.ort_optimizer import ort_optimizer
 
-    if source is not None:
+    if isinstance(source, (str, os.PathLike)):
         return ort_optimizer(graph, source, "bert", cost, input_shapes=input_shapes)
     with tempfile.TemporaryDirectory(prefix="rlflow-") as tmp:
         path = Path(tmp) / "model.onnx"

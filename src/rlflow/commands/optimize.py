@@ -27,7 +27,10 @@ the original on --backend (default: the backend that verifies the target, on its
 on the GPU for cuda); unless the protocol calls it faster, OUT.onnx gets the ORIGINAL graph and one line says so
 ("kept the original: no significant speedup, ratio 1.004 [0.991, 1.017] on ort"). A target this machine cannot
 verify (--target sim-h100 on a CPU box) is not checked unless --backend names one: the graph found is written and
-labelled "simulated target: not verifiable on this machine". The trace records the check (speed_check) and the
+labelled "simulated target: not verifiable on this machine". A model with dynamic input dimensions is optimised
+at the sizes --input-shape gives; OUT.onnx keeps the dimensions dynamic if, with them put back, it matches the
+original under onnxruntime at two other sizes too, else it is written with the given sizes and one line says it
+was specialised (rlflow.graph.dynamic). The trace records the check (speed_check) and the
 resolved platform (target, backend, device); the summary's first line names them. --no-speed-check skips the
 check. Errors (a missing or damaged checkpoint, a rule set that does not match, ...) are one line, exit 2.
 
@@ -117,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from rlflow.api import Optimiser, summary_lines
-    from rlflow.atomic import write_text
+    from rlflow.atomic import atomic_path, write_text
     from rlflow.config import load_config
     from rlflow.errors import RLFlowError
     from rlflow.graph import load_onnx
@@ -139,7 +142,11 @@ def run(args: argparse.Namespace) -> int:
     graph = load_onnx(args.model, args.input_shape)
     run = optimiser.run(graph, model_name=str(args.model), source=args.model, input_shapes=args.input_shape,
                         not_written=f"{args.out} not written")
-    save_onnx(run.graph, args.out)
+    if run.dynamic_model is None:
+        save_onnx(run.graph, args.out)
+    else:  # the graph with the original's dynamic dimensions, checked at other sizes (rlflow.graph.dynamic)
+        with atomic_path(args.out) as tmp:
+            tmp.write_bytes(run.dynamic_model.SerializeToString())
     if args.trace is not None:
         write_text(args.trace, json.dumps(run.trace, indent=1) + "\n")
     if args.json:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -736,6 +736,28 @@ def to_onnx(graph: Graph, weights: bool = True) -> onnx.ModelProto:
     return model
 
 
+
+
+def set_io_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str | None] | None]) -> None:
+    """Write ``shapes`` on the model's inputs and outputs they name: each dimension a size, a symbol (a dynamic
+    dimension) or None (unknown); None for the whole shape: rank unknown. The static shapes of intermediate values
+    are dropped (they need not hold at other sizes); their element types stay."""
+    for vi in [*model.graph.input, *model.graph.output]:
+        if vi.name not in shapes:
+            continue
+        tt = vi.type.tensor_type
+        tt.ClearField("shape")
+        if shapes[vi.name] is None:
+            continue
+        tt.shape.SetInParent()  # a rank-0 shape is an empty shape, not a missing one
+        for d in shapes[vi.name]:
+            dim = tt.shape.dim.add()
+            if isinstance(d, str):
+                dim.dim_param = d
+            elif d is not None:
+                dim.dim_value = d
+    for vi in model.graph.value_info:
+        vi.type.tensor_type.ClearField("shape")
 
 
 def save_onnx(graph: Graph, path: str | os.PathLike, check: bool = True) -> None:
