@@ -96,10 +96,6 @@ class Optimised:
 
         return self.dynamic_model if self.dynamic_model is not None else to_onnx(self.graph)
 
-    @property
-    def kept_original(self) -> bool:
-        return self.trace.get("speed_check", {}).get("kept") == "original"
-
 
 def optimize(model, *, method: str = "eqsat", target: str | None = None, rules: str | os.PathLike | None = None,
              agent: str | os.PathLike | None = None, input_shapes=None, config=None,
