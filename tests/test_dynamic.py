@@ -27,11 +27,12 @@ def _outputs(path, feeds) -> list:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-@pytest.fixture(scope="module")
-def hf_dynamic(tmp_path_factory):
-    """An HF-style transformer block exported by torch with a dynamic batch (input_ids [batch, 8])."""
+@pytest.fixture(scope="module", params=[False, True], ids=["torchscript", "dynamo"])
+def hf_dynamic(request, tmp_path_factory):
+    """An HF-style transformer block exported by torch (both exporters) with a dynamic batch (input_ids
+    [batch, 8])."""
     path = tmp_path_factory.mktemp("hf") / "block.onnx"
-    onnx_models.export_hf_block(path, dynamo=False, dynamic_batch=True)
+    onnx_models.export_hf_block(path, dynamo=request.param, dynamic_batch=True)
     assert dynamic_axes(onnx.load(path)) == {"input_ids": {0: "batch"}}
     return path
 
