@@ -27,7 +27,7 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest -q -n auto --dist loadfile
 
-# pip install . into a clean venv (torch first), then rlflow optimize with no other file (about a minute with
+# pip install . into a clean venv (torch first), then rlflow optimize with no other file (about 2 minutes with
 # pip's cache warm; it downloads about 40 packages once)
 test-install: $(STAMP)
 	$(BIN)/pytest -q --run-install tests/test_install.py
