@@ -51,3 +51,17 @@ def rules_file(tmp_path_factory) -> Path:
     code = main(["generate-rules", "--config", str(ROOT / "config.yaml"), "--out", str(out), "--no-progress"])
     assert code == 0 and out.is_file()
     return out
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-install", action="store_true",
+                     help="also run the tests marked install (a clean venv and pip install .: make test-install)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-install"):
+        return
+    skip = pytest.mark.skip(reason="installs into a clean venv: run with --run-install (make test-install)")
+    for item in items:
+        if "install" in item.keywords:
+            item.add_marker(skip)

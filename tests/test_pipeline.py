@@ -542,3 +542,12 @@ def test_export_model_help_names_the_config_keys():
     assert r.returncode == 0
     for word in ("seed, export.opset, export.exporter", "--config", "--set", "--model", "--out", "taso-bert"):
         assert word in r.stdout
+
+
+@pytest.mark.parametrize("extra", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_sweeps_train_only_what_the_main_run_does_not(extra):
+    """A sweep value equal to the main run's (its controller's temperature, its reward) would train the main
+    controller again under another name and leave the value it was meant to compare untrained."""
+    cfg = load_config([CONFIG, extra])
+    assert get(cfg, "env.reward.name") not in get(cfg, "sweeps.rewards")
+    assert get(cfg, "controller.temperature") not in get(cfg, "sweeps.temperatures")
