@@ -38,7 +38,7 @@ test-install: $(STAMP)
 
 test-cluster: $(STAMP)
 	$(BIN)/python -m pip install -q -r envs/requirements-cluster.txt
-	$(BIN)/pytest -v -rs --run-cluster tests/test_cluster_slurm.py
+	$(BIN)/pytest -v -rsP --durations=3 --run-cluster tests/test_cluster_slurm.py
 
 setup: $(STAMP)
 

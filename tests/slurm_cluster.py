@@ -29,8 +29,8 @@ from pathlib import Path
 
 #: Debian's packages that provide the daemons and clients, and the commands the cluster needs from them
 PACKAGES = ["slurmctld", "slurmd", "slurmdbd", "slurm-client", "munge", "mariadb-server", "mariadb-client"]
-COMMANDS = ["slurmctld", "slurmd", "slurmdbd", "sbatch", "sacct", "sacctmgr", "scontrol", "munged", "mungekey",
-            "mariadbd", "mariadb-install-db", "mariadb"]
+COMMANDS = ["slurmctld", "slurmd", "slurmdbd", "sbatch", "sacct", "sacctmgr", "scontrol", "scancel", "squeue",
+            "munged", "mungekey", "mariadbd", "mariadb-install-db", "mariadb"]
 CLUSTER = "rlflowtest"
 ACCOUNT = "rlflow-test"
 
@@ -129,13 +129,25 @@ class SlurmCluster:
             raise
 
     def stop(self) -> None:
-        """Stop the daemons in reverse start order (slurmd, slurmctld, slurmdbd, MariaDB, munged) and remove the
-        link at the default config path."""
+        """Cancel any job still queued or running (a run that failed or timed out leaves them), stop the daemons
+        in reverse start order (slurmd, slurmctld, slurmdbd, MariaDB, munged) and remove the link at the default
+        config path."""
         try:
+            if "slurmd" in self.procs and self.procs["slurmctld"].poll() is None:
+                self._cancel_jobs()
             self._stop_daemons()
         finally:
             if DEFAULT_CONF.is_symlink() and Path(os.readlink(DEFAULT_CONF)) == self.conf:
                 DEFAULT_CONF.unlink()
+
+    def _cancel_jobs(self, timeout: float = 60) -> None:
+        self.run("scancel", "--user", _user(), check=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = self.run("squeue", "--noheader", check=False)
+            if r.returncode != 0 or not r.stdout.strip():
+                return
+            time.sleep(1)
 
     def _stop_daemons(self) -> None:
         for name in reversed(list(self.procs)):

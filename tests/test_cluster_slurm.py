@@ -128,7 +128,9 @@ def accounting(cluster, slurm_run):
     fields = ["JobIDRaw", "JobName", "Comment", "Partition", "Account", "State", "ExitCode", "NodeList"]
     r = cluster.run("sacct", "-X", "--allusers", "--parsable2", "--noheader", "--starttime", "now-1days",
                     f"--format={','.join(f + '%200' if f == 'Comment' else f for f in fields)}")
-    return [dict(zip(fields, line.split("|"))) for line in r.stdout.splitlines() if line]
+    jobs = [dict(zip(fields, line.split("|"))) for line in r.stdout.splitlines() if line]
+    print(f"sacct: {len(jobs)} SLURM jobs")
+    return jobs
 
 
 def test_every_pipeline_job_ran_as_a_completed_slurm_job(slurm_run, accounting):
