@@ -1,6 +1,10 @@
 # make run   set up .venv (once) and run the pipeline's rule all for config.yaml's models: every stage, up to
 #            results/<model>/report.html and results/summary.html
 # make test  set up .venv (once) and run the test suite (the project's one test command; CI runs it)
+# make test-cluster  the tiny pipeline on a one-node SLURM cluster started on this machine through the SLURM
+#            profile (tests/test_cluster_slurm.py, docs/cluster.md): installs the executor plugin
+#            (envs/requirements-cluster.txt) and, where missing, Debian's SLURM packages (it skips without root
+#            or apt-get). Not part of `make test`.
 #
 # Setup: python3 -m venv .venv, then torch==2.13.0 FIRST in its own pip call (an unpinned torch, or one pulled
 # in by another package, would be the multi-GB CUDA build), then the requirements, then rlflow itself without
@@ -19,7 +23,7 @@ STAMP  := $(VENV)/.rlflow-installed
 # themselves are named by path too, because make 4.3 looks commands up on its own, unmodified PATH.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run test test-install setup lint dvc-yaml default-rules clean
+.PHONY: run test test-install test-cluster setup lint dvc-yaml default-rules clean
 
 run: $(STAMP)
 	$(BIN)/snakemake --cores all
@@ -31,6 +35,10 @@ test: $(STAMP)
 # pip's cache warm; it downloads about 40 packages once)
 test-install: $(STAMP)
 	$(BIN)/pytest -q --run-install tests/test_install.py
+
+test-cluster: $(STAMP)
+	$(BIN)/python -m pip install -q -r envs/requirements-cluster.txt
+	$(BIN)/pytest -v -rsP --durations=3 --run-cluster tests/test_cluster_slurm.py
 
 setup: $(STAMP)
 

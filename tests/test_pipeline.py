@@ -551,3 +551,19 @@ def test_sweeps_train_only_what_the_main_run_does_not(extra):
     cfg = load_config([CONFIG, extra])
     assert get(cfg, "env.reward.name") not in get(cfg, "sweeps.rewards")
     assert get(cfg, "controller.temperature") not in get(cfg, "sweeps.temperatures")
+
+
+def test_the_slurm_profile_names_pipeline_rules_and_runs_without_cores():
+    """workflow/profiles/slurm sets resources by rule name: each is a stage of the registry (a renamed stage would
+    silently fall back to the defaults). It sets no `cores`, so the Snakefile must parse without --cores, as under
+    a cluster executor (`make test-cluster` runs the profile on a real SLURM cluster)."""
+    profile = yaml.safe_load((REPO / "workflow" / "profiles" / "slurm" / "config.yaml").read_text())
+    assert set(profile["set-resources"]) <= set(registry.STAGES), set(profile["set-resources"]) - set(registry.STAGES)
+    assert "cores" not in profile
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, ResourceSettings
+
+    with SnakemakeApi() as api:
+        wf = api.workflow(snakefile=REPO / "Snakefile", workdir=REPO, resource_settings=ResourceSettings(),
+                          config_settings=ConfigSettings(configfiles=[TINY]))
+        assert "measure_costs" in {r.name for r in wf._workflow.rules}  # parsed, threads included
