@@ -10,7 +10,9 @@ One generic engine serves every rule:
       the rule, and no variable is produced by a matched node;
     * applying it cannot create a cycle (no variable depends on a matched node through outside nodes);
     * the target's shape inference succeeds and each mapped target value has the same type as the source value
-      it replaces.
+      it replaces;
+    * with ``constraints.no_broadcast``, no broadcasting op (Add, Mul, ...) of either side reads inputs of two
+      shapes.
 - :func:`apply(graph, match)` returns a new, valid graph; the input graph is unchanged.
 - :class:`MatchIndex` holds the matches of all rules on one graph; ``index.apply(k, j)`` applies match ``j`` of
   rule ``k`` and returns the new index, re-matching only around the changed region (see ``_region``).
@@ -27,7 +29,7 @@ from rlflow.errors import RLFlowError
 from rlflow.graph.fold import static_values
 from rlflow.graph.ir import Constant, Graph, Node, TensorType, _canonical
 from rlflow.graph.ops import infer_types
-from rlflow.rewrite.rule import Rule, attr_equal, constant_array, eval_attr, is_param
+from rlflow.rewrite.rule import Rule, attr_equal, broadcasts, constant_array, eval_attr, is_param
 
 _REF = re.compile(r"%(\d+)(?:\.(\d+))?$")
 
@@ -293,9 +295,13 @@ def _target_types(rule: Rule, refs: dict[str, str], types: dict[str, TensorType]
     def type_of(r: str) -> TensorType:
         return dt[r] if r.startswith("%") else types[refs[r]]
 
+    if rule.no_broadcast and any(broadcasts(pn.op, [types[refs[r]] for r in pn.inputs]) for pn in rule.src):
+        return None
     try:
         for k, pn in enumerate(rule.dst):
             attrs = {a: eval_attr(e, type_of, params) for a, e in pn.attrs.items()}
+            if rule.no_broadcast and broadcasts(pn.op, [type_of(r) for r in pn.inputs]):
+                return None
             if pn.op == "Constant":
                 shape = tuple(attrs.get("shape", ()))
                 if any(not isinstance(d, int) or d < 1 for d in shape):
