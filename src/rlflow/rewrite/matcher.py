@@ -138,6 +138,23 @@ class _View:
         # static values: constants, and outputs of nodes that read static values only (weights being reshaped,
         # concatenated, enlarged...: computable ahead of time, folded after a search)
         self.static = static_values(g)[0]
+        self._ancestors: dict[str, int] | None = None
+
+    @property
+    def ancestors(self) -> dict[str, int]:
+        """Per node, the set of nodes it depends on (itself included) as a bit mask over positions; built on
+        first use (the graph's nodes are in topological order)."""
+        if self._ancestors is None:
+            anc: dict[str, int] = {}
+            for n in self.g.nodes:
+                mask = 1 << self.pos[n.name]
+                for v in n.inputs:
+                    p = self.producer.get(v)
+                    if p is not None:
+                        mask |= anc[p.name]
+                anc[n.name] = mask
+            self._ancestors = anc
+        return self._ancestors
 
 
 # ============================================================================================ matching
@@ -270,19 +287,16 @@ def _finish(view: _View, c: _Compiled, bound: list[Node], vars_: dict[str, str],
 
 
 def _creates_cycle(view: _View, matched: set[str], var_values: Iterable[str]) -> bool:
-    """Does some variable depend on a matched node through nodes outside the match? Only nodes after the first
-    matched node (in topological order) can lie on such a path, which keeps the search small."""
-    lo = min(view.pos[n] for n in matched)
-    stack = [view.producer[v] for v in var_values if v in view.producer]
-    seen: set[str] = set()
-    while stack:
-        n = stack.pop()
-        if n.name in seen or view.pos[n.name] < lo:
-            continue
-        if n.name in matched:
+    """Does some variable depend on a matched node through nodes outside the match? (A variable is never produced
+    by a matched node, so that is: some matched node is an ancestor of a variable's producer.)"""
+    pos, anc = view.pos, view.ancestors
+    mask = 0
+    for n in matched:
+        mask |= 1 << pos[n]
+    for v in var_values:
+        p = view.producer.get(v)
+        if p is not None and anc[p.name] & mask:
             return True
-        seen.add(n.name)
-        stack.extend(view.producer[v] for v in n.inputs if v in view.producer)
     return False
 
 

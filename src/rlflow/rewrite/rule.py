@@ -175,6 +175,8 @@ def eval_attr(expr: Any, type_of: Callable[[str], TensorType], params: Mapping[s
 
 def attr_equal(a: Any, b: Any) -> bool:
     """Attribute equality as the IR's canonical hash sees it (floats at float32 precision, lists as tuples)."""
+    if type(a) is type(b) and type(a) in (int, str, tuple) and a == b:
+        return True                      # equal values have equal canonical forms (the matcher's common case)
     return _canonical(_tuplify(a)) == _canonical(_tuplify(b))
 
 
