@@ -1,6 +1,10 @@
-# make run   set up .venv (once) and run the pipeline as far as it goes (rule all, paper-size BERT: export, rules,
-#            op costs, TASO and greedy search, random rollouts)
+# make run   set up .venv (once) and run the pipeline's rule all for config.yaml's models: every stage, up to
+#            results/<model>/report.html and results/summary.html
 # make test  set up .venv (once) and run the test suite (the project's one test command; CI runs it)
+# make test-cluster  the tiny pipeline on a one-node SLURM cluster started on this machine through the SLURM
+#            profile (tests/test_cluster_slurm.py, docs/cluster.md): installs the executor plugin
+#            (envs/requirements-cluster.txt) and, where missing, Debian's SLURM packages (it skips without root
+#            or apt-get). Not part of `make test`.
 #
 # Setup: python3 -m venv .venv, then torch==2.13.0 FIRST in its own pip call (an unpinned torch, or one pulled
 # in by another package, would be the multi-GB CUDA build), then the requirements, then rlflow itself without
@@ -9,6 +13,9 @@
 # jobs at once: the fresh-clone make run was no shorter.)
 
 PYTHON ?= python3
+# Where pip takes torch from. Empty: PyPI, whose Linux torch is the CUDA build (several GB). A CPU-only machine can
+# take the CPU build instead: make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.rlflow-installed
@@ -16,7 +23,7 @@ STAMP  := $(VENV)/.rlflow-installed
 # themselves are named by path too, because make 4.3 looks commands up on its own, unmodified PATH.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run test setup lint dvc-yaml clean
+.PHONY: run test test-install test-cluster setup lint dvc-yaml default-rules clean
 
 run: $(STAMP)
 	$(BIN)/snakemake --cores all
@@ -24,11 +31,20 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest -q -n auto --dist loadfile
 
+# pip install . into a clean venv (torch first), then rlflow optimize with no other file (about 2 minutes with
+# pip's cache warm; it downloads about 40 packages once)
+test-install: $(STAMP)
+	$(BIN)/pytest -q --run-install tests/test_install.py
+
+test-cluster: $(STAMP)
+	$(BIN)/python -m pip install -q -r envs/requirements-cluster.txt
+	$(BIN)/pytest -v -rsP --durations=3 --run-cluster tests/test_cluster_slurm.py
+
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py envs/requirements.txt envs/requirements-test.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -m pip install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install -r envs/requirements.txt -r envs/requirements-test.txt
 	$(BIN)/python -m pip install --no-deps -e .
 	touch $@
@@ -40,6 +56,12 @@ lint: $(STAMP)
 # regenerate dvc.yaml from the stage registry (src/rlflow/pipeline/registry.py)
 dvc-yaml: $(STAMP)
 	$(BIN)/python -m rlflow.pipeline.dvc
+
+# remake the rule set shipped with the package (rlflow optimize's default): the generate_rules stage with
+# config.yaml, gzipped; tests/test_rules_file.py checks that the shipped file equals a fresh generation
+default-rules: $(STAMP)
+	$(BIN)/rlflow generate-rules --config config.yaml --out build/default-rules/rules.json
+	gzip -9 -n -c build/default-rules/rules.json > src/rlflow/rewrite/data/default_rules.json.gz
 
 # remove pipeline outputs and snakemake's bookkeeping (not the DVC cache or remote)
 clean:

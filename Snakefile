@@ -4,8 +4,8 @@
 #   snakemake results/vit/model.onnx --cores 2    build one file
 #   snakemake --cores 2 --configfile tests/configs/tiny.yaml     tiny sizes, merged over config.yaml
 # (Put targets BEFORE --configfile/--config: those options take every word that follows them.)
-# Each rule's paths, command line and config keys come from src/rlflow/pipeline/registry.py, which also
-# generates dvc.yaml. A rule `X` runs `rlflow x` whose code is src/rlflow/stages/X.py (the sweep_* rules run
+# Each stage's rule is made from its entry in src/rlflow/pipeline/registry.py (workflow/rules/stages.smk), which
+# also generates dvc.yaml. A rule `X` runs `rlflow x` whose code is src/rlflow/stages/X.py (the sweep_* rules run
 # train_controller with one config key fixed).
 from snakemake.utils import min_version
 
@@ -22,17 +22,8 @@ wildcard_constraints:
     **WILDCARD_PATTERNS,
 
 
-include: "workflow/rules/export.smk"
-include: "workflow/rules/rules.smk"
-include: "workflow/rules/costs.smk"
-include: "workflow/rules/search.smk"
-include: "workflow/rules/machine.smk"
-include: "workflow/rules/rollouts.smk"
-include: "workflow/rules/learning.smk"
-include: "workflow/rules/evaluate.smk"
-include: "workflow/rules/report.smk"
-include: "workflow/rules/xla.smk"
-include: "workflow/rules/multi.smk"
+include: "workflow/rules/stages.smk"
+include: "workflow/rules/targets.smk"
 
 
 rule all:

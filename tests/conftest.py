@@ -51,3 +51,26 @@ def rules_file(tmp_path_factory) -> Path:
     code = main(["generate-rules", "--config", str(ROOT / "config.yaml"), "--out", str(out), "--no-progress"])
     assert code == 0 and out.is_file()
     return out
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-install", action="store_true",
+                     help="also run the tests marked install (a clean venv and pip install .: make test-install)")
+    parser.addoption("--run-cluster", action="store_true",
+                     help="also run the tests marked cluster (a SLURM cluster on this machine: make test-cluster)")
+
+
+#: opt-in tests: marker -> (the option that runs them, why they are skipped without it)
+OPT_IN = {"install": ("--run-install", "installs into a clean venv: run with --run-install (make test-install)"),
+          "cluster": ("--run-cluster", "starts a SLURM cluster on this machine (system packages, minutes): run with "
+                                       "--run-cluster (make test-cluster)")}
+
+
+def pytest_collection_modifyitems(config, items):
+    for marker, (option, reason) in OPT_IN.items():
+        if config.getoption(option):
+            continue
+        skip = pytest.mark.skip(reason=reason)
+        for item in items:
+            if item.get_closest_marker(marker):
+                item.add_marker(skip)

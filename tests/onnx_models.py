@@ -101,3 +101,17 @@ def with_data_dependent_shape():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])
     y = helper.make_tensor_value_info("y", TensorProto.INT64, [2, "n"])
     return _model([helper.make_node("NonZero", ["x"], ["y"], name="nz")], [x], [y])
+
+
+def shared_input_mlp(batch: int | str = 8) -> onnx.ModelProto:
+    """'mlp': x [batch, 64] -> MatMul w1 -> Relu, x -> MatMul w2 -> Relu, Add (two MatMuls on one input, which the
+    rules merge into one). ``batch`` a string: a dynamic (symbolic) batch dimension of that name."""
+    rng = np.random.default_rng(0)
+    w = [numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), f"w{k}") for k in (1, 2)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 64])
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"]), helper.make_node("MatMul", ["x", "w2"], ["b"]),
+             helper.make_node("Relu", ["a"], ["ra"]), helper.make_node("Relu", ["b"], ["rb"]),
+             helper.make_node("Add", ["ra", "rb"], ["y"])]
+    g = helper.make_graph(nodes, "mlp", [x], [y], w)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)

@@ -92,6 +92,49 @@ def test_no_graph_outputs_is_rejected_at_import(tmp_path, rules, capfd):
     assert not out.exists()
 
 
+# ------------------------------------------------------------------------------------------------ initializers
+def _matmul_with_weight(n: int, raw: bool = True):
+    """x [1, n] @ W [n, n]: W as raw bytes (a 192x192 weight is large enough to be read zero-copy) or, with
+    raw=False, in the typed float_data field."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])
+    data = np.ones((n, n), np.float32)
+    w = numpy_helper.from_array(data, "W") if raw else helper.make_tensor("W", TensorProto.FLOAT, [n, n],
+                                                                          data.reshape(-1).tolist())
+    return onnx_models._model([helper.make_node("MatMul", ["x", "W"], ["y"])], [x], [y], [w])
+
+
+@pytest.mark.parametrize("n, raw, dims, wanted", [
+    (192, True, [-192, -192], "declares a negative dimension, shape [-192, -192]"),  # a Hugging Face ViT's weight
+    (4, True, [-1, 4], "declares a negative dimension, shape [-1, 4]"),
+    (4, False, [4, -4], "declares a negative dimension, shape [4, -4]"),
+    (192, True, [0, 192], "holds 147456 bytes of data, but its shape [0, 192] needs 0"),
+    (4, False, [4, 0], "holds 16 values of data, but its shape [4, 0] needs 0"),
+    (192, True, [2**32, 2**32], "18446744073709551616 elements, more than any tensor can hold"),
+    (4, True, [2**62, 4], "18446744073709551616 elements, more than any tensor can hold"),  # int64 product wraps to 0
+    (192, True, [100, 192], "holds 147456 bytes of data, but its shape [100, 192] needs 76800"),
+    (4, True, [4, 8], "holds 64 bytes of data, but its shape [4, 8] needs 128"),
+    (4, False, [2, 4], "holds 16 values of data, but its shape [2, 4] needs 8"),
+])
+def test_initializer_dims_and_data_are_checked_before_use(n, raw, dims, wanted, tmp_path, rules, capfd):
+    m = _matmul_with_weight(n, raw)
+    m.graph.initializer[0].dims[:] = dims
+    path = _save(tmp_path, "bad_weight", m)
+    _one_line_error(main(["inspect", str(path)]), capfd.readouterr().err, f"{path}: initializer 'W' {wanted}"[:60],
+                    wanted)
+    code, out = _optimize(path, tmp_path, rules)
+    _one_line_error(code, capfd.readouterr().err, wanted)
+    assert not out.exists()
+
+
+def test_empty_initializer_is_still_accepted(tmp_path):
+    """A zero-size weight with no data is valid ONNX (Resize's empty roi, say): only data that does not fit is
+    refused."""
+    m = _matmul_with_weight(4)
+    m.graph.initializer.append(numpy_helper.from_array(np.zeros((0, 3), np.float32), "unused_empty"))
+    load_onnx(_save(tmp_path, "empty_weight", m))
+
+
 # ------------------------------------------------------------------------------------------------ memory
 @pytest.mark.parametrize("dim", [2**31, 2**40])
 def test_huge_input_is_refused_before_making_inputs(dim, tmp_path, rules, capfd, monkeypatch):

@@ -12,12 +12,13 @@ REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src" / "rlflow"
 
 #: names vulture cannot see used: called from the Snakemake rule files (workflow/rules/*.smk), hooks that
-#: dvclive, torch, gymnasium and Python itself call (a module's lazy ``__getattr__``), and attributes that
-#: configure a library object
+#: dvclive, torch, gymnasium and Python itself call (a module's lazy ``__getattr__``), attributes that
+#: configure a library object, and the Python API's functions that only users call (rlflow.optimize,
+#: rlflow.estimate_cost, reached through rlflow's ``__getattr__``; docs/api.md)
 USED_ELSEWHERE = """
 wildcard_patterns benchmark snakemake_shell param_values _init_dvc _init_studio post_data_to_studio forward
 action_space observation_space log_severity_level intra_op_num_threads writeable producer_name
-_dvc_file _dvc_studio_config __getattr__ dvc_address
+_dvc_file _dvc_studio_config __getattr__ dvc_address optimize estimate_cost
 """.split()
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shlex
@@ -245,12 +246,77 @@ def test_registry_names_lead_to_code_rule_and_cli():
     from rlflow.cli import COMMAND_MODULES, build_parser
 
     commands = build_parser()._subparsers._group_actions[0].choices
-    rules = "".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
+    r = sh(tool("snakemake"), "--list-rules")
+    assert r.returncode == 0, r.stderr
+    rules = set(r.stdout.split())
     for name, stage in registry.STAGES.items():
         assert (REPO / stage.module_path).is_file()
         assert stage.module in COMMAND_MODULES
         assert stage.command.split()[1] in commands
-        assert re.search(rf"^rule {name}:", rules, re.M), f"no rule {name} in workflow/rules"
+        assert name in rules, f"no Snakemake rule {name}"
+    assert rules - set(registry.STAGES) == {"all", "multi", "xla"}  # the targets; every other rule is a stage
+
+
+#: a stage a newcomer adds: its registry entry and its module, nothing else
+NEW_STAGE_ENTRY = """
+STAGES["count_ops"] = _check(Stage(
+    name="count_ops",
+    doc="Count the ops of a model's ONNX graph.",
+    inputs={"onnx": "results/{model}/model.onnx"},
+    outputs={"counts": "results/{model}/op_counts.json"},
+    params={"seed": "seed"},
+    args=(("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--out", "{output.counts}")),
+))
+"""
+NEW_STAGE_MODULE = '''"""Count the ops of a model's ONNX graph (pipeline stage ``count_ops``)."""
+import json
+
+from rlflow.graph import load_onnx
+
+HELP = "count the ops of a model's ONNX graph (pipeline stage count_ops)"
+SET_EXAMPLE = "seed=1"
+
+
+def run(args):
+    g = load_onnx(args.onnx)
+    with open(args.out, "w") as f:
+        json.dump({"model": args.model, "ops": g.op_counts()}, f)
+    return 0
+'''
+
+
+def test_a_new_stage_is_its_registry_entry_and_its_module(tmp_path, tiny_zoo):
+    """In a copy of the pipeline, a stage added as a registry entry and a module only (no rule file, no CLI
+    list, no dvc.yaml edit) is a Snakemake rule with the right command, a dvc.yaml stage, and a working
+    `rlflow` subcommand."""
+    copy = tmp_path / "repo"
+    copy.mkdir()
+    for name in ("Snakefile", "config.yaml", "workflow", "profiles", "src"):
+        src = REPO / name
+        (shutil.copytree(src, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
+         if src.is_dir() else shutil.copy(src, copy / name))
+    with open(copy / "src/rlflow/pipeline/registry.py", "a") as f:
+        f.write(NEW_STAGE_ENTRY)
+    (copy / "src/rlflow/stages/count_ops.py").write_text(NEW_STAGE_MODULE)
+    env = {**ENV, "PYTHONPATH": str(copy / "src")}
+
+    def run(*args, cwd=copy):
+        return subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+    r = run(tool("snakemake"), "-n", "-p", "--cores", "1", "results/bert/op_counts.json")
+    assert r.returncode == 0, r.stderr
+    assert job_counts(r.stdout) == {"count_ops": 1, "export_model": 1}
+    assert ("rlflow count-ops --model bert --onnx results/bert/model.onnx --out results/bert/op_counts.json "
+            "--set seed=0") in r.stdout
+    r = run(sys.executable, "-m", "rlflow.pipeline.dvc")
+    assert r.returncode == 0, r.stderr
+    dvc = yaml.safe_load((copy / "dvc.yaml").read_text())["stages"]["count_ops"]
+    assert dvc["foreach"] == "${models}" and "results/${item}/op_counts.json" in dvc["do"]["outs"]
+    out = tmp_path / "counts.json"
+    r = run(sys.executable, "-m", "rlflow.cli", "count-ops", "--config", "config.yaml", "--model", "bert",
+            "--onnx", tiny_zoo["bert"], "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["ops"]["MatMul"] > 0
 
 
 def test_every_registry_command_line_parses_and_reaches_its_flags():
@@ -476,3 +542,28 @@ def test_export_model_help_names_the_config_keys():
     assert r.returncode == 0
     for word in ("seed, export.opset, export.exporter", "--config", "--set", "--model", "--out", "taso-bert"):
         assert word in r.stdout
+
+
+@pytest.mark.parametrize("extra", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_sweeps_train_only_what_the_main_run_does_not(extra):
+    """A sweep value equal to the main run's (its controller's temperature, its reward) would train the main
+    controller again under another name and leave the value it was meant to compare untrained."""
+    cfg = load_config([CONFIG, extra])
+    assert get(cfg, "env.reward.name") not in get(cfg, "sweeps.rewards")
+    assert get(cfg, "controller.temperature") not in get(cfg, "sweeps.temperatures")
+
+
+def test_the_slurm_profile_names_pipeline_rules_and_runs_without_cores():
+    """workflow/profiles/slurm sets resources by rule name: each is a stage of the registry (a renamed stage would
+    silently fall back to the defaults). It sets no `cores`, so the Snakefile must parse without --cores, as under
+    a cluster executor (`make test-cluster` runs the profile on a real SLURM cluster)."""
+    profile = yaml.safe_load((REPO / "workflow" / "profiles" / "slurm" / "config.yaml").read_text())
+    assert set(profile["set-resources"]) <= set(registry.STAGES), set(profile["set-resources"]) - set(registry.STAGES)
+    assert "cores" not in profile
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, ResourceSettings
+
+    with SnakemakeApi() as api:
+        wf = api.workflow(snakefile=REPO / "Snakefile", workdir=REPO, resource_settings=ResourceSettings(),
+                          config_settings=ConfigSettings(configfiles=[TINY]))
+        assert "measure_costs" in {r.name for r in wf._workflow.rules}  # parsed, threads included

@@ -356,3 +356,31 @@ def test_a_graph_that_exports_as_the_original_is_kept_without_timing():
     built = []
     rec = never_slower(proto(), "ort", "cpu", make_runner=built.append)(original, fused)
     assert rec["kept"] == "original" and built == [] and "ONNX export is the original's" in rec["line"]
+
+
+def test_fresh_runners_write_each_graph_once_and_remove_the_files(monkeypatch):
+    """FreshRunners exports each graph to ONNX once, however many onnxruntime sessions the protocol builds from
+    it, and its files are gone after close()."""
+    import os
+
+    import rlflow.graph.onnx_io as onnx_io
+    from rlflow.graph.builder import GraphBuilder
+    from rlflow.graph.exec import FreshRunners, make_inputs
+
+    graphs = []
+    for k in range(2):
+        b = GraphBuilder(f"g{k}")
+        x = b.input("x", (2, 4))
+        graphs.append(b.build([b.op("Relu", [b.op("Add", [x, b.const("c", np.full((2, 4), k, np.float32))])])]))
+    exported = []
+    to_onnx = onnx_io.to_onnx
+    monkeypatch.setattr(onnx_io, "to_onnx", lambda g: exported.append(g.name) or to_onnx(g))
+    with FreshRunners("ort") as runners:
+        outs = []
+        for _ in range(3):
+            for g in graphs:
+                outs.append(runners(g)(make_inputs(g, seed=0)))
+        folder = runners._dir.name
+        assert sorted(exported) == ["g0", "g1"] and len(os.listdir(folder)) == 2
+    assert not os.path.exists(folder)
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(outs[0::2], outs[2::2]))

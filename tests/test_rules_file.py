@@ -218,3 +218,24 @@ def test_cli_rules_matches_gives_each_rules_one_step_saving(tmp_path, doc, capsy
     assert cli.main(["rules", "matches", str(rules_path), str(onnx_path), "--target", "ort-cpu"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "give its cost cache with --costs" in err
+
+
+def test_shipped_rule_set_is_a_fresh_generation(rules_file):
+    """The rule set shipped as package data (rlflow optimize's default) is byte for byte what the generate_rules
+    stage makes from config.yaml now; if the generator, the builtin rules or config.yaml's rules section
+    changes, remake it with `make default-rules`."""
+    import gzip
+
+    from rlflow.rewrite.rule import DEFAULT_RULES
+
+    shipped = gzip.decompress(DEFAULT_RULES.read_bytes()).decode()
+    assert shipped == rules_file.read_text(), "the shipped rule set is stale: run `make default-rules`"
+    assert len(load_rules()) == len(json.loads(shipped)["rules"]) > 1000
+
+
+def test_gzipped_rules_file_that_is_not_gzip_is_one_line(tmp_path):
+    bad = tmp_path / "rules.json.gz"
+    bad.write_text("{}")
+    with pytest.raises(RLFlowError, match=r"rules.json.gz: not a rules file \(") as e:
+        load_rules(bad)
+    assert "\n" not in str(e.value)

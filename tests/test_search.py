@@ -326,6 +326,78 @@ def test_every_child_is_scored_in_the_targets_whole_graph_currency(tiny_zoo, rul
         assert scorer.delta_sums >= n and scorer.full_sums == 0
 
 
+@pytest.mark.parametrize("model", ["bert", "resnet18"])
+def test_child_costs_reused_from_the_previous_graph_are_the_childrens(tiny_zoo, rules, ort_cpu_bert, model):
+    """greedy scores its children through Scorer.child_costs, which reuses a child's change of cost from the
+    previous graph where the rewrite's surroundings are the same there. Along a path of varied rewrites, every
+    cost it yields must be the one the child gets on its own (Scorer.children, checked above against the
+    whole-graph estimate), and most must be reused (else it saves nothing)."""
+    g = load_onnx(tiny_zoo[model])
+    memo, fresh = Scorer(ort_cpu_bert), Scorer(ort_cpu_bert)
+    index = MatchIndex(g, rules)
+    cost = fresh.graph_cost(g)
+    n = 0
+    for step in range(10):
+        got = [(k, j, c) for k, j, _m, c in memo.child_costs(index, cost)]
+        want = [(k, j, c) for k, j, _m, _child, c, _first in fresh.children(index, cost)]
+        assert got == want, f"step {step}"
+        n += len(got)
+        if not got:
+            break
+        k, j, _c = got[(step * 37) % len(got)]  # a different rule and place at each step
+        index = index.apply(k, j)
+        cost = fresh.graph_cost(index.graph)
+    assert step >= 5 and memo.reused > n // 2, (step, memo.reused, n)
+
+
+def test_surroundings_see_a_changed_kernel_around_a_rewrite(tiny_zoo, rules, ort_cpu_bert):
+    """A rewrite's change of estimate depends on the kernels around it, which reach past its matched nodes
+    (MatMul+Add+LayerNormalization on tiny bert). Changing a node of such a kernel (here: into an Identity, which
+    fuses with nothing) must change OrtCpuCost.surroundings where it changes the rewrite's estimate, or
+    Scorer.child_costs would reuse a stale cost; a node far from the rewrite must leave them equal."""
+    from rlflow.graph.ir import Node
+    from rlflow.rewrite.matcher import _apply
+
+    cost = ort_cpu_bert
+    g = load_onnx(tiny_zoo["bert"])
+
+    def delta_and_around(graph, m):
+        new, removed, changed = _apply(graph, m)
+        around: list[str] = []
+        parts = cost.changed_kernels(graph, new, removed, set(changed), around)
+        return (None if parts is None else sum(map(quantize, parts[1])) - sum(map(quantize, parts[0]))), around
+
+    def with_identity(graph, name):
+        h = graph.copy()
+        h.nodes = [Node(n.name, "Identity", n.inputs[:1], n.outputs) if n.name == name else n for n in graph.nodes]
+        return h
+
+    index = MatchIndex(g, rules)
+    changed_kernels = far = 0
+    for m in (m for ms in index.matches for m in ms):
+        d, around = delta_and_around(g, m)
+        if d is None:
+            continue
+        here = cost.surroundings(g, around)
+        for name in around:
+            n = next(x for x in g.nodes if x.name == name)
+            if name in m.nodes or g.types[n.inputs[0]] != g.types[n.outputs[0]]:
+                continue
+            h = with_identity(g, name)
+            if delta_and_around(h, m)[0] != d:
+                changed_kernels += 1
+                assert cost.surroundings(h, around) != here, (m.rule.name, name)
+        others = [n for n in g.nodes if n.name not in around and g.types[n.inputs[0]] == g.types[n.outputs[0]]
+                  and not any(v in {v for x in around for v in (*index.view.by_name[x].inputs,
+                                                                   *index.view.by_name[x].outputs)}
+                              for v in (*n.inputs, *n.outputs))]
+        if others:
+            h = with_identity(g, others[-1].name)
+            assert cost.surroundings(h, around) == here and delta_and_around(h, m)[0] == d
+            far += 1
+    assert changed_kernels > 0 and far > 0, (changed_kernels, far)
+
+
 @pytest.mark.parametrize("target", TARGET_NAMES)
 def test_searches_never_raise_the_estimate_on_any_target(tiny_zoo, rules, ort_cpu, target):
     """Property over models and rule subsets, on every target: greedy's accepted steps each lower the target's

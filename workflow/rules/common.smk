@@ -74,9 +74,15 @@ def stage_conda(name):
 
 
 def stage_threads(name):
-    """Every core for a stage that times ops (nothing runs beside it), else the processes it runs at once."""
+    """Every core for a stage that times ops (nothing runs beside it), else the processes it runs at once. Under a
+    cluster executor without --cores (e.g. the SLURM profile) there is no machine-wide core count: a job gets the
+    stage's own count, and the profile's `cpus_per_task` says how many cores SLURM gives it."""
     st = registry.stage(name)
-    return workflow.cores if st.all_cores else min(st.cores, workflow.cores)
+    try:
+        cores = workflow.cores
+    except WorkflowError:
+        return st.cores
+    return cores if st.all_cores else min(st.cores, cores)
 
 
 def stage_shell(name):

@@ -27,7 +27,10 @@ the original on --backend (default: the backend that verifies the target, on its
 on the GPU for cuda); unless the protocol calls it faster, OUT.onnx gets the ORIGINAL graph and one line says so
 ("kept the original: no significant speedup, ratio 1.004 [0.991, 1.017] on ort"). A target this machine cannot
 verify (--target sim-h100 on a CPU box) is not checked unless --backend names one: the graph found is written and
-labelled "simulated target: not verifiable on this machine". The trace records the check (speed_check) and the
+labelled "simulated target: not verifiable on this machine". A model with dynamic input dimensions is optimised
+at the sizes --input-shape gives; OUT.onnx keeps the dimensions dynamic if, with them put back, it matches the
+original under onnxruntime at two other sizes too, else it is written with the given sizes and one line says it
+was specialised (rlflow.graph.dynamic). The trace records the check (speed_check) and the
 resolved platform (target, backend, device); the summary's first line names them. --no-speed-check skips the
 check. Errors (a missing or damaged checkpoint, a rule set that does not match, ...) are one line, exit 2.
 
@@ -42,7 +45,8 @@ machine's runtime: cuda on a GPU box, else ort-cpu):
   analytic     roofline per op; no timing, fully deterministic
 
 Defaults without --config are the schema defaults (alpha 1.05, budget 1000, no time limit, device auto, seed
-0). The rules default to results/rules/rules.json (made by `snakemake results/rules/rules.json`).
+0). The rules default to the rule set shipped with rlflow: what the pipeline's generate_rules stage makes
+with config.yaml (results/rules/rules.json); --rules FILE takes another (`rlflow generate-rules` makes one).
 
   rlflow optimize bert.onnx --out bert.opt.onnx
   rlflow optimize model.onnx --out fast.onnx --method greedy --cost-model analytic --trace trace.json
@@ -62,10 +66,10 @@ from pathlib import Path
 from rlflow.commands.common import add_model_arguments
 
 NAME = "optimize"
-HELP = "optimise an ONNX model with TASO search, greedy search or a trained RLFlow agent over the verified rules"
+HELP = ("optimise an ONNX model with the verified rules (equality saturation; or TASO's search, greedy, a "
+        "trained RLFlow agent); keep it only if faster here")
 #: methods of --method: the two searches and the learned agent
 METHODS = ("taso", "greedy", "eqsat", "rlflow", "ort-optimizer")
-DEFAULT_RULES = Path("results/rules/rules.json")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -84,7 +88,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "train_model_free)")
     add_config_arguments(p, "search.alpha=1.0")
     p.add_argument("--rules", type=Path, metavar="JSON",
-                   help=f"rules file (default: {DEFAULT_RULES}, in the current folder or the rlflow checkout)")
+                   help="rules file (default: the rule set shipped with rlflow, the same as the pipeline's "
+                        "results/rules/rules.json with config.yaml's rules settings)")
     p.add_argument("--costs", type=Path, metavar="JSON",
                    help="cost cache to read and extend (created if missing; the measured targets only)")
     p.add_argument("--target", metavar="TARGET",
@@ -109,113 +114,54 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
 
-def find_rules(path: Path | None) -> Path:
-    if path is not None:
-        if not path.is_file():
-            raise _err(f"{path}: rules file not found")
-        return path
-    checkout = Path(__file__).resolve().parents[3] / DEFAULT_RULES
-    for p in (DEFAULT_RULES, checkout):
-        if p.is_file():
-            return p
-    raise _err(f"no rules file at {DEFAULT_RULES}: make it with `snakemake results/rules/rules.json` "
-               "(in the rlflow checkout) or give --rules")
+def run(args: argparse.Namespace) -> int:
+    """``rlflow optimize``: :class:`rlflow.api.Optimiser` on the model, then the output, the trace and a summary."""
+    import sys
+    import time
 
+    from rlflow.api import Optimiser, summary_lines
+    from rlflow.atomic import atomic_path, write_text
+    from rlflow.config import load_config
+    from rlflow.errors import RLFlowError
+    from rlflow.graph import load_onnx
+    from rlflow.graph.onnx_io import save_onnx
 
-def _target(args, config: dict) -> str:
-    from rlflow.cost import resolve_target
-    from rlflow.cost.targets import MEASURED
-
+    t0 = time.perf_counter()
+    for p in (args.out, args.trace):
+        if p is not None and p.is_dir():
+            raise RLFlowError(f"{p}: is a folder, expected a file path")
+    config = load_config(args.config, args.overrides)
     explicit = args.config or any(o.startswith(("cost.target=", "cost.model=")) for o in args.overrides)
     # without a config naming one, optimise for this machine's runtime (the pipeline's `auto` simulates a GPU)
-    kind = resolve_target(config, args.target or args.cost_model or (None if explicit else "machine"))
-    if args.costs is not None and kind not in MEASURED:
-        raise _err(f"--costs is a cache of the measured targets ({', '.join(MEASURED)}); the target is {kind}")
-    return kind
-
-
-#: searches again at most this often after timing the kernels of the graph found (a measured target)
-MEASURE_ROUNDS = 3
-
-
-def _timed_choice(args, config: dict, kind: str, cost, result, progress: bool, search):
-    """On a measured target a kernel the graph found has that the cost model has not timed is only estimated,
-    and a search takes an optimistic estimate for a gain: time the found graph's untimed kernels (ops) and search
-    again, until the graph found has none (``MEASURE_ROUNDS`` at most). Returns (result, signatures timed)."""
-    from rlflow.cost.targets import MEASURED
-
-    timed = 0
-    if kind not in MEASURED:
-        return result, timed
-    for _ in range(MEASURE_ROUNDS):
-        n = cost.measure([result.graph], progress=progress)
-        if not n:
-            break
-        timed += n
-        result = search()
-    if timed and args.costs is not None:
-        from rlflow.cost.platform import record_in_cache, resolve_platform
-
-        cost.save(args.costs)
-        record_in_cache(args.costs, resolve_platform(config, kind))
-    return result, timed
-
-
-def _cost_model(args, config: dict, device: str, graph, kind: str, progress: bool):
-    """The target's cost model; a measured one first times the graph's untimed ops or kernels (and updates
-    --costs); ort-cpu also learns the graph's fusions and uses this machine's calibration.
-    Returns (cost model, number of signatures timed)."""
-    from rlflow.cost import make_cost_model
-    from rlflow.cost.targets import MEASURED
-
-    cost = make_cost_model(config, device, args.costs if args.costs is not None and args.costs.exists() else None,
-                           kind=kind)
-    measured = 0
-    if kind in MEASURED:
-        from rlflow.graph.exec import backend_errors
-
-        backend = "ort" if kind == "ort-cpu" else "torch"
-        with backend_errors(graph, backend, what=str(args.model)):  # the user's ops: a failing one is one line
-            if kind == "ort-cpu":
-                from rlflow.cost.calibration import load_or_measure
-
-                if cost.calibration is None:
-                    cost.set_calibration(load_or_measure("ort", "cpu"))
-                if not cost.fusion:
-                    cost.learn([graph])
-            measured = cost.measure([graph], progress=progress)
-        if args.costs is not None and measured:
-            from rlflow.cost.platform import record_in_cache, resolve_platform
-
-            cost.save(args.costs)
-            record_in_cache(args.costs, resolve_platform(config, kind))
-    return cost, measured
-
-
-def _speed_check(args, config: dict, platform):
-    """The never-slower check for verify_and_write (None with --no-speed-check): on --backend, else on the
-    platform's backend; a platform this machine cannot verify keeps the graph found, labelled."""
-    if args.no_speed_check:
-        return None
-    from rlflow.cost.platform import chosen_backend
-    from rlflow.evaluation.protocol import Protocol, never_slower
-    from rlflow.stages.search_common import not_verifiable_check
-
-    chosen = chosen_backend(args.backend, platform)
-    if chosen is None:
-        return not_verifiable_check(platform)
-    return never_slower(Protocol.from_config(config), chosen[0], chosen[1], config.get("seed", 0))
-
-
-def _platform(args, config: dict, kind: str):
-    """The resolved platform of target ``kind``; a --costs cache made for another platform, or before caches
-    recorded theirs, is refused."""
-    from rlflow.cost.platform import check_cache, resolve_platform
-
-    platform = resolve_platform(config, kind)
-    if args.costs is not None:
-        check_cache(args.costs, platform, remake=f"delete {args.costs} and rerun this command (it remakes it)")
-    return platform
+    target = args.target or args.cost_model or (None if explicit else "machine")
+    log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print  # stdout: the JSON
+    optimiser = Optimiser(config=config, target=target, method=args.method, rules=args.rules, agent=args.agent,
+                          backend=args.backend, speed_check=not args.no_speed_check, tolerance=args.tolerance,
+                          alpha=args.alpha, budget=args.budget, time_limit=args.time_limit, costs=args.costs,
+                          progress=not args.no_progress and not args.json, log=log)
+    graph = load_onnx(args.model, args.input_shape)
+    run = optimiser.run(graph, model_name=str(args.model), source=args.model, input_shapes=args.input_shape,
+                        not_written=f"{args.out} not written")
+    if run.dynamic_model is None:
+        save_onnx(run.graph, args.out)
+    else:  # the graph with the original's dynamic dimensions, checked at other sizes (rlflow.graph.dynamic)
+        with atomic_path(args.out) as tmp:
+            tmp.write_bytes(run.dynamic_model.SerializeToString())
+    if args.trace is not None:
+        write_text(args.trace, json.dumps(run.trace, indent=1) + "\n")
+    if args.json:
+        doc = {k: v for k, v in run.trace.items() if k != "steps"}
+        doc.update(out=str(args.out), trace=None if args.trace is None else str(args.trace),
+                   ops_measured=run.ops_measured, rule_names=[s.rule_name for s in run.found.trace],
+                   total_seconds=time.perf_counter() - t0)
+        print(json.dumps(doc, indent=2))
+    else:
+        print(_platform_line(args, run.platform))
+        print(summary_lines(run, args.method))
+        print(f"wrote {args.out}" + (f" and {args.trace}" if args.trace else "")
+              + f" ({time.perf_counter() - t0:.1f} s in all)")
+    sys.stdout.flush()
+    return 0
 
 
 def _platform_line(args, platform) -> str:
@@ -224,164 +170,3 @@ def _platform_line(args, platform) -> str:
     check = "none (--no-speed-check)" if args.no_speed_check else (
         args.backend or platform.backend or "none (simulated target: not verifiable on this machine)")
     return f"target {platform.target} ({platform.label}) on {platform.device}; never-slower check: {check}"
-
-
-def _log(args):
-    """Where the check's line goes: stdout, or stderr with --json (stdout is the JSON document)."""
-    import sys
-
-    return (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
-
-
-def _labelled(text: str, cost) -> str:
-    """The summary with the target named (a simulated GPU's figures say so on every line)."""
-    if cost.name.startswith("sim-"):
-        return "\n".join(f"{line}   [{cost.label}]" if line.strip() else line for line in text.splitlines())
-    return f"cost target: {cost.label} ({cost.name})\n{text}"
-
-
-def _err(msg: str):
-    from rlflow.errors import RLFlowError
-
-    return RLFlowError(msg)
-
-
-def run(args: argparse.Namespace) -> int:
-    import sys
-    import time
-
-    from rlflow.config import get, load_config, resolve_device
-    from rlflow.graph import load_onnx
-    from rlflow.graph.exec import check_memory
-    from rlflow.rewrite.rule import load_rules
-    from rlflow.search.output import run_method, summary, verify_and_write
-    from rlflow.stages.search_common import config_used, eqsat_settings
-
-    t0 = time.perf_counter()
-    if args.method == "rlflow":
-        return run_agent(args, t0)
-    if args.agent is not None:
-        raise _err(f"--agent is the trained agent of --method rlflow; --method {args.method} is a search and "
-                   "takes none")
-    config = load_config(args.config, args.overrides)
-    alpha = get(config, "search.alpha") if args.alpha is None else args.alpha
-    budget = get(config, "search.budget") if args.budget is None else args.budget
-    limit = get(config, "search.time_limit_s") if args.time_limit is None else args.time_limit
-    if alpha < 1.0 or budget < 1 or limit < 0 or not args.tolerance >= 0:
-        raise _err("need --alpha >= 1, --budget >= 1, --time-limit >= 0 and --tolerance >= 0")
-    for p in (args.out, args.trace):
-        if p is not None and p.is_dir():
-            raise _err(f"{p}: is a folder, expected a file path")
-    rules_path = None if args.method == "ort-optimizer" else find_rules(args.rules)
-    kind = _target(args, config)
-    platform = _platform(args, config, kind)
-    seed = get(config, "seed")
-    device = resolve_device(config)
-    graph = load_onnx(args.model, args.input_shape)
-    check_memory(graph, str(args.model), note=True)
-    rules = [] if rules_path is None else load_rules(rules_path)
-    progress = not args.no_progress and not args.json
-    cost, measured = _cost_model(args, config, device, graph, kind, progress)
-    if args.method == "eqsat" and (args.alpha is not None or args.budget is not None):
-        raise _err("--alpha, --budget: TASO's settings (add --method taso); --method eqsat, the default, reads the "
-                   "config's eqsat section (--set eqsat.node_limit=...)")
-    settings = eqsat_settings(config)
-    if args.method == "eqsat" and args.time_limit is not None:
-        settings["time_limit_s"] = args.time_limit
-    if args.method == "ort-optimizer":  # onnxruntime's transformer optimizer (BERT-type fusions; no rules)
-        from rlflow.search.ort_optimizer import ort_optimizer
-
-        result = ort_optimizer(graph, args.model, "bert", cost, input_shapes=args.input_shape)
-    else:
-        result = run_method(args.method, graph, rules, cost, alpha=alpha, budget=budget, time_limit_s=limit,
-                            progress=progress, eqsat=settings)
-        result, more = _timed_choice(args, config, kind, cost, result, progress, lambda: run_method(
-            args.method, graph, rules, cost, alpha=alpha, budget=budget, time_limit_s=limit, progress=progress,
-            eqsat=settings))
-        measured += more
-    used = config_used(config, args.method, alpha, budget, limit)
-    if args.method == "eqsat":
-        used["eqsat.time_limit_s"] = settings["time_limit_s"]
-    used["cost.target"] = kind
-    used["timing.check_backend"] = None if args.no_speed_check else (args.backend or platform.backend)
-    extra = {"model": str(args.model), "rules": rules_path and str(rules_path), "num_rules": len(rules),
-             "device": device,
-             "cost_model": cost.name, "target": cost.name, "cost": cost.describe(), "config": used,
-             "platform": platform.as_dict()}
-    diff, doc = verify_and_write(graph, result, args.out, args.trace, extra, seed=seed, device=device,
-                                 tol=args.tolerance, speed_check=_speed_check(args, config, platform), log=_log(args))
-    if args.json:
-        doc = {k: v for k, v in doc.items() if k != "steps"}
-        doc.update(out=str(args.out), trace=None if args.trace is None else str(args.trace), ops_measured=measured,
-                   rule_names=[s.rule_name for s in result.trace], total_seconds=time.perf_counter() - t0)
-        print(json.dumps(doc, indent=2))
-    else:
-        print(_platform_line(args, platform))
-        print(_labelled(summary(result, diff, args.method), cost))
-        print(f"wrote {args.out}" + (f" and {args.trace}" if args.trace else "")
-              + f" ({time.perf_counter() - t0:.1f} s in all)")
-    sys.stdout.flush()
-    return 0
-
-
-def run_agent(args: argparse.Namespace, t0: float) -> int:
-    """--method rlflow: load the agent, check it fits the rules, run it on the model, verify, write."""
-    import sys
-    import time
-
-    from rlflow.agents.checkpoint import load_agent
-    from rlflow.agents.real_env import agent_summary
-    from rlflow.config import get, load_config, resolve_device
-    from rlflow.graph import load_onnx
-    from rlflow.graph.exec import check_memory
-    from rlflow.rewrite.rule import load_rules
-    from rlflow.search.output import verify_and_write
-
-    if args.agent is None:
-        raise _err("--method rlflow needs --agent CKPT (results/<model>/controller/controller.pt of train_controller "
-                   "or results/<model>/model_free/model_free.pt of train_model_free)")
-    given = [f for f, v in (("--alpha", args.alpha), ("--budget", args.budget), ("--time-limit", args.time_limit))
-             if v is not None]
-    if given:
-        raise _err(f"{', '.join(given)}: search options; --method rlflow runs one episode of the agent and takes none")
-    if not args.tolerance >= 0:
-        raise _err("need --tolerance >= 0")
-    for p in (args.out, args.trace):
-        if p is not None and p.is_dir():
-            raise _err(f"{p}: is a folder, expected a file path")
-    config = load_config(args.config, args.overrides)
-    kind = _target(args, config)
-    platform = _platform(args, config, kind)
-    seed = get(config, "seed")
-    device = resolve_device(config)
-    rules_path = find_rules(args.rules)
-    agent = load_agent(args.agent, device)
-    rules = load_rules(rules_path)
-    agent.check_rules(rules, str(rules_path))
-    graph = load_onnx(args.model, args.input_shape)
-    check_memory(graph, str(args.model), note=True)
-    progress = not args.no_progress and not args.json
-    cost, measured = _cost_model(args, config, device, graph, kind, progress)
-    result, episode = agent.optimise(graph, rules, cost, device)
-    label = "rlflow" if agent.method == "rlflow" else "rlflow (model-free agent)"
-    extra = {"model": str(args.model), "rules": str(rules_path), "num_rules": len(rules), "device": device,
-             "cost_model": cost.name, "target": cost.name, "cost": cost.describe(),
-             "config": {"seed": seed, "device": config.get("device"), "cost.target": kind},
-             "platform": platform.as_dict(),
-             "agent": str(args.agent), "agent_method": agent.method, "agent_env": agent.env,
-             "agent_trained_on": agent.info.get("model"),
-             "real_interactions": {"evaluation": episode["steps"], "total": episode["steps"]}}
-    diff, doc = verify_and_write(graph, result, args.out, args.trace, extra, seed=seed, device=device,
-                                 tol=args.tolerance, speed_check=_speed_check(args, config, platform), log=_log(args))
-    if args.json:
-        doc = {k: v for k, v in doc.items() if k != "steps"}
-        doc.update(out=str(args.out), trace=None if args.trace is None else str(args.trace), ops_measured=measured,
-                   rule_names=[s.rule_name for s in result.trace], total_seconds=time.perf_counter() - t0)
-        print(json.dumps(doc, indent=2))
-    else:
-        print(_platform_line(args, platform))
-        print(_labelled(agent_summary(result, diff, label), cost))
-        print(f"wrote {args.out}" + (f" and {args.trace}" if args.trace else "")
-              + f" ({time.perf_counter() - t0:.1f} s in all)")
-    sys.stdout.flush()
-    return 0

@@ -1,8 +1,8 @@
-"""Work with rule files (verified substitutions).
+"""Work with rule files (verified substitutions). `rlflow generate-rules` (the pipeline stage) makes one; the
+rule set shipped with rlflow is the default of `rlflow optimize`.
 
-  rlflow rules generate --config config.yaml --out results/rules/rules.json   (the generate_rules stage)
   rlflow rules check results/rules/rules.json [--reverify]    validate a (hand-edited) file; optionally re-verify
-  rlflow rules list results/rules/rules.json [--origin builtin] [--op Conv]
+  rlflow rules list [--origin builtin] [--op Conv]            the shipped rule set (or give a file)
   rlflow rules matches results/rules/rules.json model.onnx --target sim-h100   what each rule saves there at once
 
 A malformed or hand-edited file gives one line naming the rule id and the problem, and exit status 2.
@@ -13,23 +13,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlflow.rewrite.rule import DEFAULT_RULES
+
 NAME = "rules"
-HELP = "generate, check or list rule files (verified substitutions)"
+HELP = "check, list or match rule files (verified substitutions)"
 
 
 def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
-    gen = sub.add_parser("generate", help="generate and verify rules (the pipeline's generate_rules stage)")
-    from rlflow.pipeline.registry import stage
-    from rlflow.stages import generate_rules
-
-    stage("generate_rules").add_cli_arguments(gen, generate_rules.SET_EXAMPLE)
     chk = sub.add_parser("check", help="validate a rules file; with --reverify, check every rule numerically again")
-    chk.add_argument("file", metavar="RULES.json")
+    chk.add_argument("file", metavar="RULES.json", nargs="?", default=DEFAULT_RULES,
+                     help="a rules file (default: the rule set shipped with rlflow)")
     chk.add_argument("--reverify", action="store_true", help="re-run the numeric verification of every rule")
     chk.add_argument("--trials", type=int, default=5, help="instantiations per rule with --reverify (default 5)")
     lst = sub.add_parser("list", help="one line per rule: id, origin, source ops -> target ops")
-    lst.add_argument("file", metavar="RULES.json")
+    lst.add_argument("file", metavar="RULES.json", nargs="?", default=DEFAULT_RULES,
+                     help="a rules file (default: the rule set shipped with rlflow)")
     lst.add_argument("--origin", choices=("generated", "builtin"), help="only rules of this origin")
     lst.add_argument("--op", help="only rules whose source uses this op")
     lst.add_argument("--json", action="store_true", help="print the selected rules as JSON")
@@ -59,10 +58,6 @@ def run(args) -> int:
     from rlflow.errors import RLFlowError
     from rlflow.rewrite import load_rules
 
-    if args.rules_command == "generate":
-        from rlflow.stages import generate_rules
-
-        return generate_rules.run(args)
     rules = load_rules(args.file)
     if args.rules_command == "matches":
         return _matches(args, rules)

@@ -144,11 +144,18 @@ class CostModel:
         runtime = self._runtime(node, ins, flops, nbytes) if launches else 0.0
         return (runtime, flops, nbytes, float(launches))
 
-    def changed_kernels(self, parent: Graph, child: Graph, removed: set[str], changed: set[str]
-                        ) -> tuple[list[float], list[float]] | None:
+    def changed_kernels(self, parent: Graph, child: Graph, removed: set[str], changed: set[str],
+                        around: list[str] | None = None) -> tuple[list[float], list[float]] | None:
         """A non-additive target: the runtimes of the kernels of ``parent`` that a rewrite (which removed the
         nodes named ``removed``, added or rewired those named ``changed``) touched, and of the ``child``'s kernels
-        that replace them, so that a search scores the child from its parent exactly; None: score it whole."""
+        that replace them, so that a search scores the child from its parent exactly; None: score it whole.
+        ``around`` (a list) receives the names of the parent's nodes the answer depends on, for
+        :meth:`surroundings`."""
+        return None
+
+    def surroundings(self, graph: Graph, names: list[str]) -> tuple | None:
+        """What :meth:`changed_kernels` read of ``graph`` around the nodes ``names`` (comparable between graphs:
+        equal surroundings, equal change of estimate); None: nothing comparable."""
         return None
 
     def alone_ms(self, node: Node, types: Mapping[str, TensorType]) -> float:

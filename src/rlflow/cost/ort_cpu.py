@@ -564,14 +564,19 @@ class OrtCpuCost(CostModel):
             self._groups[key] = hit
         return hit[1], hit[2]
 
-    def changed_kernels(self, parent: Graph, child: Graph, removed: set[str], changed: set[str]
-                        ) -> tuple[list[float], list[float]] | None:
+    def changed_kernels(self, parent: Graph, child: Graph, removed: set[str], changed: set[str],
+                        around: list[str] | None = None) -> tuple[list[float], list[float]] | None:
         """For a search scoring ``child``, a rewrite of ``parent`` that removed the nodes named ``removed`` and
         added or rewired those named ``changed``: (the runtimes of ``parent``'s kernels the rewrite touched, the
         runtimes of ``child``'s kernels that replace them). Every other kernel is the same nodes joined the same
         way in both graphs, so it costs the same: the child's estimate is the parent's less the first list plus
         the second, exactly :meth:`node_costs`'s. None where that does not hold or is not worked out here: layout
-        reorders in play, or a value outside the rewrite changing whether it is weight-only."""
+        reorders in play, or a value outside the rewrite changing whether it is weight-only.
+
+        ``around`` (a list) receives the names of the parent's nodes the answer read: the nodes of the touched
+        kernels and of the kernels grown in the child, and the readers and makers of their values. Where
+        :meth:`surroundings` of those names is the same in another graph, the same rewrite there (placed the same
+        way) changes the estimate by the same amount."""
         if self.reorders_layout:
             return None
         pk = self._parent_kernels(parent)
@@ -632,6 +637,7 @@ class OrtCpuCost(CostModel):
                                             if id(x) not in gone_ids and id(x) in pos and is_running(x)]
         seen: set[int] = set()
         after = []
+        grown: list[Node] = []  # the parent's nodes in the child's kernels
         for s0 in start:
             if id(s0) in seen:
                 continue
@@ -654,7 +660,29 @@ class OrtCpuCost(CostModel):
             comp.sort(key=lambda n: pos[id(n)])
             types = child.types
             after.append(self._kernel(comp, types, [self.node_cost(n, types) for n in comp])[0])
+            grown.extend(n for n in comp if id(n) not in new_ids)
+        if around is not None:
+            core = [pk.node_by_id[i] for i in seeds if i in pk.node_by_id]
+            core += [n for k in old_groups for n in pk.members[k]] + gone + grown
+            around.extend(sorted({n.name for n in core}, key=pk.pos.__getitem__))
         return before, after
+
+    def surroundings(self, graph: Graph, names: list[str]) -> tuple | None:
+        """What :meth:`changed_kernels` reads of ``graph`` around the nodes ``names`` (its ``around`` list, in
+        graph order): the node objects and their order, whether each runs, the kernels they sit in, and of each of
+        their values the maker and readers (and whether those run), its type, whether it is weight-only and
+        whether it is a graph output. None if a node is missing or out of order. Two graphs with equal
+        surroundings give a rewrite there the same change of estimate."""
+        pk = self._parent_kernels(graph)
+        nodes = tuple(pk.by_name.get(x) for x in names)
+        if any(n is None for n in nodes):
+            return None
+        order = [pk.pos[x] for x in names]
+        if any(a > b for a, b in zip(order, order[1:])):
+            return None
+        group_of, members, value = pk.group_of, pk.members, pk.value
+        return (nodes, tuple(members[group_of[id(n)]] if id(n) in group_of else None for n in nodes),
+                tuple(value(v) for v in sorted({v for n in nodes for v in (*n.inputs, *n.outputs) if v})))
 
     def _parent_kernels(self, graph: Graph) -> "_Kernels":
         hit = self._parent
@@ -834,7 +862,8 @@ class OrtCpuCost(CostModel):
 
 class _Kernels:
     """What :meth:`OrtCpuCost.changed_kernels` keeps of a parent graph: its weight-only values, running nodes,
-    readers and makers of each value, and its kernels (node -> kernel, each kernel's runtime)."""
+    readers and makers of each value, node positions, graph outputs, and its kernels (node -> kernel, each
+    kernel's nodes and runtime)."""
 
     def __init__(self, cost: OrtCpuCost, graph: Graph):
         self.graph = graph
@@ -851,14 +880,29 @@ class _Kernels:
                     self.readers.setdefault(v, []).append(n)
             for v in n.outputs:
                 self._maker[v] = n
+        self.pos = {n.name: i for i, n in enumerate(nodes)}
+        self.outs = set(graph.outputs)
+        self._values: dict[str, tuple] = {}
         types = graph.types
         self.group_of: dict[int, int] = {}
         self.kernel_ms: list[float] = []
+        self.members: list[tuple[Node, ...]] = []
         for k, members in enumerate(kernel_groups(graph, cost.fusable, flags)):
-            ks = [nodes[i] for i in members]
-            self.kernel_ms.append(cost._kernel(ks, types, [cost.node_cost(n, types) for n in ks])[0])
+            ks = tuple(nodes[i] for i in members)
+            self.members.append(ks)
+            self.kernel_ms.append(cost._kernel(list(ks), types, [cost.node_cost(n, types) for n in ks])[0])
             for n in ks:
                 self.group_of[id(n)] = k
+
+    def value(self, v: str) -> tuple:
+        """What :meth:`OrtCpuCost.surroundings` compares of a value: (name, its maker and readers, whether each
+        of them runs, weight-only?, graph output?, type)."""
+        hit = self._values.get(v)
+        if hit is None:
+            near = (*self.maker(v), *self.readers.get(v, ()))
+            hit = self._values[v] = (v, near, tuple(id(x) in self.running for x in near), v in self.static,
+                                     v in self.outs, self.graph.types.get(v))
+        return hit
 
     def maker(self, v: str) -> tuple[Node, ...]:
         m = self._maker.get(v)

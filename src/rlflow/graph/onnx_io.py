@@ -1,7 +1,8 @@
 """ONNX import and export.
 
 ``load_onnx(path, input_shapes=None) -> Graph``
-    1. read and check the file (missing, not ONNX, truncated, cyclic, unsupported opset or dtype: one-line errors);
+    1. read and check the file (missing, not ONNX, truncated, cyclic, unsupported opset or dtype, an initializer
+       whose dims or data size do not add up: one-line errors);
     2. make every input shape static (``input_shapes`` fills dynamic dimensions; otherwise a clear error);
     3. fold constant subgraphs (Shape/Gather/Concat/ConstantOfShape/Expand/Where/Equal/... feeding Reshape and
        friends) to fixed point, with ONNX shape inference (``data_prop=True``) between rounds;
@@ -15,9 +16,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -118,8 +120,8 @@ def _split_large_weights(data: bytes, min_bytes: int = 1 << 16) -> tuple[bytes, 
         header = TensorProto()
         header.ParseFromString(b"".join(data[t:fb] for n, t, _, fb in fields if n != _TENSOR_RAW_DATA))
         dtype, shape = _DTYPES.get(header.data_type), tuple(int(d) for d in header.dims)
-        (ra, rb), count = raw[0], int(np.prod(shape))
-        if dtype is None or header.data_location == TensorProto.EXTERNAL or count * np.dtype(dtype).itemsize != rb - ra:
+        (ra, rb), count = raw[0], math.prod(shape)
+        if dtype is None or min(shape, default=0) < 0 or header.data_location == TensorProto.EXTERNAL or count * np.dtype(dtype).itemsize != rb - ra:
             continue
         views[header.name] = np.frombuffer(data, dtype=dtype, count=count, offset=ra).reshape(shape)
         head = header.SerializeToString()
@@ -132,14 +134,25 @@ def _split_large_weights(data: bytes, min_bytes: int = 1 << 16) -> tuple[bytes, 
     return data[:gtag] + _len_field(_MODEL_GRAPH, len(graph_bytes)) + graph_bytes + data[gb:], views
 
 
-def _read_model(path: str | os.PathLike) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """Parse the file; large weights come back separately as zero-copy numpy views of the file's bytes."""
-    p = Path(path)
-    if not p.exists():
-        raise RLFlowError(f"{p}: no such file")
-    if not p.is_file():
-        raise RLFlowError(f"{p}: not a file")
-    data = p.read_bytes()
+#: how errors name a model given as bytes
+IN_MEMORY = "the model"
+
+
+def _read_model(path: str | os.PathLike | bytes) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Parse the file (or the bytes of one); large weights come back separately as zero-copy numpy views of the
+    file's bytes."""
+    if isinstance(path, (bytes, bytearray)):
+        p, data = Path("."), bytes(path)
+    else:
+        p = Path(path)
+        if not p.exists():
+            raise RLFlowError(f"{p}: no such file")
+        if not p.is_file():
+            raise RLFlowError(f"{p}: not a file")
+        data = p.read_bytes()
+    folder = p.parent
+    if isinstance(path, (bytes, bytearray)):
+        p = IN_MEMORY
     if not data:
         raise RLFlowError(f"{p}: empty file, not an ONNX model")
     model = onnx.ModelProto()
@@ -157,7 +170,7 @@ def _read_model(path: str | os.PathLike) -> tuple[onnx.ModelProto, dict[str, np.
         raise RLFlowError(f"{p}: the graph has no outputs, so there is nothing to compute")
     if model.graph.initializer and any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer):
         try:
-            onnx.load_external_data_for_model(model, str(p.parent))
+            onnx.load_external_data_for_model(model, str(folder))
         except Exception as e:
             raise RLFlowError(f"{p}: cannot load external weight data ({_first_line(e)})") from None
     return model, views
@@ -251,6 +264,33 @@ def _weightless(model: onnx.ModelProto, limit: int = 4096) -> onnx.ModelProto:
         else:
             mg.initializer.append(t)
     return m
+
+
+#: the most elements an initializer may declare (2^40: 4 TiB of float32; a product beyond it is a corrupt shape)
+_MAX_ELEMENTS = 1 << 40
+
+
+def _check_initializer(t: TensorProto, cut_out: bool, path: Any) -> None:
+    """An initializer's dims and data agree before anything uses them: no negative dimension, an element count
+    that fits in memory arithmetic (no int64 overflow), and as much data as the shape needs (raw bytes, or
+    values in the typed field). ``cut_out``: its raw data was cut out by :func:`_split_large_weights`, which
+    checked its size already. One-line RLFlowError naming the tensor otherwise."""
+    shape = tuple(int(d) for d in t.dims)
+    where = f"{path}: initializer '{t.name}'"
+    if any(d < 0 for d in shape):
+        raise RLFlowError(f"{where} declares a negative dimension, shape {list(shape)}")
+    count = math.prod(shape)
+    if count > _MAX_ELEMENTS:
+        raise RLFlowError(f"{where} declares shape {list(shape)}: {count} elements, more than any tensor can hold "
+                          "(a corrupt shape)")
+    if cut_out or t.data_location == TensorProto.EXTERNAL:
+        return  # external data is checked once loaded (onnxruntime and _to_array read its bytes)
+    if t.HasField("raw_data"):
+        have, need, unit = len(t.raw_data), count * np.dtype(_DTYPES[t.data_type]).itemsize, "bytes"
+    else:
+        have, need, unit = len(getattr(t, helper.tensor_dtype_to_field(t.data_type))), count, "values"
+    if have != need:
+        raise RLFlowError(f"{where} holds {have} {unit} of data, but its shape {list(shape)} needs {need}")
 
 
 def _to_array(t: TensorProto) -> np.ndarray:
@@ -581,15 +621,19 @@ def _drop_unused_constants(g: Graph) -> Graph:
     return g
 
 
-def load_onnx(path: str | os.PathLike, input_shapes: Mapping[str, Any] | list[str] | None = None) -> Graph:
-    """Import an ONNX file as a static IR graph (see the module docstring). Errors are one-line RLFlowErrors."""
+def load_onnx(path: str | os.PathLike | bytes, input_shapes: Mapping[str, Any] | list[str] | None = None) -> Graph:
+    """Import an ONNX file (or the bytes of one) as a static IR graph (see the module docstring). Errors are
+    one-line RLFlowErrors."""
     model, weights = _read_model(path)
+    if isinstance(path, (bytes, bytearray)):
+        path = IN_MEMORY
     _opset_of(model, path)
     _sort_or_cycle(model, path)
     for i in model.graph.input:
         _dtype(i.type.tensor_type.elem_type, f"input '{i.name}'", path)
     for t in model.graph.initializer:
         _dtype(t.data_type, f"initializer '{t.name}'", path)
+        _check_initializer(t, t.name in weights, path)
     for o in model.graph.output:
         _dtype(o.type.tensor_type.elem_type, f"output '{o.name}'", path)
     try:
@@ -692,6 +736,28 @@ def to_onnx(graph: Graph, weights: bool = True) -> onnx.ModelProto:
     return model
 
 
+
+
+def set_io_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int | str | None] | None]) -> None:
+    """Write ``shapes`` on the model's inputs and outputs they name: each dimension a size, a symbol (a dynamic
+    dimension) or None (unknown); None for the whole shape: rank unknown. The static shapes of intermediate values
+    are dropped (they need not hold at other sizes); their element types stay."""
+    for vi in [*model.graph.input, *model.graph.output]:
+        if vi.name not in shapes:
+            continue
+        tt = vi.type.tensor_type
+        tt.ClearField("shape")
+        if shapes[vi.name] is None:
+            continue
+        tt.shape.SetInParent()  # a rank-0 shape is an empty shape, not a missing one
+        for d in shapes[vi.name]:
+            dim = tt.shape.dim.add()
+            if isinstance(d, str):
+                dim.dim_param = d
+            elif d is not None:
+                dim.dim_value = d
+    for vi in model.graph.value_info:
+        vi.type.tensor_type.ClearField("shape")
 
 
 def save_onnx(graph: Graph, path: str | os.PathLike, check: bool = True) -> None:

@@ -31,7 +31,7 @@ from rlflow.pipeline.registry import CONFIG_FIELDS, CONFIG_FILE, PIPELINE_FILES,
 
 HEADER = """\
 # GENERATED from src/rlflow/pipeline/registry.py by `python -m rlflow.pipeline.dvc` -- do not edit by hand.
-# The Snakemake rules (workflow/rules/*.smk) come from the same registry; tests/test_pipeline.py checks that
+# The Snakemake rules (workflow/rules/stages.smk) come from the same registry; tests/test_pipeline.py checks that
 # this file is up to date. Stages run `rlflow ...`: activate the environment first (`. .venv/bin/activate`).
 #   dvc repro          build every model in config.yaml `models`
 #   dvc push / pull    share results/ through the default remote (see .dvc/config)

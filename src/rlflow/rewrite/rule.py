@@ -43,6 +43,7 @@ the rule was verified at those alone (builtin rules are written, and tested, for
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -358,15 +359,25 @@ def rule_from_json(raw: Any, where: str = "rules.json") -> Rule:
 
 
 # ================================================================================================ files
-def load_rules(path: str | os.PathLike) -> list[Rule]:
-    """Read ``rules.json``; a malformed or hand-edited file is a one-line error naming the rule and problem."""
+#: the rule set shipped with the package: what the generate_rules stage makes from config.yaml's rules section,
+#: gzipped (``make default-rules`` remakes it; a test checks it equals a fresh generation)
+DEFAULT_RULES = Path(__file__).resolve().parent / "data" / "default_rules.json.gz"
+
+
+def load_rules(path: str | os.PathLike = DEFAULT_RULES) -> list[Rule]:
+    """Read a rules file (``rules.json``, or gzipped JSON when the name ends in ``.gz``); without a path, the
+    default rule set shipped with the package. A malformed or hand-edited file is a one-line error naming the
+    rule and problem."""
     p = Path(path)
     if not p.is_file():
         raise RLFlowError(f"{p}: no such rules file (make one with `rlflow generate-rules`)")
     try:
-        data = json.loads(p.read_text())
+        text = gzip.decompress(p.read_bytes()).decode() if p.suffix == ".gz" else p.read_text()
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise RLFlowError(f"{p}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip.BadGzipFile is an OSError
+        raise RLFlowError(f"{p}: not a rules file ({e})") from None
     if not isinstance(data, Mapping) or data.get("format") != FORMAT or not isinstance(data.get("rules"), list):
         raise RLFlowError(f"{p}: not a rules file of format {FORMAT} (needs 'format': {FORMAT} and a 'rules' list)")
     rules, seen = [], set()

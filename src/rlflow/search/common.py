@@ -123,6 +123,8 @@ class Scorer:
         self._parent: tuple[Graph, dict[str, int]] | None = None
         self.full_sums = 0  # children summed from scratch (a weight-only status changed)
         self.delta_sums = 0
+        self.reused = 0  # children's costs reused from the previous graph (child_costs)
+        self._memo: dict[int, tuple] = {}
 
     def graph_cost(self, g: Graph) -> int:
         """The graph's estimated runtime in QUANTUM_MS units: the sum of its nodes' quantized runtimes (on a
@@ -139,19 +141,50 @@ class Scorer:
         static = view.static
         pos = view.pos
         additive = self.cost.additive
-        for k, ms in enumerate(index.matches):
-            if not ms:
+        for k, j, m in _locations(index, deadline):
+            new, removed, changed = _apply(g, m)
+            first = min(pos[x] for x in m.nodes)
+            if additive:
+                c = self.child_cost(g, view, static, cost, m, new, first, changed)
+            else:
+                c = self.kernel_child_cost(g, cost, new, removed, changed)
+            yield k, j, m, new, c, first
+
+    def child_costs(self, index: MatchIndex, cost: int, deadline: float = 0.0
+                    ) -> Iterator[tuple[int, int, Match, int]]:
+        """:meth:`children`'s (rule, location, match, child's cost), without the child graphs: for a search that
+        keeps only the best child of each graph (greedy), whose graphs differ step to step only around the last
+        rewrite. On a kernel-grouping target each child's change of cost is kept with what its estimate read of
+        the parent (``CostModel.surroundings``); a match still present in the next graph, in surroundings equal
+        there, reuses it without building its child. The costs are exactly :meth:`children`'s."""
+        if self.cost.additive:
+            for k, j, m, _child, c, _first in self.children(index, cost, deadline):
+                yield k, j, m, c
+            return
+        g, view = index.graph, index.view
+        surroundings = self.cost.surroundings
+        memo, self._memo = self._memo, {}
+        for k, j, m in _locations(index, deadline):
+            hit = memo.get(id(m))
+            if hit is not None and hit[0] is m and _in_place(view, m) and surroundings(g, hit[1]) == hit[2]:
+                self._memo[id(m)] = hit
+                self.reused += 1
+                yield k, j, m, cost + hit[3]
                 continue
-            if deadline and time.perf_counter() > deadline:
-                return
-            for j, m in enumerate(ms):
-                new, removed, changed = _apply(g, m)
-                first = min(pos[x] for x in m.nodes)
-                if additive:
-                    c = self.child_cost(g, view, static, cost, m, new, first, changed)
-                else:
-                    c = self.kernel_child_cost(g, cost, new, removed, changed)
-                yield k, j, m, new, c, first
+            new, removed, changed = _apply(g, m)
+            around: list[str] = []
+            parts = self.cost.changed_kernels(g, new, removed, set(changed), around)
+            if parts is None:
+                self.full_sums += 1
+                yield k, j, m, self.graph_cost(new)
+                continue
+            self.delta_sums += 1
+            delta = sum(map(quantize, parts[1])) - sum(map(quantize, parts[0]))
+            if _in_place(view, m):  # (a child whose nodes were re-sorted has its order from the whole graph)
+                here = surroundings(g, around)
+                if here is not None:
+                    self._memo[id(m)] = (m, around, here, delta)
+            yield k, j, m, cost + delta
 
     def graph_hash(self, g: Graph) -> int:
         return self.hasher(g)
@@ -233,6 +266,29 @@ class Scorer:
             if (sv in static) != (other in static):
                 return False
         return True
+
+
+def _locations(index: MatchIndex, deadline: float) -> Iterator[tuple[int, int, Match]]:
+    """(rule index, location, match) of every match of ``index``, in rule order then location order; stops
+    (between rules) once ``time.perf_counter()`` passes ``deadline`` (0: never)."""
+    for k, ms in enumerate(index.matches):
+        if not ms:
+            continue
+        if deadline and time.perf_counter() > deadline:
+            return
+        for j, m in enumerate(ms):
+            yield k, j, m
+
+
+def _in_place(view, m: Match) -> bool:
+    """Does the rewrite at ``m`` put its new nodes where the first matched node was, leaving every other node
+    where it is? (It re-sorts the graph where a new node reads a value made after that place.)"""
+    first = min(view.pos[x] for x in m.nodes)
+    for _, v in m.bindings:
+        p = view.producer.get(v)
+        if p is not None and view.pos[p.name] > first and p.name not in m.nodes:
+            return False
+    return True
 
 
 def _norm(ref: str) -> str:

@@ -41,7 +41,7 @@ def greedy_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, ti
                 break
             expansions += 1
             best = None
-            for k, j, m, _child, c, _first in scorer.children(index, cost, deadline):
+            for k, j, m, c in scorer.child_costs(index, cost, deadline):
                 generated += 1
                 if c < (best[0] if best else cost):
                     best = (c, k, j, m)
@@ -70,4 +70,5 @@ def greedy_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, ti
         seconds=time.perf_counter() - t0, generated=generated, kept=len(trace), stop_reason=stop,
         nodes_before=len(graph.nodes), nodes_after=len(final_graph.nodes),
         settings={"time_limit_s": time_limit_s},
-        stats={"scored_incrementally": scorer.delta_sums, "scored_from_scratch": scorer.full_sums})
+        stats={"scored_incrementally": scorer.delta_sums, "scored_from_scratch": scorer.full_sums,
+               "reused_from_previous_graph": scorer.reused})

@@ -41,25 +41,44 @@ def verify_and_write(original: Graph, result: SearchResult, out: Path, trace: Pa
                      seed: int = 0, device: str = "cpu", tol: float = TOLERANCE,
                      speed_check: Callable[[Graph, Graph], dict] | None = None,
                      log: Callable[[str], None] = print) -> tuple[float, dict]:
-    """Check ``result.graph`` against ``original`` (nothing is written if it differs), then write ``out`` and,
-    if given, ``trace`` (``result.to_json(**extra)`` plus ``max_rel_diff``). Returns (difference, trace doc).
-
-    ``speed_check(original, optimised)`` (the never-slower check; the callers above this floor pass
-    :func:`rlflow.evaluation.protocol.never_slower`) returns a record with ``kept`` (``optimised`` |
-    ``original``) and a one-line ``line``: the record goes into the trace as ``speed_check``, the line to
-    ``log``, and when it says ``original`` the ORIGINAL graph is written to ``out`` instead of the result."""
+    """:func:`verify_and_choose`, then write the graph chosen to ``out`` and, if given, the trace document to
+    ``trace``; nothing is written if the check fails. Returns (difference, trace doc)."""
     from rlflow.atomic import write_text
-    from rlflow.graph.exec.check import check_equal
     from rlflow.graph.onnx_io import save_onnx
 
     for p in (out, trace):
         if p is not None and p.is_dir():
             raise RLFlowError(f"{p}: is a folder, expected a file path")
+    graph, diff, doc = verify_and_choose(original, result, extra, seed, device, tol, speed_check, log,
+                                         not_written=f"{out} not written")
+    save_onnx(graph, out)
+    if trace is not None:
+        write_text(trace, json.dumps(doc, indent=1) + "\n")
+    return diff, doc
+
+
+def verify_and_choose(original: Graph, result: SearchResult, extra: dict[str, Any], seed: int = 0,
+                      device: str = "cpu", tol: float = TOLERANCE,
+                      speed_check: Callable[[Graph, Graph], dict] | None = None,
+                      log: Callable[[str], None] = print, not_written: str | None = None
+                      ) -> tuple[Graph, float, dict]:
+    """Check ``result.graph`` against ``original`` (RLFlowError if it differs), then choose the graph to keep.
+    Returns (graph, largest relative difference, trace doc: ``result.to_json(**extra)`` plus ``max_rel_diff``).
+
+    ``speed_check(original, optimised)`` (the never-slower check; the callers above this floor pass
+    :func:`rlflow.evaluation.protocol.never_slower`) returns a record with ``kept`` (``optimised`` |
+    ``original``) and a one-line ``line``: the record goes into the trace as ``speed_check``, the line to
+    ``log``, and when it says ``original`` the ORIGINAL graph is the one chosen. ``not_written`` ends the
+    message of a failed equality check (``out.onnx not written``)."""
+    from rlflow.graph.exec.check import check_equal
+
     try:
         diff = check_equal(original, result.graph, seed=seed, tol=tol, device=device,
                            what=str(extra.get("model", "the original model")))
     except RLFlowError as e:
-        raise RLFlowError(f"{e}; {out} not written") from None
+        if not_written is None:
+            raise
+        raise RLFlowError(f"{e}; {not_written}") from None
     doc = result.to_json(**extra)
     doc["max_rel_diff"] = diff
     doc["tolerance"] = tol
@@ -69,10 +88,7 @@ def verify_and_write(original: Graph, result: SearchResult, out: Path, trace: Pa
         log(record["line"])
         if record["kept"] == "original":
             graph = original
-    save_onnx(graph, out)
-    if trace is not None:
-        write_text(trace, json.dumps(doc, indent=1) + "\n")
-    return diff, doc
+    return graph, diff, doc
 
 
 def summary(result: SearchResult, diff: float, label: str) -> str:
