@@ -83,6 +83,7 @@ class _Compiled:
         # those (a literal axis may mean something else at another rank); builtins are written for any rank
         ranks = rule.verified.get("ranks") if rule.origin == "generated" else None
         self.var_ranks = {v: set(r) if isinstance(r, list) else {r} for v, r in (ranks or {}).items()}
+        self.cuts = _cuts_paths(rule)
 
     def _order(self, start: int) -> list[int]:
         order, done = [start], {start}
@@ -360,6 +361,29 @@ def find_matches(graph: Graph, rule: Rule, _view: _View | None = None) -> list[M
     return _sorted(view, out.values())
 
 
+def _cuts_paths(rule: Rule) -> bool:
+    """Whether applying ``rule`` can remove a dependency path of the graph: some output of its target depends
+    on fewer of the match's input values than the source output it replaces (unbatching a Concat-op-Split,
+    ``split(relu(concat(a, b))) -> relu(a), relu(b)``, makes the first output independent of ``b``). Matches
+    anywhere in the graph that a cycle ruled out may then become valid."""
+    def deps(side: tuple) -> list[set[str]]:
+        out: list[set[str]] = []
+        for pn in side:
+            s: set[str] = set()
+            for r in pn.inputs:
+                m = _REF.match(r)
+                s |= out[int(m.group(1))] if m else {r}
+            out.append(s)
+        return out
+
+    def of(d: list[set[str]], ref: str) -> set[str]:
+        m = _REF.match(ref)
+        return d[int(m.group(1))] if m else {ref}
+
+    src, dst = deps(rule.src), deps(rule.dst)
+    return any(of(dst, b) < of(src, a) for a, b in rule.outputs)
+
+
 # ============================================================================================ applying
 def apply(graph: Graph, match: Match) -> Graph:
     """The graph with ``match``'s source nodes replaced by the rule's target; ``graph`` is unchanged."""
@@ -509,6 +533,14 @@ class MatchIndex:
         # only rules with matches (to drop stale ones) and rules that can match a region node (to search) change
         visit = sorted(search.keys() | {k for k, m in enumerate(self.matches) if m})
         matches = list(self.matches)
+        if rs.compiled[rule_index].cuts:
+            # a removed path may have been what ruled out a multi-node match far from the rewrite (its nodes
+            # reached each other only through it): those rules are matched again from scratch (43 of the 1,259
+            # default rules cut paths; they are rarely chosen)
+            for k, c in enumerate(rs.compiled):
+                if c.n > 1:
+                    matches[k] = find_matches(new, rs.rules[k], view)
+            visit = [k for k in visit if rs.compiled[k].n == 1]
         for k in visit:
             c, old = rs.compiled[k], self.matches[k]
             keep = []
