@@ -13,10 +13,11 @@ usual rebuild (congruence closure: e-nodes that become equal after a union merge
 **Rules are data.** One generic e-matcher serves every rule: a rule's source pattern is matched top-down from its
 *roots* (the pattern nodes no other pattern node reads); a pattern with several roots (TASO's two-output rules,
 e.g. merging two MatMuls that share an input; Tensat's multi-patterns) joins its roots through their shared
-variables. A match is checked exactly as the graph matcher checks one (literal attributes, parameters, shape
-expressions, ``const`` variables, a generated rule's verified ranks, and the target's shape inference giving each
-mapped value the source value's type); its target is then added and each mapped source class merged with its
-target class. Matches of an iteration are found first, then applied (as egg does), then the e-graph rebuilt.
+variables (a rule whose roots share no variable, such as two independent Relus batched into one, is left out:
+its matches are the cross product of the e-nodes of its ops). A match is checked exactly as the graph matcher
+checks one (literal attributes, parameters, shape expressions, ``const`` variables, a generated rule's verified
+ranks, ``no_broadcast``, and the target's shape inference giving each mapped value the source value's type); its
+target is then added and each mapped source class merged with its target class. Matches of an iteration are found first, then applied (as egg does), then the e-graph rebuilt.
 Multi-pattern rules run only in the first ``multi_iterations`` iterations (as Tensat limits them: their matches
 grow with the square of the graph), and egg's backoff scheduler bans a rule for a while when it matches too often
 (``RULE_MATCH_LIMIT``; multi-pattern rules are exempt: a ban would outlast their iterations). Matching is
@@ -303,6 +304,19 @@ class _Pattern:
                         depth[ref[1]] = depth[m] + 1
                         todo.append(ref[1])
         self.depth = max(depth.values())
+        # the roots are joined when the variables each root's pattern reads link them all (Tensat's multi-patterns
+        # share a variable); unjoined roots (relu(a), relu(b) -> ...) match the cross product of their e-nodes
+        groups = [_pattern_vars(self.ins, k) for k in self.roots]
+        joined = groups[0]
+        rest = groups[1:]
+        while rest:
+            linked = [g for g in rest if g & joined]
+            if not linked:
+                break
+            for g in linked:
+                joined |= g
+            rest = [g for g in rest if not g & joined]
+        self.joined = not rest
         self.literal = [{a: v for a, v in pn.attrs.items() if not is_param(v) and not _has_expr(v)}
                         for pn in rule.src]
         self.param = [{a: v[1:] for a, v in pn.attrs.items() if is_param(v)} for pn in rule.src]
@@ -315,6 +329,19 @@ class _Pattern:
 
 def _has_expr(v: Any) -> bool:
     return isinstance(v, dict) or (isinstance(v, (tuple, list)) and any(_has_expr(x) for x in v))
+
+
+def _pattern_vars(ins: list[list[tuple]], k: int) -> set[str]:
+    """The variables pattern node ``k`` and the pattern nodes below it read."""
+    out: set[str] = set()
+    todo = [k]
+    while todo:
+        for ref in ins[todo.pop()]:
+            if ref[0] == "var":
+                out.add(ref[1])
+            else:
+                todo.append(ref[1])
+    return out
 
 
 @dataclass
@@ -510,7 +537,11 @@ def saturate(eg: EGraph, rules: Sequence[Rule], node_limit: int, iter_limit: int
              multi_iterations: int, semi_naive: bool = True) -> dict[str, Any]:
     """Run the rules on ``eg`` until a fixpoint or a limit; returns the saturation statistics. ``semi_naive``
     False matches every rule against the whole e-graph in every iteration (the same result, slower: tests)."""
-    patterns = [_Pattern(r) for r in rules]
+    # a rule whose source is unconnected ops sharing no variable (two independent Relus, two convs on different
+    # inputs) is left out: it matches every pair of e-nodes of its ops, and its targets make new e-nodes of those
+    # ops that pair again (on a tiny squeezenet the two Relu batchings filled the e-graph to the node limit in
+    # two iterations and the ILP found no optimum in 60 s); the graph searches and the agents use them
+    patterns = [p for p in map(_Pattern, rules) if p.joined]
     seen: set = set()
     bans: dict[str, tuple[int, int]] = {}  # rule id -> (times banned, first iteration allowed again)
     stats: dict[str, Any] = {"iterations": 0, "stop": "saturated", "matches": 0, "applied": 0, "merges": 0,
@@ -1001,11 +1032,12 @@ def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, nod
     kept_input = False
     if final.runtime_ms > initial.runtime_ms:
         (final_graph, final), kept_input = finish(graph, cost_model), True
-    multi = sum(len(_Pattern(r).roots) > 1 for r in rules)
+    usable = [p for p in map(_Pattern, rules) if p.joined]
+    multi = sum(p.multi for p in usable)
     stats = {"egraph_nodes_initial": nodes0, "egraph_classes_initial": classes0, "egraph_nodes": eg.n_nodes,
              "egraph_classes": len(eg.classes()), "saturation_seconds": t_sat, "extraction_seconds": t_ext,
-             "rules": len(rules), "rules_translated": len(rules), "multi_pattern_rules": multi,
-             "rules_skipped": 0, **{k: v for k, v in sat.items() if k != "stop"}, **ext,
+             "rules": len(rules), "rules_translated": len(usable), "multi_pattern_rules": multi,
+             "rules_skipped": len(rules) - len(usable), **{k: v for k, v in sat.items() if k != "stop"}, **ext,
              "extracted_cost_ms": extracted_ms, "kept_input": kept_input}
     return SearchResult(
         method="eqsat", graph=final_graph, initial=initial, final=final, trace=[], expansions=sat["iterations"],
