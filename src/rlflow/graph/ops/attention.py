@@ -130,12 +130,23 @@ def _import(n: OnnxNode):
 
 
 def _export(e, n) -> None:
-    a = n.attrs
-    if e.graph.opset >= 23:
-        heads = {"q_num_heads": a["q_num_heads"], "kv_num_heads": a["kv_num_heads"]} if a["q_num_heads"] else {}
-        e.node("Attention", n.inputs, n.outputs, n.name, scale=float(a["scale"]), is_causal=a["is_causal"], **heads)
+    """``Attention`` from opset 23. onnxruntime (1.31) broadcasts only the mask's leading dimensions: its last two
+    must be (Sq, Skv) exactly, so a mask like Hugging Face's ``(B, 1, 1, Skv)`` is expanded first (an Expand the
+    import folds into a constant mask, or keeps opaque when the mask is an input)."""
+    a, ins = n.attrs, list(n.inputs)
+    if e.graph.opset < 23:
+        _export_composed(e, n)
         return
-    _export_composed(e, n)
+    if len(ins) > 3:
+        b, hq, _, sq, skv, _, _ = dims([e.graph.types[v] for v in ins[:3]], a)
+        mask = e.graph.types[ins[3]].shape
+        if mask[-2:] != (sq, skv):
+            full = (*mask[:-2], sq, skv) if len(mask) >= 2 else (sq, skv)
+            expanded = e.fresh(f"{n.name}_mask")
+            e.node("Expand", [ins[3], e.const(f"{n.name}_mask_shape", list(full))], [expanded], expanded)
+            ins[3] = expanded
+    heads = {"q_num_heads": a["q_num_heads"], "kv_num_heads": a["kv_num_heads"]} if a["q_num_heads"] else {}
+    e.node("Attention", ins, n.outputs, n.name, scale=float(a["scale"]), is_causal=a["is_causal"], **heads)
 
 
 def _export_composed(e, n) -> None:
