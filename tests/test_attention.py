@@ -357,3 +357,25 @@ def test_export_expands_a_mask_onnxruntime_does_not_broadcast(tmp_path):
     back = load_onnx(to_onnx(b.build([y])).SerializeToString())
     assert back.op_counts() == {"Attention": 1}
     assert next(iter(back.constants.values())).array.shape == (1, 1, 4, 4)
+
+
+@pytest.mark.parametrize("d,dv,causal", [(4, 4, 0), (4, 4, 1), (4, 6, 1)])
+def test_a_row_without_keys_is_zeros_on_every_backend(d, dv, causal):
+    """ONNX: a query row whose mask is -inf for every key gives zeros, not NaN (jax's and TF's softmax would)."""
+    g = attention_graph([(1, 2, 3, d), (1, 2, 5, d), (1, 2, 5, dv)], (1, 1, 3, 5), 0.5, causal, None)
+    feeds = make_inputs(g, seed=5)
+    mask = np.zeros((1, 1, 3, 5), np.float32)
+    mask[0, 0, 1] = -np.inf          # row 1: no key at all
+    mask[0, 0, 2, :1] = -np.inf      # row 2: with the causal mask, none either (it allows keys 0..2 only)
+    mask[0, 0, 2, 3:] = -np.inf
+    mask[0, 0, 2, 1:3] = -np.inf if causal else 0.0
+    feeds["m"] = mask
+    want = reference(feeds["q"], feeds["k"], feeds["v"], np.where(np.isinf(mask), 0.0, mask), 0.5, causal, None)
+    want[:, :, 1] = 0
+    if causal:
+        want[:, :, 2] = 0
+    for backend in BACKENDS + (["tf-xla"] if "tf" in BACKENDS else []):
+        got = get_runner(g, backend)(feeds)[0]
+        assert np.isfinite(got).all(), backend
+        assert max_rel_diff([want[:, :, :1]], [got[:, :, :1]]) < TOL, backend
+        assert np.all(got[:, :, 1] == 0) and (not causal or np.all(got[:, :, 2] == 0)), backend

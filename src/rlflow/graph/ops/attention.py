@@ -10,7 +10,9 @@ Inputs ``Q, K, V[, mask]``, in one of ONNX's two forms:
 ``Hq`` a multiple of ``Hkv`` (grouped-query attention: each K/V head serves ``Hq / Hkv`` query heads). The mask
 is additive, of Q's float type, broadcasting to the scores ``(B, Hq, Sq, Skv)``. Attributes: ``scale`` (always
 set: the import fills in ONNX's default ``1 / sqrt(D)``), ``is_causal`` (query ``i`` attends keys ``j <= i``, the
-top-left aligned mask of ONNX without a KV cache, torch and jax), ``q_num_heads``, ``kv_num_heads``.
+top-left aligned mask of ONNX without a KV cache, torch and jax), ``q_num_heads``, ``kv_num_heads``. A query
+row the mask leaves no key (all -inf) is a row of zeros, as ONNX says (torch's SDPA and onnxruntime do so; the jax
+and TensorFlow lowerings see to it).
 
 What the import keeps opaque: a boolean mask, a KV cache (``past_key``/``past_value``, the ``present_*`` and
 ``qk_matmul_output`` outputs), ``softcap``, a ``softmax_precision`` other than Q's type, opset 24's
@@ -206,7 +208,10 @@ def _attention_tf(tf, xs, a, c):
         s = s + xs[3]
     if a["is_causal"]:
         s = s + tf.constant(causal_bias(sq, skv, q.dtype.as_numpy_dtype))
-    y = tf.linalg.matmul(tf.nn.softmax(s, axis=-1), v)
+    p = tf.nn.softmax(s, axis=-1)
+    if len(xs) > 3:  # a row without any key: zeros, not softmax's NaN
+        p = tf.where(tf.reduce_all(tf.math.equal(s, -np.inf), axis=-1, keepdims=True), tf.zeros_like(p), p)
+    y = tf.linalg.matmul(p, v)
     if a["q_num_heads"]:
         y = tf.reshape(tf.transpose(y, (0, 2, 1, 3)), (b, sq, hq * dv))
     return [y]
@@ -235,6 +240,10 @@ def _attention_jax(J, xs, a, c):
         mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
     if d == dv:
         y = J.nn.dot_product_attention(q, k, v, bias=mask, scale=a["scale"], is_causal=bool(a["is_causal"]))
+        if mask is not None:  # a row without any key: zeros, not NaN (dead: (B|1, H|1, Sq) -> (B|1, Sq, H|1, 1))
+            bias = mask + causal_bias(sq, skv, mask.dtype) if a["is_causal"] else mask
+            dead = jnp.all(bias == -jnp.inf, axis=-1)
+            y = jnp.where(jnp.swapaxes(dead, 1, 2)[..., None], 0, y)
     else:  # (B, S, H, D) -> (B, H, S, D)
         q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
         k, v = jnp.repeat(k, hq // hkv, axis=1), jnp.repeat(v, hq // hkv, axis=1)
@@ -243,7 +252,10 @@ def _attention_jax(J, xs, a, c):
             s = s + mask
         if a["is_causal"]:
             s = s + causal_bias(sq, skv, s.dtype)
-        y = jnp.swapaxes(jnp.matmul(J.nn.softmax(s, axis=-1), v), 1, 2)
+        p = J.nn.softmax(s, axis=-1)
+        if mask is not None:  # a row without any key: zeros, not NaN
+            p = jnp.where(jnp.all(s == -jnp.inf, axis=-1, keepdims=True), 0, p)
+        y = jnp.swapaxes(jnp.matmul(p, v), 1, 2)
     return [y.reshape(b, sq, hq * dv) if a["q_num_heads"] else jnp.swapaxes(y, 1, 2)]
 
 
