@@ -118,9 +118,14 @@ def test_attention_equals_its_composition_on_every_backend(case, seed):
     for backend in BACKENDS:
         assert max_rel_diff(want, get_runner(g, backend)(feeds)) < TOL, backend
         assert max_rel_diff(want, get_runner(prim, backend)(feeds)) < TOL, backend
-    # the export below opset 23 (the primitive ops) computes the same on onnxruntime
+    # the export below opset 23 (the primitive ops) computes the same on onnxruntime; both exports read back as
+    # IR ops only (no opaque node), which the jax backend runs
     old = attention_graph(shapes, mask, scale, causal, heads, opset=18)
     assert max_rel_diff(want, get_runner(old, "ort")(feeds)) < TOL
+    for graph in (g, old):
+        back = load_onnx(to_onnx(graph).SerializeToString())
+        assert not back.opaque_nodes() and ("Attention" in back.op_counts()) == (graph.opset >= 23)
+        assert max_rel_diff(want, get_runner(back, "jax")(feeds)) < TOL
     # the reference semantics in float64 (what rule verification runs) is exact
     import torch
 
@@ -340,16 +345,21 @@ def test_every_cost_target_costs_attention(config, tmp_path, monkeypatch):
     assert ortc.graph_metrics(fused).runtime_ms > 0
 
 
-def test_export_expands_a_mask_onnxruntime_does_not_broadcast(tmp_path):
+def test_export_broadcasts_a_mask_onnxruntime_does_not(tmp_path):
     """onnxruntime needs the mask's last two dimensions to be (Sq, Skv); Hugging Face's (B, 1, 1, Skv) is
-    expanded in the file. A constant mask's Expand is folded back at import."""
+    broadcast in the file by adding zeros, which reads back as the IR's Add (every backend runs the round trip),
+    and folds into a constant mask where the mask is constant."""
     shapes = [(1, 2, 4, 8)] * 3
     g = attention_graph(shapes, (1, 1, 1, 4), 0.3, 0, None)
     m = to_onnx(g)
-    assert [n.op_type for n in m.graph.node] == ["Expand", "Attention"]
+    assert [n.op_type for n in m.graph.node] == ["Add", "Attention"]
     feeds = make_inputs(g, seed=4)
     want = [reference(feeds["q"], feeds["k"], feeds["v"], feeds["m"], 0.3, 0, None)]
     assert max_rel_diff(want, get_runner(g, "ort")(feeds)) < TOL
+    back = load_onnx(m.SerializeToString())
+    assert back.op_counts() == {"Add": 1, "Attention": 1} and not back.opaque_nodes()
+    for backend in BACKENDS:
+        assert max_rel_diff(want, get_runner(back, backend)(feeds)) < TOL, backend
     b = GraphBuilder("const_mask", opset=23)
     q, k, v = (b.input(n, s) for n, s in zip("qkv", shapes))
     y = b.op("Attention", [q, k, v, b.const("m", np.zeros((1, 1, 1, 4), np.float32))], scale=0.3, is_causal=0,

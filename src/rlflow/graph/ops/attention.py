@@ -17,7 +17,8 @@ and TensorFlow lowerings see to it).
 What the import keeps opaque: a boolean mask, a KV cache (``past_key``/``past_value``, the ``present_*`` and
 ``qk_matmul_output`` outputs), ``softcap``, a ``softmax_precision`` other than Q's type, opset 24's
 ``nonpad_kv_seqlen`` and opset 25's sliding window. Export: ``Attention`` from opset 23, below that the primitive
-ops it stands for (Reshape/Transpose for the 3-D form, Expand for grouped heads, MatMul, Mul, Add, Softmax).
+ops it stands for (Reshape/Transpose for the 3-D form, Concat for grouped heads, MatMul, Mul, Add, Softmax),
+all of them IR ops again when read back.
 
 Costs: the FLOPs of the two products, the scaling, the mask and the softmax over the full score matrix; the bytes
 are what a flash-style kernel moves (Q, K, V, the mask and the output; the score matrix never leaves the chip).
@@ -133,20 +134,21 @@ def _import(n: OnnxNode):
 
 def _export(e, n) -> None:
     """``Attention`` from opset 23. onnxruntime (1.31) broadcasts only the mask's leading dimensions: its last two
-    must be (Sq, Skv) exactly, so a mask like Hugging Face's ``(B, 1, 1, Skv)`` is expanded first (an Expand the
-    import folds into a constant mask, or keeps opaque when the mask is an input)."""
+    must be (Sq, Skv) exactly, so a mask like Hugging Face's ``(B, 1, 1, Skv)`` is first broadcast by adding zeros
+    of shape (Sq, Skv): an ``Add``, which the import reads back as the IR's Add (or folds, for a constant mask),
+    so the file stays runnable on every backend (an ``Expand`` would come back as an opaque node)."""
     a, ins = n.attrs, list(n.inputs)
     if e.graph.opset < 23:
         _export_composed(e, n)
         return
     if len(ins) > 3:
-        b, hq, _, sq, skv, _, _ = dims([e.graph.types[v] for v in ins[:3]], a)
-        mask = e.graph.types[ins[3]].shape
-        if mask[-2:] != (sq, skv):
-            full = (*mask[:-2], sq, skv) if len(mask) >= 2 else (sq, skv)
-            expanded = e.fresh(f"{n.name}_mask")
-            e.node("Expand", [ins[3], e.const(f"{n.name}_mask_shape", list(full))], [expanded], expanded)
-            ins[3] = expanded
+        types = [e.graph.types[v] for v in ins]
+        _, _, _, sq, skv, _, _ = dims(types, a)
+        if types[3].shape[-2:] != (sq, skv):
+            full = e.fresh(f"{n.name}_mask")
+            zeros = e.const(f"{n.name}_mask_zeros", np.zeros((sq, skv)), np.dtype(types[3].dtype))
+            e.node("Add", [ins[3], zeros], [full], full)
+            ins[3] = full
     heads = {"q_num_heads": a["q_num_heads"], "kv_num_heads": a["kv_num_heads"]} if a["q_num_heads"] else {}
     e.node("Attention", ins, n.outputs, n.name, scale=float(a["scale"]), is_causal=a["is_causal"], **heads)
 
@@ -170,7 +172,7 @@ def _export_composed(e, n) -> None:
 
     def repeat(x, s, size):  # (B, Hkv, S, size) -> (B, Hq, S, size), each KV head hq / hkv times in a row
         x = op("Reshape", [x, e.const(f"{nm}_shape", [b, hkv, 1, s, size])])
-        x = op("Expand", [x, e.const(f"{nm}_shape", [b, hkv, hq // hkv, s, size])])
+        x = op("Concat", [x] * (hq // hkv), axis=2)
         return op("Reshape", [x, e.const(f"{nm}_shape", [b, hq, s, size])])
 
     q, k, v = n.inputs[:3]
