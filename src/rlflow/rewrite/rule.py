@@ -31,7 +31,10 @@ makes a new 0-D float32 constant, e.g. BatchNormalization's epsilon when folding
 kernel of 1/9 that computes a 3x3 average pooling as a depthwise Conv.
 A node with several outputs says how many: ``"outputs": 2``. ``constraints.const`` lists variables that must be
 bound to static values: constants (weights) or values computed from constants only (a reshaped or concatenated
-weight), which are folded into constants after optimisation. ``verified`` records how the rule was checked; for
+weight), which are folded into constants after optimisation. ``constraints.min_opset`` (an integer) makes the
+rule apply only to graphs whose ``opset`` is at least that: a target op ONNX defines from that opset on (the fused
+``Attention`` of opset 23) is only put into a graph that may hold it (``rlflow optimize --opset`` raises a graph's
+opset). ``verified`` records how the rule was checked; for
 a generated rule its ``ranks`` (variable -> rank, or list of ranks) are the only ranks the matcher binds, since
 the rule was verified at those alone (builtin rules are written, and tested, for every rank). ``verified`` records how the rule was checked (method, trials, sizes).
 """
@@ -112,6 +115,12 @@ class Rule:
     @property
     def const_vars(self) -> frozenset[str]:
         return frozenset(self.constraints.get("const", ()))
+
+    @property
+    def min_opset(self) -> int:
+        """The lowest ONNX opset a graph must declare for the rule to apply (``constraints.min_opset``; 0: any):
+        a target op the standard defines only from that opset on (``Attention``: 23)."""
+        return int(self.constraints.get("min_opset", 0))
 
     def to_json(self) -> dict:
         d = {"id": self.id, "name": self.name, "origin": self.origin,
@@ -332,8 +341,11 @@ def rule_from_json(raw: Any, where: str = "rules.json") -> Rule:
     if len({s for s, _ in outs}) != len(outs):
         raise RLFlowError(f"{at}: a source output is mapped twice")
     constraints = raw.get("constraints", {})
-    if not isinstance(constraints, Mapping) or set(constraints) - {"const"}:
-        raise RLFlowError(f"{at}: 'constraints' may only hold 'const' (a list of variables)")
+    if not isinstance(constraints, Mapping) or set(constraints) - {"const", "min_opset"}:
+        raise RLFlowError(f"{at}: 'constraints' may only hold 'const' (a list of variables) and 'min_opset'")
+    m_op = constraints.get("min_opset", 0)
+    if isinstance(m_op, bool) or not isinstance(m_op, int) or m_op < 0:
+        raise RLFlowError(f"{at}: constraint min_opset must be a non-negative integer, not {m_op!r}")
     for v in constraints.get("const", []):
         if v not in variables:
             raise RLFlowError(f"{at}: constraint const names '{v}', which is not a variable")
