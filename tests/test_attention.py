@@ -389,3 +389,17 @@ def test_a_row_without_keys_is_zeros_on_every_backend(d, dv, causal):
         assert np.isfinite(got).all(), backend
         assert max_rel_diff([want[:, :, :1]], [got[:, :, :1]]) < TOL, backend
         assert np.all(got[:, :, 1] == 0) and (not causal or np.all(got[:, :, 2] == 0)), backend
+
+
+@pytest.mark.parametrize("mshape", [(), (3,), (1, 3), (2, 3)])
+def test_low_rank_mask_on_every_backend(mshape):
+    """A mask of rank < 2 (a scalar, or one value per key) broadcasts as ONNX says: torch's SDPA takes masks of
+    rank >= 2 only, so its executor reshapes it (a fused-rule binding found this)."""
+    g = GraphBuilder("a", opset=23)
+    q, k, v = g.input("q", [1, 2, 2, 4]), g.input("k", [1, 2, 3, 4]), g.input("v", [1, 2, 3, 4])
+    m = g.input("m", list(mshape))
+    graph = g.build([g.op("Attention", [q, k, v, m], scale=0.5, is_causal=0, q_num_heads=0, kv_num_heads=0)])
+    feeds = make_inputs(graph, 0)
+    want = [reference(feeds["q"], feeds["k"], feeds["v"], feeds["m"], 0.5, False, None)]
+    for backend in BACKENDS:
+        assert max_rel_diff(want, get_runner(graph, backend)(feeds)) < TOL, backend

@@ -96,6 +96,8 @@ def _attention(xs, a):
     torch = torch_()
     q, k, v = xs[:3]
     mask = xs[3] if len(xs) > 3 else None
+    if mask is not None and mask.dim() < 2:  # SDPA takes a mask of rank >= 2 only (it broadcasts the rest)
+        mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))
     hq, hkv = a["q_num_heads"], a["kv_num_heads"]
     if hq:  # (B, S, H*D) -> (B, H, S, D)
         q, k, v = (x.reshape(x.shape[0], x.shape[1], h, -1).transpose(1, 2) for x, h in ((q, hq), (k, hkv), (v, hkv)))
