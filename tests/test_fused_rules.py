@@ -271,3 +271,33 @@ def test_hugging_face_exports_fuse(tmp_path, family, rid):
     assert n == 2  # both layers
     assert [x.op for x in g.nodes].count("Attention") == 2 and "Softmax" not in [x.op for x in g.nodes]
     assert check_equal(orig, g, tol=1e-4) <= 1e-4
+
+
+# ============================================================================================ rlflow optimize --opset
+def test_optimize_opset_lets_attention_fuse(tmp_path, capsys):
+    """``rlflow optimize --opset 23`` with a rules file holding the fused family writes an opset-23 model with
+    ONNX's Attention (equal outputs: optimize's own check on onnxruntime); without --opset the model keeps opset
+    18 and nothing fuses; --opset below the model's is a one-line error."""
+    import onnx
+
+    from rlflow.cli import main
+    from rlflow.graph.zoo import TINY_SIZES, export_model
+    from rlflow.rewrite.rule import rules_document
+
+    model, rules = tmp_path / "bert.onnx", tmp_path / "rules.json"
+    export_model("bert", model, TINY_SIZES["bert"])
+    fused = [r for r in verified_builtin_rules(fused_kernels=True) if r.id in RULES]
+    rules.write_text(json.dumps(rules_document(fused, {"builtin": True, "fused_kernels": True})))
+    common = ["--rules", str(rules), "--method", "greedy", "--target", "analytic", "--no-speed-check"]
+    for opset, attention in ((None, 0), (23, 2)):
+        out = tmp_path / f"out{opset}.onnx"
+        assert main(["optimize", str(model), "--out", str(out), *common,
+                     *(["--opset", str(opset)] if opset else [])]) == 0
+        proto = onnx.load(str(out))
+        assert proto.opset_import[0].version == (opset or 18)
+        assert [n.op_type for n in proto.graph.node].count("Attention") == attention
+    capsys.readouterr()
+    assert main(["optimize", str(model), "--out", str(tmp_path / "x.onnx"), *common, "--opset", "17"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--opset 17" in err[0] and "opset 18" in err[0]
+    assert not (tmp_path / "x.onnx").exists()
