@@ -301,3 +301,9 @@ def test_optimize_opset_lets_attention_fuse(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--opset 17" in err[0] and "opset 18" in err[0]
     assert not (tmp_path / "x.onnx").exists()
+    # the Python API: opset= the same way, the caller's graph untouched
+    import rlflow
+
+    g = load_onnx(model)
+    out = rlflow.optimize(g, rules=rules, method="greedy", target="analytic", speed_check=False, opset=23)
+    assert g.opset == 18 and out.opset == 23 and [n.op for n in out.nodes].count("Attention") == 2

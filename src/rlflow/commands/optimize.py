@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    from rlflow.api import Optimiser, summary_lines
+    from rlflow.api import Optimiser, opset_for_output, summary_lines
     from rlflow.atomic import atomic_path, write_text
     from rlflow.config import load_config
     from rlflow.errors import RLFlowError
@@ -172,20 +172,6 @@ def run(args: argparse.Namespace) -> int:
               + f" ({time.perf_counter() - t0:.1f} s in all)")
     sys.stdout.flush()
     return 0
-
-
-def opset_for_output(have: int, want: int, model) -> int:
-    """The opset an optimised model is written at: ``want`` (``--opset``), which must be one the importer and
-    exporter know and not below the model's own ``have`` (ops are not converted down)."""
-    from rlflow.errors import RLFlowError
-    from rlflow.graph.onnx_io import MAX_OPSET, MIN_OPSET
-
-    if not MIN_OPSET <= want <= MAX_OPSET:
-        raise RLFlowError(f"--opset {want}: rlflow reads and writes opsets {MIN_OPSET}-{MAX_OPSET}")
-    if want < have:
-        raise RLFlowError(f"--opset {want}: {model} is at opset {have}; an optimised model keeps its opset or "
-                          f"goes up, never down")
-    return want
 
 
 def _platform_line(args, platform) -> str:
