@@ -5,15 +5,19 @@ The graph (a zoo model at paper size, opset raised to 23) runs on the torch runn
 analogue: each IR node one eager call). Two measurements of the original graph:
 
 - per IR node, wall time of each call (torch's CPU ops are synchronous), summed by op over ``--rounds`` runs:
-  GEMM time is MatMul + Gemm + Conv;
+  GEMM time is MatMul + Gemm + Conv (+ Attention in the fused graph);
 - torch.profiler over the same runs: self CPU time of the GEMM kernels (``aten::mm``, ``bmm``, ``addmm``, ...)
-  against the total self CPU time.
+  against the total self CPU time (SDPA's own kernel counts as outside).
+
+On a loaded machine, torch's default intra-op thread pool makes every small op wait for descheduled workers,
+which inflates the non-GEMM share several times over (measured: 61-64% with 2 threads at load average 8 on 2
+cores, 11-14% with ``--threads 1``); quote the load average and the threads.
 
 Then the graph with its attention fused (greedy search with only the fused-kernel rules, cost target torch-eager)
 and the original are timed end to end, interleaved, ``--rounds`` rounds each: the median ratio. The last lines
 are ``gemm_share <model>: ...``.
 
-  python benchmarks/gemm_share.py --model bert --rounds 20
+  python benchmarks/gemm_share.py --model bert --rounds 20 [--threads 1]
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import tempfile
 import time
 from collections import defaultdict
 
-GEMM_OPS = ("MatMul", "Gemm", "Conv")
+#: IR ops counted as GEMM time (Attention: its two products dominate it; in the fused graph only)
+GEMM_OPS = ("MatMul", "Gemm", "Conv", "Attention")
 GEMM_KERNELS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::_mkldnn_matmul",
                 "aten::mkldnn_convolution", "aten::convolution_overrideable")
 
@@ -79,7 +84,12 @@ def main() -> None:
     p.add_argument("--model", default="bert")
     p.add_argument("--size", choices=("tiny", "paper"), default="paper")
     p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch intra-op threads (0: torch's default). On a loaded machine 1 avoids the thread-pool "
+                        "waits that otherwise inflate every small op")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"load average {os.getloadavg()}, torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "m.onnx")
@@ -101,7 +111,7 @@ def main() -> None:
         top = ", ".join(f"{op} {100 * t / total:.1f}%" for op, t in sorted(by_op.items(), key=lambda x: -x[1])[:8])
         pg, pt = profiler_share(r, feeds, args.rounds)
         lines.append(f"gemm_share {args.model} {name}: {len(r.graph.nodes)} nodes, op by op "
-                     f"{1e3 * total / args.rounds:.2f} ms/run, outside MatMul/Gemm/Conv {100 * (1 - gemm / total):.1f}% "
+                     f"{1e3 * total / args.rounds:.2f} ms/run, outside MatMul/Gemm/Conv/Attention {100 * (1 - gemm / total):.1f}% "
                      f"(per-node wall time; {top}); torch.profiler: outside GEMM kernels "
                      f"{100 * (1 - pg / pt):.1f}% of self CPU time")
     e2e = {name: [] for name in runners}
