@@ -992,7 +992,9 @@ def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, nod
     eg, roots = graph_to_egraph(graph)
     nodes0, classes0 = eg.n_nodes, len(eg.classes())
     deadline = t0 + time_limit_s if time_limit_s else float("inf")
-    sat = saturate(eg, rules, node_limit, iter_limit, deadline, multi_iterations)
+    # a rule whose target needs a newer opset than the graph's (constraints.min_opset) does not run
+    sat = saturate(eg, [r for r in rules if r.min_opset <= graph.opset], node_limit, iter_limit, deadline,
+                   multi_iterations)
     t_sat = time.perf_counter() - t0
     roots = [eg.find(c) for c in roots]
     costs = _Costs(eg, cost_model)
