@@ -476,10 +476,25 @@ def copy_workflow(dest: Path) -> None:
     for name in ("Snakefile", "config.yaml"):
         shutil.copy2(REPO / name, dest / name)
     for name in ("workflow", "src", "envs", "models"):
-        shutil.copytree(REPO / name, dest / name, symlinks=True, ignore=ignore)
+        shutil.copytree(REPO / name, dest / name, symlinks=True, ignore=ignore, dirs_exist_ok=True)
     os.symlink(os.readlink(REPO / "profiles"), dest / "profiles")
     (dest / "tests" / "configs").mkdir(parents=True)
     shutil.copy2(TINY, dest / "tests" / "configs" / "tiny.yaml")
+
+
+def dvc_repo_rule_all(root: Path, cfg: dict) -> str:
+    """Make ``root`` a pipeline repository the way a user has one (the workflow, this repo's dvc.yaml and DVC
+    config, ``cfg`` as its config.yaml, a git repository: DVC needs one), run `snakemake` (rule all) there and
+    return its output."""
+    copy_workflow(root)
+    for name in ("dvc.yaml", ".gitignore"):  # .gitignore: results/ is git-ignored, so DVC adds no .gitignore there
+        shutil.copy2(REPO / name, root / name)
+    shutil.copytree(REPO / ".dvc", root / ".dvc", ignore=shutil.ignore_patterns("cache", "tmp", "config.local"))
+    (root / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert sh("git", "init", "-q", cwd=root).returncode == 0
+    r = sh(tool("snakemake"), "--cores", "2", cwd=root, timeout=1500)
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
+    return r.stdout + r.stderr
 
 
 def test_snakemake_builds_a_tiny_bert_end_to_end(tmp_path):

@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 import yaml
-from test_pipeline import CONFIG, REPO, TINY, copy_workflow, job_counts, sh, tool
+from test_pipeline import CONFIG, TINY, dvc_repo_rule_all, job_counts, sh, tool
 
 from rlflow.config import load_config
 
@@ -39,17 +39,9 @@ def tiny_repo(tmp_path_factory):
     """A copy of the workflow whose config.yaml is the tiny config with one temperature and one reward sweep,
     a git repository (DVC needs one) with this repo's dvc.yaml and DVC config; `snakemake` (rule all) run once."""
     root = tmp_path_factory.mktemp("repo")
-    copy_workflow(root)
-    for name in ("dvc.yaml", ".gitignore"):  # .gitignore: results/ is git-ignored, so DVC adds no .gitignore there
-        shutil.copy2(REPO / name, root / name)
-    shutil.copytree(REPO / ".dvc", root / ".dvc", ignore=shutil.ignore_patterns("cache", "tmp", "config.local"))
     cfg = load_config([CONFIG, TINY])
     cfg["sweeps"] = {"temperatures": [0.5], "rewards": ["delta"]}
-    (root / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    assert sh("git", "init", "-q", cwd=root).returncode == 0
-    r = sh(tool("snakemake"), "--cores", "2", cwd=root, timeout=1500)
-    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
-    return root, r.stdout + r.stderr
+    return root, dvc_repo_rule_all(root, cfg)
 
 
 def test_rule_all_builds_the_report_and_the_summary(tiny_repo):

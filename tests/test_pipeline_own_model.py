@@ -9,13 +9,12 @@ pytest-xdist runs it beside the bert end-to-end run (tests/test_pipeline_e2e.py)
 from __future__ import annotations
 
 import csv
-import shutil
 
 import onnx
 import pytest
 import yaml
 from onnx_models import shared_input_mlp
-from test_pipeline import CONFIG, REPO, TINY, copy_workflow, job_counts, sh, tool
+from test_pipeline import CONFIG, TINY, dvc_repo_rule_all, job_counts, sh, tool
 
 from rlflow.config import load_config
 
@@ -25,20 +24,13 @@ def own_repo(tmp_path_factory):
     """A copy of the workflow (a git repository with this repo's dvc.yaml and DVC config) whose config.yaml is
     the tiny config building only the own model; `snakemake` (rule all) run once."""
     root = tmp_path_factory.mktemp("own")
-    copy_workflow(root)
-    for name in ("dvc.yaml", ".gitignore"):
-        shutil.copy2(REPO / name, root / name)
-    shutil.copytree(REPO / ".dvc", root / ".dvc", ignore=shutil.ignore_patterns("cache", "tmp", "config.local"))
+    (root / "models").mkdir()
     onnx.save(shared_input_mlp(batch="batch"), root / "models" / "mlp.onnx")
     cfg = load_config([CONFIG, TINY])
     cfg["models"] = ["mlp"]
     cfg["zoo"]["mlp"] = {"onnx": "models/mlp.onnx", "input_shapes": {"x": [4, 64]}}
     cfg["sweeps"] = {"temperatures": [], "rewards": []}  # the sweeps are bert's e2e run's; here they cost minutes
-    (root / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    assert sh("git", "init", "-q", cwd=root).returncode == 0
-    r = sh(tool("snakemake"), "--cores", "2", cwd=root, timeout=1500)
-    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
-    return root, r.stdout + r.stderr
+    return root, dvc_repo_rule_all(root, cfg)
 
 
 def test_rule_all_builds_an_own_models_report(own_repo):
