@@ -72,7 +72,7 @@ def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, nod
     kept_input = False
     if final.runtime_ms > initial.runtime_ms:
         (final_graph, final), kept_input = finish(graph, cost_model), True
-    sat = saturation_stats(runner.iterations)
+    sat = saturation_stats(runner.iterations, rules)
     stats = {"egraph_nodes_initial": nodes0, "egraph_classes_initial": classes0, "egraph_nodes": eg.n_nodes,
              "egraph_classes": eg.n_classes, "saturation_seconds": t_sat, "extraction_seconds": t_ext,
              "rules": len(rules), "rules_translated": len(rules),
@@ -93,12 +93,14 @@ def _backoff(multi_iterations: int) -> BackoffScheduler:
     return BackoffScheduler(multi_iterations, match_limit_base=RULE_MATCH_LIMIT, ban_length=BAN_LENGTH)
 
 
-def saturation_stats(records: Sequence[IterationRecord]) -> dict[str, Any]:
-    """The totals of a run's iteration records, as ``SearchResult.stats`` (and the report) name them."""
+def saturation_stats(records: Sequence[IterationRecord], rules: Sequence[Rule]) -> dict[str, Any]:
+    """The totals of a run's iteration records, as ``SearchResult.stats`` (and the report) name them;
+    ``rules_fired`` counts by rule name (the rules a run had: variants of a rule share its name)."""
+    name = {r.id: r.name for r in rules}
     fired: dict[str, int] = {}
     for r in records:
-        for name, n in r.fired.items():
-            fired[name] = fired.get(name, 0) + n
+        for rid, n in r.fired.items():
+            fired[name[rid]] = fired.get(name[rid], 0) + n
     return {"iterations": len(records), "matches": sum(r.matches for r in records),
             "applied": sum(r.applied for r in records), "merges": sum(r.merges for r in records),
             "match_cap_hits": sum(len(r.rules_over_limit) for r in records),
@@ -113,4 +115,4 @@ def saturate(eg: EGraph, rules: Sequence[Rule], node_limit: int, iter_limit: int
     runner = Runner(eg, rules, _backoff(multi_iterations), node_limit=node_limit, iter_limit=iter_limit,
                     deadline=deadline, semi_naive=semi_naive)
     stop = runner.run()
-    return {**saturation_stats(runner.iterations), "stop": stop.value}
+    return {**saturation_stats(runner.iterations, rules), "stop": stop.value}

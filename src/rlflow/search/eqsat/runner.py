@@ -62,13 +62,13 @@ class IterationRecord:
     """What one iteration did (egg's Iteration)."""
 
     iteration: int
-    rules_run: tuple[str, ...]        # the rules searched, in order (by name)
+    rules_run: tuple[str, ...]        # the rules searched (by Rule.id: names repeat across variants), in order
     rules_over_limit: tuple[str, ...]  # searched rules that found more than their match limit: none applied
     matches: int                      # new matches that passed the whole-match checks
     applied: int                      # matches applied (their targets added and merged)
     merges: int                       # unions that changed the e-graph
     filtered: int                     # matches not applied: the target needs an e-node cycle filtering removed
-    fired: dict[str, int]             # rule name -> applications that merged something
+    fired: dict[str, int]             # rule id -> applications that merged something
     cycle_enodes_removed: int
     nodes: int                        # e-nodes after the iteration
     classes: int                      # e-classes after the iteration
@@ -222,10 +222,10 @@ class Runner:
         self._prev = dict(eg.memo)
         out = _Found()
         for p in self.scheduler.select(it, eg, self.patterns):
-            out.rules_run.append(p.rule.name)
+            out.rules_run.append(p.rule.id)
             fresh = self._fresh(p, ix, near, it)
             if fresh is None:
-                out.over_limit.append(p.rule.name)
+                out.over_limit.append(p.rule.id)
             else:
                 for key, binding in fresh:
                     self._seen.add(key)
@@ -268,7 +268,7 @@ class Runner:
             out.applied += 1
             out.merges += merged
             if merged:
-                out.fired[p.rule.name] = out.fired.get(p.rule.name, 0) + 1
+                out.fired[p.rule.id] = out.fired.get(p.rule.id, 0) + 1
         return out
 
     def _stop(self, it: int, size: tuple[int, int], done: _Applied) -> StopReason | None:
