@@ -97,8 +97,8 @@ class Index:
         return self.cls[(inst[0], inst[1], inst[2], j, inst[3])]
 
     def near(self, changed: set[int], depth: int) -> list[dict[str, dict[str, list[tuple]]]]:
-        """Per depth d <= ``depth``: by op and attribute key, the op instances with an output class within d parent steps of a
-        class in ``changed``."""
+        """Per depth d <= ``depth``: by op and attribute key, the op instances with an output class within d parent
+        steps of a class in ``changed``."""
         out = []
         ring, seen = set(changed), set(changed)
         for d in range(depth + 1):

@@ -48,7 +48,7 @@ RULE_MATCH_LIMIT = 1_000
 BAN_LENGTH = 5
 
 
-class StopReason(str, enum.Enum):
+class StopReason(enum.StrEnum):
     """Why saturation stopped (the values are the strings SearchResult.stop_reason and the report use)."""
 
     SATURATED = "saturated"
