@@ -216,9 +216,9 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
     or until ``time_limit_s`` is up (its best answer is then used). Cycles: saturation's cycle filtering
     (:meth:`EGraph.remove_cycles`) leaves none among the classes; for any other e-graph acyclicity is enforced
     lazily: while the answer has cycles, a cut per cycle forbids its variables together (their sum <= length - 1)
-    and the ILP is solved again, within ``time_limit_s`` in all. (Tensat's own big-M order variables per class made HiGHS miss optimality in 30 s on 553-e-node
-    e-graphs; their LP relaxation is weak.) Returns (class -> chosen e-node, or None if no feasible acyclic
-    answer in time; statistics)."""
+    and the ILP is solved again, within ``time_limit_s`` in all. (Tensat's own big-M order variables per class
+    made HiGHS miss optimality in 30 s on 553-e-node e-graphs; their LP relaxation is weak.) Returns (class ->
+    chosen e-node, or None if no feasible acyclic answer in time; statistics)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_array
 
