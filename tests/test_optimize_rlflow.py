@@ -67,7 +67,7 @@ def trained(tmp_path_factory, root):
     # on tiny data the world model learns no location masks (held-out recall 0), so the dream offers only the NO-OP
     # and the controller's heads stay as initialised: its real episodes are samples of them, and 8 of them (the
     # first greedy) find tiny bert's improving rewrites where 2 may not; the same for the model-free agent, whose
-    # tiny.yaml budget (2 updates of 8 steps) leaves it near its initial policy among 114 rules
+    # tiny.yaml budget (2 updates of 8 steps) leaves it near its initial policy among 120 rules
     _run(_agent_args(root, d, "controller", d / "ctl", "--set", "controller.eval_episodes=8"))
     _run(_agent_args(root, d, "model_free", d / "mf", "--set", "model_free.eval_episodes=8"))
     return d
@@ -433,7 +433,7 @@ def test_optimize_rlflow_errors_are_one_line_and_write_nothing(trained, tmp_path
     want = {"missing": "no such checkpoint", "corrupt": "not a readable checkpoint",
             "truncated": "not a readable checkpoint", "encoder": "an encoder checkpoint",
             "world_model": "a world-model checkpoint", "partial": "partial checkpoint",
-            "old": "older rlflow", "fewer_rules": "trained with 114 rules", "reordered_rules": "other rules",
+            "old": "older rlflow", "fewer_rules": "trained with 120 rules", "reordered_rules": "other rules",
             "no_agent": "needs --agent", "agent_with_taso": "--agent", "agent_with_greedy": "--agent",
             "search_option": "--budget"}[case]
     if case == "missing":
@@ -472,7 +472,7 @@ def test_optimize_rlflow_errors_are_one_line_and_write_nothing(trained, tmp_path
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("rlflow: error: ") and want in err, err
     if case == "fewer_rules":
-        assert "has 113" in err
+        assert "has 119" in err
     assert not out.exists() and not trace.exists()
 
 

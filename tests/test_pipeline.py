@@ -72,7 +72,7 @@ def test_dvc_stage_declares_exactly_the_config_keys_and_files_of_the_registry():
     assert doc["stages"]["export_model"]["foreach"] == "${models}"
     assert do["params"] == [{"config.yaml": ["seed", "export.opset", "export.exporter", "zoo.${item}"]}]
     assert do["deps"][0] == "src/rlflow/stages/export_model.py" and _covered("src/rlflow/graph/zoo/bert.py", do["deps"])
-    assert do["deps"] == st_.code_paths()
+    assert do["deps"] == [*st_.code_paths(), registry.OWN_MODELS_DIR]  # own models' files: that folder
     assert do["outs"] == ["results/${item}/model.onnx"]
     assert do["cmd"] == "rlflow export-model --config config.yaml --model ${item} --out results/${item}/model.onnx"
     cfg = yaml.safe_load(CONFIG.read_text())
@@ -136,7 +136,8 @@ def test_every_shipped_config_merges_over_the_default_and_validates(extra):
         ("export.opset=21", "export.opset"),
         ("export.exporter=jit", "export.exporter"),
         ("colour=1", "colour"),
-        ("models=[nope]", "models.0"),
+        ("models=[no/pe]", "models.0"),
+        ("zoo.mine={onnx: /tmp/mine.onnx}", "zoo.mine.onnx"),
         ("models=[]", "models"),
         ("zoo.bert.layers=0", "zoo.bert.layers"),
         ("zoo.bert.depth=3", "zoo.bert.depth"),
@@ -148,6 +149,15 @@ def test_invalid_config_is_a_one_line_error_naming_the_key(override, key):
         load_config(CONFIG, [override])
     msg = str(e.value)
     assert "\n" not in msg and f"'{key}'" in msg, msg
+
+
+def test_a_model_neither_in_the_zoo_nor_own_is_a_one_line_error():
+    from rlflow.config import check_models
+
+    check_models(load_config(CONFIG, ["models=[bert, mine]", "zoo.mine={onnx: models/mine.onnx}"]))
+    with pytest.raises(RLFlowError) as e:
+        check_models(load_config(CONFIG, ["models=[bert, nope]"]))
+    assert "\n" not in str(e.value) and "'nope' is neither a zoo model" in str(e.value)
 
 
 def test_invalid_config_file_names_the_file_and_key(tmp_path):
@@ -190,12 +200,12 @@ def test_the_schema_is_parsed_once_and_each_caller_gets_its_own_copy(monkeypatch
     import yaml
 
     first = load_schema()
-    first["properties"]["models"]["items"]["enum"].append("not-a-model")
+    first["$defs"]["zoo_model"]["enum"].append("not-a-model")
     monkeypatch.setattr(yaml, "load", lambda *a, **k: pytest.fail("the schema was parsed again"))
     monkeypatch.setattr(yaml, "safe_load", lambda *a, **k: pytest.fail("the schema was parsed again"))
     again = load_schema()
-    assert "not-a-model" not in again["properties"]["models"]["items"]["enum"]
-    assert registry.model_names() == tuple(again["properties"]["models"]["items"]["enum"])
+    assert "not-a-model" not in again["$defs"]["zoo_model"]["enum"]
+    assert registry.model_names() == tuple(again["$defs"]["zoo_model"]["enum"])
 
 
 def test_schema_has_one_file_two_paths():
@@ -460,11 +470,12 @@ def test_import_closure_follows_lazy_imports_and_from_imports(tmp_path):
 
 # -- (d) tiny end to end -----------------------------------------------------------------------------------
 def copy_workflow(dest: Path) -> None:
-    """The files a pipeline run needs: Snakefile, config, rules, schema link, profiles, tiny config, code."""
+    """The files a pipeline run needs: Snakefile, config, rules, schema link, profiles, tiny config, code, the
+    own models' folder."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in ("Snakefile", "config.yaml"):
         shutil.copy2(REPO / name, dest / name)
-    for name in ("workflow", "src", "envs"):
+    for name in ("workflow", "src", "envs", "models"):
         shutil.copytree(REPO / name, dest / name, symlinks=True, ignore=ignore)
     os.symlink(os.readlink(REPO / "profiles"), dest / "profiles")
     (dest / "tests" / "configs").mkdir(parents=True)

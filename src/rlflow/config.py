@@ -56,6 +56,16 @@ def validate(config: dict, source: str = "config") -> dict:
     return config
 
 
+def check_models(config: dict, source: str = "config") -> None:
+    """Every name in ``models`` is a zoo model or an own model (a ``zoo`` entry naming its ONNX file). Checked
+    where the whole config is known (the Snakefile; export_model): a stage job gets only the keys it reads."""
+    zoo = load_schema()["$defs"]["zoo_model"]["enum"]
+    for name in config.get("models", ()):
+        if name not in zoo and name not in config.get("zoo", {}):
+            raise RLFlowError(f"{source}: models: '{name}' is neither a zoo model ({', '.join(zoo)}) nor an own "
+                              f"model (give its file as zoo.{name}.onnx: models/{name}.onnx)")
+
+
 def describe_error(err) -> str:
     """One line for a ``jsonschema.ValidationError`` that names the offending dotted key."""
     path = [str(p) for p in err.absolute_path]

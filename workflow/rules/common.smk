@@ -14,7 +14,7 @@ from snakemake.utils import validate
 
 # Parse with this checkout's registry even where rlflow is not installed (e.g. a bare snakemake env).
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-from rlflow.config import validate as validate_config  # noqa: E402
+from rlflow.config import check_models, validate as validate_config  # noqa: E402
 from rlflow.errors import RLFlowError  # noqa: E402
 from rlflow.pipeline import registry  # noqa: E402
 
@@ -23,13 +23,14 @@ from rlflow.pipeline import registry  # noqa: E402
 # which also fills the schema defaults into `config`.
 try:
     validate_config(config, "config (config.yaml + --configfile/--config)")
+    check_models(config, "config (config.yaml + --configfile/--config)")
 except RLFlowError as e:
     raise WorkflowError(str(e)) from None
 validate(config, "../schemas/config.schema.yaml")
 
-MODELS = registry.model_names()
-# Wildcard values allowed (the Snakefile applies them to every rule): model is a zoo model name, shard an integer.
-WILDCARD_PATTERNS = registry.wildcard_patterns()
+# Wildcard values allowed (the Snakefile applies them to every rule): model is a zoo model's name or an own
+# model's (config zoo.NAME.onnx), shard an integer.
+WILDCARD_PATTERNS = registry.wildcard_patterns(config)
 
 
 def stage_input(name):

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import yaml
 
-from rlflow.pipeline.registry import CONFIG_FIELDS, CONFIG_FILE, PIPELINE_FILES, STAGES, WILDCARD_CONFIG, Stage
+from rlflow.pipeline.registry import (CONFIG_FIELDS, CONFIG_FILE, OWN_MODELS_DIR, PIPELINE_FILES, STAGES,
+                                      WILDCARD_CONFIG, Stage)
 
 HEADER = """\
 # GENERATED from src/rlflow/pipeline/registry.py by `python -m rlflow.pipeline.dvc` -- do not edit by hand.
@@ -52,6 +53,8 @@ def _deps(stage: Stage, values: dict) -> list[str]:
             pattern = "/".join(parts[:listed[0]])
         if pattern not in deps:
             deps.append(pattern)
+    if stage.config_inputs:
+        deps.append(OWN_MODELS_DIR)
     return deps
 
 

@@ -43,6 +43,8 @@ from rlflow.pipeline.imports import as_folders, closure_files
 REPO_ROOT = Path(__file__).resolve().parents[3]
 #: the config file DVC reads params from and stages are told to read (``--config``)
 CONFIG_FILE = "config.yaml"
+#: where the user's own ONNX models live (``zoo.NAME.onnx``; the schema checks it): export_model's DVC dependency
+OWN_MODELS_DIR = "models"
 #: the conda environment of every stage unless it names its own (for ``snakemake --use-conda``)
 DEFAULT_CONDA = "envs/rlflow.yaml"
 
@@ -63,9 +65,16 @@ _DEFAULT_CONFIG: dict | None = None
 
 
 def model_names() -> tuple[str, ...]:
-    """The zoo's model names, as the config schema lists them (``models`` items). A test checks that they are
+    """The zoo's model names, as the config schema lists them (``$defs.zoo_model``). A test checks that they are
     ``rlflow.graph.zoo.MODEL_NAMES``; reading them from the schema keeps this module free of torch."""
-    return tuple(load_schema()["properties"]["models"]["items"]["enum"])
+    return tuple(load_schema()["$defs"]["zoo_model"]["enum"])
+
+
+def own_models(config: Mapping) -> dict[str, dict]:
+    """The user's own ONNX models of ``config``: name -> its ``zoo`` entry (``onnx``, optional
+    ``input_shapes``): every ``zoo`` entry that is not a zoo model's sizes."""
+    zoo = dict(config).get("zoo") or {}
+    return {name: dict(entry) for name, entry in zoo.items() if name not in model_names()}
 
 
 def pass_variants() -> tuple[str, ...]:
@@ -74,11 +83,12 @@ def pass_variants() -> tuple[str, ...]:
     return tuple(load_schema()["properties"]["xla"]["properties"]["variants"]["items"]["enum"])
 
 
-def wildcard_patterns() -> dict[str, str]:
+def wildcard_patterns(config: Mapping | None = None) -> dict[str, str]:
     """The regular expression each wildcard must match (Snakemake ``wildcard_constraints``): a zoo model's
-    name; a shard id (a non-negative integer); a temperature (a non-negative decimal); a reward class name; an
-    XLA pass agent's variant."""
-    return {"model": "|".join(re.escape(v) for v in model_names()), "shard": r"\d+",
+    name or one of ``config``'s own models; a shard id (a non-negative integer); a temperature (a non-negative
+    decimal); a reward class name; an XLA pass agent's variant."""
+    models = [*model_names(), *own_models(config or {})]
+    return {"model": "|".join(re.escape(v) for v in models), "shard": r"\d+",
             "tau": r"\d+(\.\d+)?", "reward": "|".join(REWARD_NAMES), "variant": "|".join(pass_variants())}
 
 
@@ -179,6 +189,11 @@ class Stage:
     enabled_by: str = ""
     """A boolean config key: where it is off the stage is left out of dvc.yaml (Snakemake runs it only when a
     rule asks for its files)."""
+    config_inputs: Mapping[str, str] = field(default_factory=dict)
+    """Input files named by the config: input name -> dotted config key (wildcards allowed) holding a path, an
+    input only where the key is set (export_model reads an own model's ``zoo.{model}.onnx``). The job reads the
+    path from its config; DVC, whose stage has one command for every model, depends on :data:`OWN_MODELS_DIR`
+    (the schema keeps own models' files there)."""
 
     # -- the command line ---------------------------------------------------------------------------------
     def add_cli_arguments(self, parser: argparse.ArgumentParser, set_example: str) -> None:
@@ -283,6 +298,10 @@ class Stage:
                 out[k] = [fill(pattern, **{f: x}) for x in get(dict(config), self.expand[f])]
             else:
                 out[k] = pattern
+        for k, key in self.config_inputs.items():
+            path = _lookup(config, fill(key, **values)) if config is not None else None
+            if path is not None:
+                out[k] = path
         return out
 
     def config_keys(self, **wildcards: str) -> dict[str, str]:
@@ -404,10 +423,20 @@ OPTIONAL_FLAGS = {"--costs": "without it: ops are timed, and the device calibrat
                   "--logs": "without it: no curves"}
 
 
+def _lookup(config: Mapping, dotted: str) -> Any:
+    """The config value at ``dotted``, or None where a key on the way is missing."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
 def _check(stage: Stage) -> Stage:
     """Catch registry typos at import time: every format field a pattern uses must be declared."""
     fields = {f for pat in [*stage.outputs.values(), *stage.inputs.values(), *stage.params.values(),
-                            *(v for _, v in stage.sets)]
+                            *stage.config_inputs.values(), *(v for _, v in stage.sets)]
               for _, f, _, _ in string.Formatter().parse(pat) if f}
     unknown = fields - set(stage.wildcards) - set(CONFIG_FIELDS) - set(stage.expand)
     if unknown:
@@ -482,8 +511,9 @@ STAGES: dict[str, Stage] = {
     for s in [
         Stage(
             name="export_model",
-            doc="Export a zoo model (torch) to ONNX at its configured sizes.",
+            doc="Export a zoo model (torch) to ONNX at its configured sizes, or import your own ONNX model.",
             outputs={"onnx": "results/{model}/model.onnx"},
+            config_inputs={"source": "zoo.{model}.onnx"},
             params={
                 "seed": "seed",
                 "opset": "export.opset",

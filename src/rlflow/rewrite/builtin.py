@@ -19,6 +19,9 @@ The rules (``b-conv-bias-*`` is the same rule for a Conv with a bias input):
   folded into the weights (and bias); ``b-conv-add-bias``: Conv + c, c (1,O,1,1) -> c as (added) bias;
 - ``b-conv-enlarge-merge``: two "same" convs of different kernel sizes on one input -> one conv (the smaller
   kernel zero-padded by Enlarge) and a Split; ``b-conv-merge``: two convs with equal parameters -> one + Split;
+- ``b-conv[-bias]-sum-concat[-relu]``: conv(x1, w1) + conv(x2, w2) [then Relu] -> one conv over Concat(x1, x2)
+  and Concat(w1, w2) [with fused ReLU]; ``b-conv[-bias]-group-merge``: two convs on different inputs -> one grouped
+  conv (twice the groups) over the concatenated inputs and kernels, and a Split;
 - ``b-matmul-merge``: x @ w0, x @ w1 -> Split(x @ Concat(w0, w1)); ``b-matmul-add-gemm[-l]``: MatMul + Add -> Gemm;
 - ``b-add-const-chain[-l]``, ``b-mul-const-chain[-l]``, ``b-add-const-pair``, ``b-add/mul-comm``,
   ``b-add/mul-assoc``: element-wise chains (below);
@@ -41,7 +44,8 @@ shape inference (or change an output type) for every binding where it would comp
   [0,1,2])`` pins rank 3, ``Split`` axis 0, then the count), so e.g. a ``(O,)`` constant (which broadcasts along
   the *width*) or an ``(N,1,1,1)`` one (along the batch) is never folded. These checks are shape-only
   identities on constants: the search's final constant folding removes them;
-- weights are concatenated only with ``group`` literal 1 (concatenating grouped kernels would re-group channels);
+- weights are concatenated only with ``group`` literal 1 (concatenating grouped kernels would re-group channels),
+  except in the grouped-conv merge, which doubles the group count and pins equal output channels;
 - a merged MatMul concatenates its weights and splits its product on their *last* axes, computed with ``rank``
   expressions, so the rule is right for 1-D, 2-D, 3-D and batched operands alike;
 - average pooling becomes a depthwise conv with a constant ``1/(kh*kw)`` kernel only where every window divides by
@@ -286,6 +290,72 @@ def _conv_merge() -> list:
             f"b-conv{'-bias' if bias else ''}-merge", "conv-merge", src, dst,
             [["%0", f"%{j + 1}.0"], ["%1", f"%{j + 1}.1"]],
             const=["w0", "w1"] + (["b0", "b1"] if bias else []), examples=ex))
+    return out
+
+
+def _conv_sum_concat() -> list:
+    """Two convs summed -> one conv over the inputs concatenated on the channel axis and the kernels on their
+    input-channel axis: ``conv(x1, w1) + conv(x2, w2) = conv(concat(x1, x2), concat(w1, w2))`` (the output
+    channel o reads x1's channels through w1[o] and x2's through w2[o]). ``-relu``: a ReLU after the sum becomes
+    the merged conv's fused activation. Any strides and pads (equal on both convs), group 1; ``-bias``: the
+    merged conv's bias is the sum of the two. The generator finds the plain form for stride-1 "same" convs of
+    rank 4 (it has no bias and cannot reach the four-op ReLU source); these take any conv.
+
+    Sound for every binding: the kernels concatenate on axis 1 only when their output channels and kernel sizes
+    are equal, and the inputs on axis 1 only when their batch and spatial sizes are equal, so wherever the target
+    type-checks the two convs give outputs of one shape and the source's Add does not broadcast."""
+    out = []
+    for relu in (False, True):
+        for bias in (False, True):
+            b1, b2 = ("b1", "b2") if bias else (None, None)
+            src = [_conv("x1", "w1", b1, group=1), _conv("x2", "w2", b2, group=1), _n("Add", ["%0", "%1"])]
+            if relu:
+                src.append(_n("Relu", ["%2"]))
+            dst = [_n("Concat", ["x1", "x2"], axis=1), _n("Concat", ["w1", "w2"], axis=1)]
+            if bias:
+                dst.append(_n("Add", ["b1", "b2"]))
+            dst.append(_conv("%0", "%1", "%2" if bias else None, group=1, activation="relu" if relu else "none"))
+            bb = lambda o: {"b1": [o], "b2": [o]} if bias else {}  # noqa: E731
+            ex = [_ex(_conv_params(), x1=[1, 3, 6, 6], w1=[4, 3, 3, 3], x2=[1, 2, 6, 6], w2=[4, 2, 3, 3], **bb(4)),
+                  _ex(_conv_params((2, 1), (0, 1, 1, 0)), x1=[2, 2, 7, 5], w1=[3, 2, 2, 3], x2=[2, 4, 7, 5],
+                      w2=[3, 4, 2, 3], **bb(3))]
+            out.append(_rule(
+                f"b-conv{'-bias' if bias else ''}-sum-concat{'-relu' if relu else ''}", "conv-sum-as-one-conv",
+                src, dst, [[f"%{len(src) - 1}", f"%{len(dst) - 1}"]],
+                const=["w1", "w2"] + (["b1", "b2"] if bias else []), examples=ex))
+    return out
+
+
+def _conv_group_merge() -> list:
+    """Two convs with equal parameters on different inputs -> one grouped conv (TASO's "merge group convs"):
+    ``conv(x1, w1, g), conv(x2, w2, g) -> split(conv(concat(x1, x2), concat(w1, w2), 2g))`` (inputs on the channel
+    axis, kernels on the output-channel axis): the first g groups read x1's channels with w1's kernels, the last
+    g x2's with w2's. Any strides, pads, group and activation. Only for kernels with equal output channels: the
+    output is split into two halves of w1's output channels, which fails shape inference unless w2 has as many
+    (with unequal ones the merged conv's groups would mix the two kernels' output channels: a split at [O1, O2]
+    type-checks and is wrong, the broken variant the tests show failing). Equal channels per group and kernel
+    sizes are pinned by the kernels' concatenation, equal batch and spatial sizes by the inputs'."""
+    out = []
+    for bias in (False, True):
+        b1, b2 = ("b1", "b2") if bias else (None, None)
+        src = [_conv("x1", "w1", b1, activation="$a"), _conv("x2", "w2", b2, activation="$a")]
+        dst = [_n("Concat", ["x1", "x2"], axis=1), _n("Concat", ["w1", "w2"], axis=0)]
+        if bias:
+            dst.append(_n("Concat", ["b1", "b2"], axis=0))
+        dst.append(_conv("%0", "%1", "%2" if bias else None, group={"prod": [2, "$g"]}, activation="$a"))
+        j = len(dst) - 1
+        dst.append(_n("Split", [f"%{j}"], outputs=2, axis=1, split=[{"dim": ["w1", 0]}, {"dim": ["w1", 0]}]))
+        bb = lambda o: {"b1": [o], "b2": [o]} if bias else {}  # noqa: E731
+        ex = [_ex(_conv_params(a="none"), x1=[1, 3, 6, 6], w1=[4, 3, 3, 3], x2=[1, 3, 6, 6], w2=[4, 3, 3, 3],
+                  **bb(4)),
+              _ex(_conv_params((2, 1), (0, 1, 1, 0), 2, a="relu"), x1=[2, 4, 7, 5], w1=[6, 2, 2, 3],
+                  x2=[2, 4, 7, 5], w2=[6, 2, 2, 3], **bb(6)),
+              _ex(_conv_params((1, 1), (1, 1, 1, 1), 3, a="none"), x1=[1, 3, 5, 5], w1=[3, 1, 3, 3],
+                  x2=[1, 3, 5, 5], w2=[3, 1, 3, 3], **bb(3))]
+        out.append(_rule(
+            f"b-conv{'-bias' if bias else ''}-group-merge", "conv-group-merge", src, dst,
+            [["%0", f"%{j + 1}.0"], ["%1", f"%{j + 1}.1"]],
+            const=["w1", "w2"] + (["b1", "b2"] if bias else []), examples=ex))
     return out
 
 
@@ -550,7 +620,8 @@ def builtin_rules(bias_fusion: bool = False) -> list[tuple[Rule, list[Example]]]
     ``bias_fusion`` the :func:`bias_fusion_rules` come last (so every other rule keeps its place)."""
     rules = (_conv_relu() + _conv_bn() + _conv_mul() + _conv_add() + _conv_enlarge_merge() + _conv_merge()
              + _matmul_merge() + _gemm() + _elementwise_chains() + _avgpool_conv() + _scalar_mul()
-             + _scalar_scale() + _scalar_split_weight() + (bias_fusion_rules() if bias_fusion else []))
+             + _scalar_scale() + _scalar_split_weight() + _conv_sum_concat() + _conv_group_merge()
+             + (bias_fusion_rules() if bias_fusion else []))
     ids = [r.id for r, _ in rules]
     assert len(ids) == len(set(ids)), ids
     return rules

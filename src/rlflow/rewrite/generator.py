@@ -18,9 +18,10 @@ it, where the shapes fit; it is kept only when
 
 An op whose output duplicates an existing tensor (e.g. the second Transpose of ``transpose(transpose(x))``) ends
 its branch: the graph is recorded (as a possible *source* of a substitution whose target is smaller) but never
-extended or used as a target. A graph is recorded when it is connected (through shared values), has 1 to
-``max_outputs`` outputs, and reads at least one activation (a graph of weights only computes a constant, which
-constant folding does after a search).
+extended or used as a target. A graph is recorded when it is connected (through shared values) or is two
+independent instances of one op (same op and attribute values: the source of a batching merge, ``relu(a),
+relu(b) -> split(relu(concat(a, b)))``), has 1 to ``max_outputs`` outputs, and reads at least one activation (a
+graph of weights only computes a constant, which constant folding does after a search).
 
 **Fingerprint.** Each tensor is evaluated on random int64 data (numpy, wrapping arithmetic: a ring, so the
 polynomial identities that matter hold exactly and unequal polynomials differ with overwhelming probability).
@@ -56,7 +57,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -75,7 +76,9 @@ COMMUTATIVE = frozenset({"Add", "Mul"})
 #: on its hidden axis, where merged transformer MatMuls are split
 CONCAT_AXES = {2: (0, 1), 3: (0, 1, 2), 4: (0, 1)}
 
-DEFAULT_VARIABLES = {"x": 3, "w": 2, "a": 3, "k": 2, "h": 1, "v": 1, "p": 1, "s": 1, "b": 2}
+#: four activations per rank: ``concat(x0, x1) + concat(x2, x3) -> concat(x0 + x2, x1 + x3)`` and concatenations
+#: re-nested along the other axis need four distinct operands of one rank
+DEFAULT_VARIABLES = {"x": 4, "w": 2, "a": 4, "k": 2, "h": 1, "v": 1, "p": 1, "s": 1, "b": 4}
 
 
 @dataclass
@@ -377,7 +380,7 @@ class Enumerator:
             return
         if not any(not VARIABLE_KINDS[v[0]][1] for v in input_vars):
             return                                    # weights only: a constant, which folding computes
-        if not self._connected():
+        if not self._connected() and not self._independent_pair():
             return
         self.graphs.append(GGraph(tuple(ops), tuple(outputs), tuple(hashes), tuple(input_vars), redundant))
 
@@ -406,6 +409,15 @@ class Enumerator:
                     seen[key] = k
         root = find(0)
         return all(find(i) == root for i in range(n))
+
+    def _independent_pair(self) -> bool:
+        """Two independent instances of one op (same op and attribute values, no value in common): the source of
+        a batching merge such as ``relu(a), relu(b) -> split(relu(concat(a, b)))``. The only disconnected graphs
+        recorded: any other pair of unrelated ops has no equivalent graph within ``max_ops``."""
+        if len(self.ops) != 2:
+            return False
+        o, p = self.ops
+        return o.op == p.op and o.nattrs == p.nattrs
 
     # -------------------------------------------------------------------------------------------- candidates
     def _fresh_ok(self, refs: Sequence[_T]) -> bool:
@@ -753,6 +765,12 @@ def candidate_attr_values(c: Candidate) -> tuple[list, list]:
 
 
 # ================================================================================================ the whole run
+def _has_broadcasting_op(rule) -> bool:
+    from rlflow.graph.ops import OPS
+
+    return any(n.op in OPS and OPS[n.op].broadcasting for n in (*rule.src, *rule.dst))
+
+
 @dataclass
 class Generated:
     """The result of :func:`generate`: the verified, pruned rules (JSON, ids ``g0001``...) and the counts."""
@@ -806,9 +824,17 @@ def generate(cfg: GeneratorConfig, trials: int = 5, max_dim: int = 4, verify_see
     t2 = time.perf_counter()
     bar = _bar(progress_factory, "verify", len(keep))
     verified: list[tuple[int, dict]] = []
-    failed = 0
+    failed = constrained = 0
     for i in keep:
         rec = verify(rules[i], trials=trials, max_dim=max_dim, seed=verify_seed)
+        if rec is None and _has_broadcasting_op(rules[i]):
+            # the generator's Add and Mul never broadcast: an identity that holds only without broadcasting
+            # (conv distributivity) is kept with the constraint that says so, if it verifies with it
+            narrowed = replace(rules[i], constraints={**rules[i].constraints, "no_broadcast": True})
+            rec = verify(narrowed, trials=trials, max_dim=max_dim, seed=verify_seed)
+            if rec is not None:
+                rules[i] = narrowed
+                constrained += 1
         if rec is None:
             failed += 1
         else:
@@ -841,6 +867,7 @@ def generate(cfg: GeneratorConfig, trials: int = 5, max_dim: int = 4, verify_see
         "candidates": len(cands),
         "after_each_pruning_step": counts_after,
         "verified": len(verified),
+        "verified_no_broadcast": constrained,
         "failed_verification": failed,
         "generated_rules": len(out),
         "seconds": {k: round(v, 2) for k, v in seconds.items()},

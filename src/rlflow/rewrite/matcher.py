@@ -10,7 +10,9 @@ One generic engine serves every rule:
       the rule, and no variable is produced by a matched node;
     * applying it cannot create a cycle (no variable depends on a matched node through outside nodes);
     * the target's shape inference succeeds and each mapped target value has the same type as the source value
-      it replaces.
+      it replaces;
+    * with ``constraints.no_broadcast``, no broadcasting op (Add, Mul, ...) of either side reads inputs of two
+      shapes.
 - :func:`apply(graph, match)` returns a new, valid graph; the input graph is unchanged.
 - :class:`MatchIndex` holds the matches of all rules on one graph; ``index.apply(k, j)`` applies match ``j`` of
   rule ``k`` and returns the new index, re-matching only around the changed region (see ``_region``).
@@ -27,7 +29,7 @@ from rlflow.errors import RLFlowError
 from rlflow.graph.fold import static_values
 from rlflow.graph.ir import Constant, Graph, Node, TensorType, _canonical
 from rlflow.graph.ops import infer_types
-from rlflow.rewrite.rule import Rule, attr_equal, constant_array, eval_attr, is_param
+from rlflow.rewrite.rule import Rule, attr_equal, broadcasts, constant_array, eval_attr, is_param
 
 _REF = re.compile(r"%(\d+)(?:\.(\d+))?$")
 
@@ -81,6 +83,7 @@ class _Compiled:
         # those (a literal axis may mean something else at another rank); builtins are written for any rank
         ranks = rule.verified.get("ranks") if rule.origin == "generated" else None
         self.var_ranks = {v: set(r) if isinstance(r, list) else {r} for v, r in (ranks or {}).items()}
+        self.cuts = _cuts_paths(rule)
 
     def _order(self, start: int) -> list[int]:
         order, done = [start], {start}
@@ -136,6 +139,23 @@ class _View:
         # static values: constants, and outputs of nodes that read static values only (weights being reshaped,
         # concatenated, enlarged...: computable ahead of time, folded after a search)
         self.static = static_values(g)[0]
+        self._ancestors: dict[str, int] | None = None
+
+    @property
+    def ancestors(self) -> dict[str, int]:
+        """Per node, the set of nodes it depends on (itself included) as a bit mask over positions; built on
+        first use (the graph's nodes are in topological order)."""
+        if self._ancestors is None:
+            anc: dict[str, int] = {}
+            for n in self.g.nodes:
+                mask = 1 << self.pos[n.name]
+                for v in n.inputs:
+                    p = self.producer.get(v)
+                    if p is not None:
+                        mask |= anc[p.name]
+                anc[n.name] = mask
+            self._ancestors = anc
+        return self._ancestors
 
 
 # ============================================================================================ matching
@@ -268,19 +288,16 @@ def _finish(view: _View, c: _Compiled, bound: list[Node], vars_: dict[str, str],
 
 
 def _creates_cycle(view: _View, matched: set[str], var_values: Iterable[str]) -> bool:
-    """Does some variable depend on a matched node through nodes outside the match? Only nodes after the first
-    matched node (in topological order) can lie on such a path, which keeps the search small."""
-    lo = min(view.pos[n] for n in matched)
-    stack = [view.producer[v] for v in var_values if v in view.producer]
-    seen: set[str] = set()
-    while stack:
-        n = stack.pop()
-        if n.name in seen or view.pos[n.name] < lo:
-            continue
-        if n.name in matched:
+    """Does some variable depend on a matched node through nodes outside the match? (A variable is never produced
+    by a matched node, so that is: some matched node is an ancestor of a variable's producer.)"""
+    pos, anc = view.pos, view.ancestors
+    mask = 0
+    for n in matched:
+        mask |= 1 << pos[n]
+    for v in var_values:
+        p = view.producer.get(v)
+        if p is not None and anc[p.name] & mask:
             return True
-        seen.add(n.name)
-        stack.extend(view.producer[v] for v in n.inputs if v in view.producer)
     return False
 
 
@@ -293,9 +310,13 @@ def _target_types(rule: Rule, refs: dict[str, str], types: dict[str, TensorType]
     def type_of(r: str) -> TensorType:
         return dt[r] if r.startswith("%") else types[refs[r]]
 
+    if rule.no_broadcast and any(broadcasts(pn.op, [types[refs[r]] for r in pn.inputs]) for pn in rule.src):
+        return None
     try:
         for k, pn in enumerate(rule.dst):
             attrs = {a: eval_attr(e, type_of, params) for a, e in pn.attrs.items()}
+            if rule.no_broadcast and broadcasts(pn.op, [type_of(r) for r in pn.inputs]):
+                return None
             if pn.op == "Constant":
                 shape = tuple(attrs.get("shape", ()))
                 if any(not isinstance(d, int) or d < 1 for d in shape):
@@ -338,6 +359,29 @@ def find_matches(graph: Graph, rule: Rule, _view: _View | None = None) -> list[M
     out: dict = {}
     _search(view, c, [(start, view.by_op[c.src[start].op])], out)
     return _sorted(view, out.values())
+
+
+def _cuts_paths(rule: Rule) -> bool:
+    """Whether applying ``rule`` can remove a dependency path of the graph: some output of its target depends
+    on fewer of the match's input values than the source output it replaces (unbatching a Concat-op-Split,
+    ``split(relu(concat(a, b))) -> relu(a), relu(b)``, makes the first output independent of ``b``). Matches
+    anywhere in the graph that a cycle ruled out may then become valid."""
+    def deps(side: tuple) -> list[set[str]]:
+        out: list[set[str]] = []
+        for pn in side:
+            s: set[str] = set()
+            for r in pn.inputs:
+                m = _REF.match(r)
+                s |= out[int(m.group(1))] if m else {r}
+            out.append(s)
+        return out
+
+    def of(d: list[set[str]], ref: str) -> set[str]:
+        m = _REF.match(ref)
+        return d[int(m.group(1))] if m else {ref}
+
+    src, dst = deps(rule.src), deps(rule.dst)
+    return any(of(dst, b) < of(src, a) for a, b in rule.outputs)
 
 
 # ============================================================================================ applying
@@ -489,6 +533,14 @@ class MatchIndex:
         # only rules with matches (to drop stale ones) and rules that can match a region node (to search) change
         visit = sorted(search.keys() | {k for k, m in enumerate(self.matches) if m})
         matches = list(self.matches)
+        if rs.compiled[rule_index].cuts:
+            # a removed path may have been what ruled out a multi-node match far from the rewrite (its nodes
+            # reached each other only through it): those rules are matched again from scratch (43 of the 1,259
+            # default rules cut paths; they are rarely chosen)
+            for k, c in enumerate(rs.compiled):
+                if c.n > 1:
+                    matches[k] = find_matches(new, rs.rules[k], view)
+            visit = [k for k in visit if rs.compiled[k].n == 1]
         for k in visit:
             c, old = rs.compiled[k], self.matches[k]
             keep = []

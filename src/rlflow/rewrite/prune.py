@@ -86,11 +86,16 @@ def _output_form(nodes: Sequence[PatternNode], forms: Sequence[str], r: str, ren
 
 
 def pair_form(rule: Rule, rename: Mapping[str, str] | None = None) -> tuple[str, str]:
-    """(source form, target form): the mapped outputs in order, then the sorted op forms of each side."""
+    """(source form, target form): the mapped outputs, then the sorted op forms of each side. The output pairs
+    are listed sorted (by source form, then target form): the order in which a rule lists its mapped outputs
+    means nothing, so ``relu(a), relu(b) -> split(relu(concat(a, b)))`` and the same with ``a`` and ``b``
+    swapped (and the outputs listed the other way round) are one substitution."""
     rename = rename or {}
     sf, df = side_forms(rule.src, rename), side_forms(rule.dst, rename)
-    s = "|".join(_output_form(rule.src, sf, o, rename) for o, _ in rule.outputs) + "#" + "&".join(sorted(sf))
-    d = "|".join(_output_form(rule.dst, df, o, rename) for _, o in rule.outputs) + "#" + "&".join(sorted(df))
+    pairs = sorted((_output_form(rule.src, sf, s, rename), _output_form(rule.dst, df, d, rename))
+                   for s, d in rule.outputs)
+    s = "|".join(p[0] for p in pairs) + "#" + "&".join(sorted(sf))
+    d = "|".join(p[1] for p in pairs) + "#" + "&".join(sorted(df))
     return s, d
 
 
@@ -220,9 +225,13 @@ def substitute(rule: Rule, m: Mapping[str, str]) -> Rule:
     def nodes(ns):
         return tuple(PatternNode(n.op, tuple(m.get(r, r) for r in n.inputs),
                                  {a: _rename_value(v, m) for a, v in n.attrs.items()}, n.n_outputs) for n in ns)
+    constraints = dict(rule.constraints)
     const = sorted({m.get(v, v) for v in rule.constraints.get("const", ())})
+    constraints.pop("const", None)
+    if const:
+        constraints["const"] = const
     return Rule(rule.id, rule.name, rule.origin, nodes(rule.src), nodes(rule.dst),
-                tuple((s, m.get(d, d)) for s, d in rule.outputs), {"const": const} if const else {}, rule.verified)
+                tuple((s, m.get(d, d)) for s, d in rule.outputs), constraints, rule.verified)
 
 
 def specialisations(rule: Rule, kind_of: Callable[[str], str] = _default_kind, depth: int = 2) -> set[tuple[str, str]]:
@@ -245,11 +254,14 @@ def specialisations(rule: Rule, kind_of: Callable[[str], str] = _default_kind, d
 def prune_specialisations(rules: Sequence[Rule], kind_of: Callable[[str], str] = _default_kind) -> list[int]:
     """Indices of the rules that are not a specialisation of another rule of ``rules`` (the same substitution
     with some variables identified: the general rule matches wherever it does, since variables may bind the
-    same value)."""
+    same value). A general rule with the ``no_broadcast`` constraint covers only special rules that have it too
+    (one without it also matches where an Add broadcasts)."""
     special: set[tuple[str, str]] = set()
+    special_nb: set[tuple[str, str]] = set()       # specialisations of rules with no_broadcast
     for r in rules:
-        special |= specialisations(r, kind_of)
-    return [i for i, r in enumerate(rules) if renaming_key(r, kind_of) not in special]
+        (special_nb if r.no_broadcast else special).update(specialisations(r, kind_of))
+    return [i for i, r in enumerate(rules)
+            if (key := renaming_key(r, kind_of)) not in special and not (r.no_broadcast and key in special_nb)]
 
 
 def prune(rules: Sequence[Rule], values: Sequence[Values | None] | None = None,

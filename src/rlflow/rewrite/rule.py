@@ -31,7 +31,12 @@ makes a new 0-D float32 constant, e.g. BatchNormalization's epsilon when folding
 kernel of 1/9 that computes a 3x3 average pooling as a depthwise Conv.
 A node with several outputs says how many: ``"outputs": 2``. ``constraints.const`` lists variables that must be
 bound to static values: constants (weights) or values computed from constants only (a reshaped or concatenated
-weight), which are folded into constants after optimisation. ``verified`` records how the rule was checked; for
+weight), which are folded into constants after optimisation. ``constraints.no_broadcast: true`` restricts every
+op that broadcasts (``OpDef.broadcasting``: Add, Sub, Mul, Div, Pow), on either side, to inputs of one shape: the
+generator's element-wise ops never broadcast, and some of its identities hold only without it (a conv is
+distributive over the sum of two kernels of one shape, not over a kernel broadcast along its spatial axes); the
+generator adds it to a rule that fails verification without it and passes with it, and the matcher, the e-matcher
+and the verifier all enforce it. ``verified`` records how the rule was checked; for
 a generated rule its ``ranks`` (variable -> rank, or list of ranks) are the only ranks the matcher binds, since
 the rule was verified at those alone (builtin rules are written, and tested, for every rank). ``verified`` records how the rule was checked (method, trials, sizes).
 """
@@ -113,6 +118,10 @@ class Rule:
     def const_vars(self) -> frozenset[str]:
         return frozenset(self.constraints.get("const", ()))
 
+    @property
+    def no_broadcast(self) -> bool:
+        return bool(self.constraints.get("no_broadcast", False))
+
     def to_json(self) -> dict:
         d = {"id": self.id, "name": self.name, "origin": self.origin,
              "src": [n.to_json() for n in self.src], "dst": [n.to_json() for n in self.dst],
@@ -167,6 +176,8 @@ def eval_attr(expr: Any, type_of: Callable[[str], TensorType], params: Mapping[s
 
 def attr_equal(a: Any, b: Any) -> bool:
     """Attribute equality as the IR's canonical hash sees it (floats at float32 precision, lists as tuples)."""
+    if type(a) is type(b) and type(a) in (int, str, tuple) and a == b:
+        return True                      # equal values have equal canonical forms (the matcher's common case)
     return _canonical(_tuplify(a)) == _canonical(_tuplify(b))
 
 
@@ -332,8 +343,11 @@ def rule_from_json(raw: Any, where: str = "rules.json") -> Rule:
     if len({s for s, _ in outs}) != len(outs):
         raise RLFlowError(f"{at}: a source output is mapped twice")
     constraints = raw.get("constraints", {})
-    if not isinstance(constraints, Mapping) or set(constraints) - {"const"}:
-        raise RLFlowError(f"{at}: 'constraints' may only hold 'const' (a list of variables)")
+    if not isinstance(constraints, Mapping) or set(constraints) - {"const", "no_broadcast"}:
+        raise RLFlowError(f"{at}: 'constraints' may only hold 'const' (a list of variables) and 'no_broadcast' "
+                          f"(true or false)")
+    if not isinstance(constraints.get("no_broadcast", False), bool):
+        raise RLFlowError(f"{at}: constraint no_broadcast must be true or false")
     for v in constraints.get("const", []):
         if v not in variables:
             raise RLFlowError(f"{at}: constraint const names '{v}', which is not a variable")
@@ -381,6 +395,12 @@ def rules_document(rules: Sequence[Rule], generator: Mapping[str, Any]) -> dict:
 
 
 # ================================================================================================ instances
+def broadcasts(op: str, in_types: Sequence[TensorType]) -> bool:
+    """Does a node of ``op`` reading ``in_types`` broadcast (an ``OpDef.broadcasting`` op, inputs of different
+    shapes)? A rule with ``constraints.no_broadcast`` binds no such node, on either side."""
+    return op in OPS and OPS[op].broadcasting and len({t.shape for t in in_types}) > 1
+
+
 def instantiate(rule: Rule, side: str, var_types: Mapping[str, TensorType], params: Mapping[str, Any] | None = None,
                 constants: Mapping[str, Any] | None = None) -> Graph:
     """One side of ``rule`` as a graph over its variables (graph inputs, or constants where ``constants`` gives
@@ -400,6 +420,9 @@ def instantiate(rule: Rule, side: str, var_types: Mapping[str, TensorType], para
         if n.op == "Constant":
             refs[f"%{k}"] = refs[f"%{k}.0"] = b.const(f"{side}{k}", constant_array(attrs))
             continue
+        if rule.no_broadcast and broadcasts(n.op, [b.types[refs[r]] for r in n.inputs]):
+            raise RLFlowError(f"rule '{rule.id}' {side}[{k}] ({n.op}) would broadcast, and the rule has the "
+                              f"no_broadcast constraint")
         outs = b.op(n.op, [refs[r] for r in n.inputs], n_outputs=n.n_outputs, name=f"{side}{k}", **attrs)
         for j, o in enumerate(outs if n.n_outputs > 1 else [outs]):
             refs[f"%{k}.{j}"] = o

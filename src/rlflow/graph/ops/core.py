@@ -9,6 +9,9 @@ An OpDef holds every facet of one IR op; the rest of the package reaches the op 
   constant folding and numeric rule verification all run it);
 - ``flops``: ``(input types, output types, attrs) -> floating-point operations``; ``view``: a pure re-indexing
   (Reshape, Flatten, Identity) that moves no bytes; ``elementwise``: one output element per input element;
+  ``broadcasting``: a binary element-wise op whose inputs broadcast against each other (numpy/ONNX rules); a rule
+  with the ``no_broadcast`` constraint binds such ops only where both inputs have one shape
+  (:mod:`rlflow.rewrite.rule`);
 - ``onnx_type``: the ONNX op type the op counts as in op counts (default: its own name);
 - ``from_onnx``: ONNX import, ``(OnnxNode) -> (IR op, IR inputs, normalised attrs)``, raising :class:`Unsupported`
   to keep the node opaque (None: never imported, TASO's helpers); ``onnx_types``: the ONNX op types it reads
@@ -98,6 +101,7 @@ class OpDef:
     flops: Flops = flops_zero
     view: bool = False
     elementwise: bool = False
+    broadcasting: bool = False
     onnx_type: str = ""
     from_onnx: FromOnnx | None = import_plain
     onnx_types: tuple[str, ...] = ()

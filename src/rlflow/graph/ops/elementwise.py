@@ -26,7 +26,7 @@ def _import_same_types(n: OnnxNode):
 
 def _binary(name, torch_fn, tf_fn, jax_fn, positive=()):
     return OpDef(name=name, attrs=(), infer=_binary_infer, compute=lambda xs, a: [torch_fn(xs[0], xs[1])],
-                 flops=flops_per_out(1), elementwise=True, from_onnx=_import_same_types,
+                 flops=flops_per_out(1), elementwise=True, broadcasting=True, from_onnx=_import_same_types,
                  tf=lambda tf, xs, a, c: [tf_fn(tf, xs[0], xs[1])], tf_layout="any", positive_inputs=positive,
                  jax=lambda J, xs, a, c: [jax_fn(J, xs[0], xs[1])])
 

@@ -75,8 +75,9 @@ def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, nod
     sat = saturation_stats(runner.iterations, rules)
     stats = {"egraph_nodes_initial": nodes0, "egraph_classes_initial": classes0, "egraph_nodes": eg.n_nodes,
              "egraph_classes": eg.n_classes, "saturation_seconds": t_sat, "extraction_seconds": t_ext,
-             "rules": len(rules), "rules_translated": len(rules),
-             "multi_pattern_rules": sum(p.multi for p in runner.patterns), "rules_skipped": 0, **sat, **ext,
+             "rules": len(rules), "rules_translated": len(runner.patterns),
+             "multi_pattern_rules": sum(p.multi for p in runner.patterns),
+             "rules_skipped": len(rules) - len(runner.patterns), **sat, **ext,
              "extracted_cost_ms": extracted_ms, "kept_input": kept_input}
     return SearchResult(
         method="eqsat", graph=final_graph, initial=initial, final=final, trace=[], expansions=sat["iterations"],

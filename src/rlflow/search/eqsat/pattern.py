@@ -3,8 +3,10 @@
 **Rules are data.** One generic e-matcher serves every rule: a rule's source pattern is matched top-down from its
 *roots* (the pattern nodes no other pattern node reads); a pattern with several roots (TASO's two-output rules,
 e.g. merging two MatMuls that share an input; Tensat's multi-patterns) joins its roots through their shared
-variables. A match is checked exactly as the graph matcher checks one (literal attributes, parameters, shape
-expressions, ``const`` variables, a generated rule's verified ranks, and the target's shape inference giving each
+variables (a rule whose roots share no variable, such as two independent Relus batched into one, is left out by
+the runner: its matches are the cross product of the e-nodes of its ops; see :attr:`Pattern.joined`). A match is
+checked exactly as the graph matcher checks one (literal attributes, parameters, shape expressions, ``const``
+variables, a generated rule's verified ranks, ``no_broadcast``, and the target's shape inference giving each
 mapped value the source value's type); its target is then added and each mapped source class merged with its
 target class. Which rules are matched when, and what is applied, is the runner's business
 (:mod:`rlflow.search.eqsat.runner`).
@@ -45,6 +47,19 @@ class Pattern:
                         depth[ref[1]] = depth[m] + 1
                         todo.append(ref[1])
         self.depth = max(depth.values())
+        # the roots are joined when the variables each root's pattern reads link them all (Tensat's multi-patterns
+        # share a variable); unjoined roots (relu(a), relu(b) -> ...) match the cross product of their e-nodes
+        groups = [_pattern_vars(self.ins, k) for k in self.roots]
+        joined = groups[0]
+        rest = groups[1:]
+        while rest:
+            linked = [g for g in rest if g & joined]
+            if not linked:
+                break
+            for g in linked:
+                joined |= g
+            rest = [g for g in rest if not g & joined]
+        self.joined = not rest
         self.literal = [{a: v for a, v in pn.attrs.items() if not is_param(v) and not _has_expr(v)}
                         for pn in rule.src]
         self.param = [{a: v[1:] for a, v in pn.attrs.items() if is_param(v)} for pn in rule.src]
@@ -57,6 +72,19 @@ class Pattern:
 
 def _has_expr(v: Any) -> bool:
     return isinstance(v, dict) or (isinstance(v, (tuple, list)) and any(_has_expr(x) for x in v))
+
+
+def _pattern_vars(ins: list[list[tuple]], k: int) -> set[str]:
+    """The variables pattern node ``k`` and the pattern nodes below it read."""
+    out: set[str] = set()
+    todo = [k]
+    while todo:
+        for ref in ins[todo.pop()]:
+            if ref[0] == "var":
+                out.add(ref[1])
+            else:
+                todo.append(ref[1])
+    return out
 
 
 @dataclass

@@ -160,7 +160,8 @@ class _Applied:
 
 
 class Runner:
-    """Equality saturation of ``egraph`` by ``rules`` under ``scheduler`` (see the module docstring).
+    """Equality saturation of ``egraph`` by ``rules`` (those whose source roots are joined: :attr:`patterns`) under
+    ``scheduler`` (see the module docstring).
     ``deadline`` is a :func:`time.perf_counter` time; ``semi_naive`` False matches every rule against the whole
     e-graph in every iteration (the same result, slower: tests)."""
 
@@ -168,7 +169,11 @@ class Runner:
                  node_limit: int = 50_000, iter_limit: int = 15, deadline: float = math.inf,
                  semi_naive: bool = True) -> None:
         self.egraph = egraph
-        self.patterns = [Pattern(r) for r in rules]
+        # a rule whose source is unconnected ops sharing no variable (two independent Relus, two convs on different
+        # inputs) is left out: it matches every pair of e-nodes of its ops, and its targets make new e-nodes of
+        # those ops that pair again (on a tiny squeezenet the two Relu batchings filled the e-graph to the node
+        # limit in two iterations and the ILP found no optimum in 60 s); the graph searches and the agents use them
+        self.patterns = [p for p in map(Pattern, rules) if p.joined]
         self.scheduler = scheduler if scheduler is not None else BackoffScheduler()
         self.node_limit, self.iter_limit, self.deadline = node_limit, iter_limit, deadline
         self.semi_naive = semi_naive
