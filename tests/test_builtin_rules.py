@@ -112,7 +112,7 @@ def test_verified_builtin_rules_fails_on_a_broken_rule(monkeypatch):
 
     broken = mutate("b-add-const-chain", lambda raw: raw["dst"][0].update(op="Sub"))
     rules = [(broken if r.id == "b-add-const-chain" else r, ex) for r, ex in builtin_rules()]
-    monkeypatch.setattr(builtin, "builtin_rules", lambda bias_fusion=False: rules)
+    monkeypatch.setattr(builtin, "builtin_rules", lambda bias_fusion=False, fused_kernels=False: rules)
     with pytest.raises(RLFlowError, match=r"rule 'b-add-const-chain': example 0 .*outputs differ"):
         builtin.verified_builtin_rules(trials=1)
 

@@ -425,6 +425,15 @@ def test_stage_writes_rules_and_stats(tmp_path):
         "b-split-add-merge", "b-matmul-add-gemm-3d", "b-matmul-add-gemm-3d-l"]
     assert json.loads(fused.read_text())["generator"]["bias_fusion"] is True
     assert json.loads((fused.parent / "stats.json").read_text())["builtin_rules"] == 71
+    # rules.fused_kernels adds the attention rules last, the fuse rules with their min_opset
+    kernels = tmp_path / "kernels" / "rules.json"
+    r = cli("generate-rules", "--config", CONFIG, *SMALL, "--set", "rules.fused_kernels=true", "--out", kernels)
+    assert r.returncode == 0, r.stderr
+    with_kernels = load_rules(kernels)
+    assert with_kernels[:len(rules)] == rules and len(with_kernels) == len(rules) + 20
+    assert {x.min_opset for x in with_kernels[len(rules):]} == {0, 23}
+    assert json.loads(kernels.read_text())["generator"]["fused_kernels"] is True
+    assert "fused_kernels" not in doc["generator"]
 
 
 @pytest.mark.parametrize(("override", "needle"), [

@@ -97,7 +97,12 @@ def dense_graph() -> Graph:
               axis=0)
     cat = b.op("Concat", [b.op("Relu", [h]), b.op("Tanh", [h])], axis=0)
     parts = b.op("Split", [cat], n_outputs=2, axis=2, split=(2, 4))
-    return b.build([h, v1, v2, dot, g1, g2, rm, rm_all, sl, pd, ga, gc, *parts, b.op("Identity", [t])])
+    # fused attention: 4-D with grouped KV heads, a mask and the causal mask; 3-D with a V head size of its own
+    att4 = b.op("Attention", [b.op("Reshape", [x], shape=(2, 2, 5, 4)), b.const("ak", _w(2, 1, 7, 4)),
+                              b.const("av", _w(2, 1, 7, 4)), b.const("am", _w(1, 1, 5, 7))],
+                scale=0.5, is_causal=1, q_num_heads=0, kv_num_heads=0)                          # (2, 2, 5, 4)
+    att3 = b.op("Attention", [x, x, h], scale=0.3, is_causal=0, q_num_heads=2, kv_num_heads=2)   # (2, 5, 6)
+    return b.build([h, v1, v2, dot, g1, g2, rm, rm_all, sl, pd, ga, gc, *parts, b.op("Identity", [t]), att4, att3])
 
 
 def _dense_feeds(g: Graph) -> dict:

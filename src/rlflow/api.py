@@ -97,11 +97,24 @@ class Optimised:
         return self.dynamic_model if self.dynamic_model is not None else to_onnx(self.graph)
 
 
+def opset_for_output(have: int, want: int, model) -> int:
+    """The opset an optimised model is written at: ``want`` (``--opset``), which must be one the importer and
+    exporter know and not below the model's own ``have`` (ops are not converted down)."""
+    from rlflow.graph.onnx_io import MAX_OPSET, MIN_OPSET
+
+    if not MIN_OPSET <= want <= MAX_OPSET:
+        raise RLFlowError(f"--opset {want}: rlflow reads and writes opsets {MIN_OPSET}-{MAX_OPSET}")
+    if want < have:
+        raise RLFlowError(f"--opset {want}: {model} is at opset {have}; an optimised model keeps its opset or "
+                          f"goes up, never down")
+    return want
+
+
 def optimize(model, *, method: str = "eqsat", target: str | None = None, rules: str | os.PathLike | None = None,
              agent: str | os.PathLike | None = None, input_shapes=None, config=None,
              settings: Mapping[str, Any] | None = None, backend: str | None = None, speed_check: bool = True,
              tolerance: float = 1e-4, time_limit: float | None = None, progress: bool = False,
-             verbose: bool = False):
+             verbose: bool = False, opset: int | None = None):
     """Optimise ``model`` with the verified rewrite rules; returns the optimised model, an ``onnx.ModelProto``
     (a Graph if ``model`` is one).
 
@@ -123,6 +136,8 @@ def optimize(model, *, method: str = "eqsat", target: str | None = None, rules: 
       ``{"eqsat.node_limit": 5000, "timing.budget_s": 10}``; without either, the schema's defaults.
     * ``backend``: the never-slower check's backend (``ort``, ``torch``, ``tf``, ...); default: the target's.
     * ``verbose``: print what the command line prints (the check's verdict, the cost before and after).
+    * ``opset``: the ONNX opset of the result (at least the model's; default: the model's). Rules whose fused op
+      a newer opset defines (``Attention``: 23) apply only when it allows them (docs/fused-kernels.md).
     """
     from rlflow.graph.ir import Graph
 
@@ -136,6 +151,9 @@ def optimize(model, *, method: str = "eqsat", target: str | None = None, rules: 
         model if isinstance(model, (str, os.PathLike, bytes, bytearray)) else _onnx_bytes(model))
     graph = load(model if source is None else source, input_shapes)
     name = str(model) if isinstance(model, (str, os.PathLike)) else "the model"
+    if opset is not None:
+        graph = graph.copy()  # (never the caller's Graph)
+        graph.opset = opset_for_output(graph.opset, opset, name)
     run = optimiser.run(graph, model_name=name, source=source, input_shapes=input_shapes)
     if verbose:
         print(summary_lines(run, method))

@@ -32,7 +32,8 @@ at the sizes --input-shape gives; OUT.onnx keeps the dimensions dynamic if, with
 original under onnxruntime at two other sizes too, else it is written with the given sizes and one line says it
 was specialised (rlflow.graph.dynamic). The trace records the check (speed_check) and the
 resolved platform (target, backend, device); the summary's first line names them. --no-speed-check skips the
-check. Errors (a missing or damaged checkpoint, a rule set that does not match, ...) are one line, exit 2.
+check. The model keeps its input's opset unless --opset raises it: a rule whose fused op a newer opset defines
+(constraints.min_opset; Attention: 23) applies only then. Errors (a missing or damaged checkpoint, a rule set that does not match, ...) are one line, exit 2.
 
 Cost target (--target; default: the cost.target of --config/--set if they give one, else `machine`, this
 machine's runtime: cuda on a GPU box, else ort-cpu):
@@ -55,6 +56,8 @@ with config.yaml (results/rules/rules.json); --rules FILE takes another (`rlflow
       --rules results/rules/rules.json --trace trace.json
   rlflow optimize model.onnx --out opt.onnx --backend tf --set timing.budget_s=60     (check on TensorFlow, longer)
   rlflow optimize bert.onnx --out opt.onnx --method taso       (TASO's search instead of the default eqsat)
+  rlflow optimize bert.onnx --out opt.onnx --opset 23 --rules fused-rules.json   (attention fused into ONNX's
+      Attention: the rules file from `rlflow generate-rules --set rules.fused_kernels=true`)
 """
 
 from __future__ import annotations
@@ -109,6 +112,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the never-slower check's backend: keep the optimised graph only if the measurement protocol "
                         "calls it faster here (default: the backend that verifies the target: ort for ort-cpu, "
                         "torch on the GPU for cuda)")
+    p.add_argument("--opset", type=int, metavar="N",
+                   help="write the optimised model at ONNX opset N (at least the input's; default: the input's). A "
+                        "rule whose fused op needs a newer opset (Attention: 23) only applies when the graph's opset "
+                        "allows it, so --opset 23 with a rule set that has the fused-kernel rules "
+                        "(rules.fused_kernels) lets attention be fused")
     p.add_argument("--no-speed-check", action="store_true",
                    help="write the optimised graph without the never-slower check")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
@@ -119,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    from rlflow.api import Optimiser, summary_lines
+    from rlflow.api import Optimiser, opset_for_output, summary_lines
     from rlflow.atomic import atomic_path, write_text
     from rlflow.config import load_config
     from rlflow.errors import RLFlowError
@@ -140,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
                           alpha=args.alpha, budget=args.budget, time_limit=args.time_limit, costs=args.costs,
                           progress=not args.no_progress and not args.json, log=log)
     graph = load_onnx(args.model, args.input_shape)
+    if args.opset is not None:
+        graph.opset = opset_for_output(graph.opset, args.opset, args.model)
     run = optimiser.run(graph, model_name=str(args.model), source=args.model, input_shapes=args.input_shape,
                         not_written=f"{args.out} not written")
     if run.dynamic_model is None:

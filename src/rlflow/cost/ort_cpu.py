@@ -274,7 +274,7 @@ KERNEL_SESSIONS = 3
 
 #: ops whose kernels are GEMM-like (their time is mostly arithmetic, prepacked weights): a pattern never seen keeps
 #: the ratios of the patterns of its class (GEMM-like or not) rather than the median over all of them
-GEMM_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul", "Conv", "ConvTranspose"})
+GEMM_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul", "Conv", "ConvTranspose", "Attention"})
 
 
 def pattern_class(pattern: str) -> str:

@@ -10,6 +10,8 @@ Per kernel: ``launch + max(flops / (peak x efficiency), bytes / bandwidth)``.
   in waves of one tile per SM, so ``efficiency = tile share x useful fraction of the tiles x tiles / (waves x
   SMs)``; the best choice is taken, as cuBLAS's heuristics pick a kernel. Every other op is bandwidth-bound
   (efficiency 1: its flops are few).
+- **Attention** (the fused op) moves what a flash-style kernel moves: Q, K, V, the mask and the output, never the
+  score matrix (its OpDef's bytes); its efficiency is that of its first GEMM, Q K^T, per batch and head.
 - **Data-movement-only ops are free**, as in TASO's cost model: Reshape, Flatten, Identity, Transpose, Split,
   Slice and Concat launch nothing and cost nothing (a producer can write straight into its consumer's layout or
   buffer). Weight-only nodes are folded (free) as for every target.
@@ -26,6 +28,7 @@ from rlflow.cost.model import CostModel
 from rlflow.errors import RLFlowError
 from rlflow.graph.ir import Node, TensorType
 from rlflow.graph.ops import OPS
+from rlflow.graph.ops.attention import dims as attention_dims
 
 #: ops that only move or re-view data: free on a simulated GPU (TASO's cost model)
 DATA_MOVEMENT = frozenset({"Reshape", "Flatten", "Identity", "Transpose", "Split", "Slice", "Concat"})
@@ -53,7 +56,7 @@ def gemm_efficiency(m: int, n: int, k: int, batch: int, sms: int) -> float:
 
 
 def gemm_shape(node: Node, in_types: list[TensorType]) -> tuple[int, int, int, int] | None:
-    """(M, N, K, batch) of a MatMul, Gemm or Conv node; None for other ops."""
+    """(M, N, K, batch) of a MatMul, Gemm or Conv node, or of an Attention node's Q K^T; None for other ops."""
     if node.op == "MatMul":
         a, b = in_types[0].shape, in_types[1].shape
         if len(a) < 2 or len(b) < 1:
@@ -76,6 +79,9 @@ def gemm_shape(node: Node, in_types: list[TensorType]) -> tuple[int, int, int, i
         spatial = len(x) - 2
         out = [(x[2 + i] + pads[i] + pads[i + spatial] - w[2 + i]) // strides[i] + 1 for i in range(spatial)]
         return x[0] * math.prod(out), w[0] // g, w[1] * math.prod(w[2:]), g
+    if node.op == "Attention":
+        b, hq, _, sq, skv, d, _ = attention_dims(in_types, node.attrs)
+        return sq, skv, d, b * hq
     return None
 
 
@@ -98,7 +104,7 @@ class SimGpuCost(CostModel):
         return 0 if node.op in DATA_MOVEMENT else super()._launches(node)
 
     def efficiency(self, node: Node, in_types: list[TensorType]) -> float:
-        shape = gemm_shape(node, in_types) if node.op in ("MatMul", "Gemm", "Conv") else None
+        shape = gemm_shape(node, in_types)
         if shape is None:
             return 1.0
         return max(gemm_efficiency(*shape, self.sms), 1e-3)

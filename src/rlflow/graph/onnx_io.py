@@ -30,7 +30,22 @@ from rlflow.errors import RLFlowError
 from rlflow.graph.ir import Constant, Graph, Node, TensorType
 from rlflow.graph.ops import ONNX_IMPORTS, OPS, OnnxNode, ShapeError, Unsupported, infer_types
 
-MIN_OPSET, MAX_OPSET = 13, 20
+#: the default-domain opsets the importer reads: 13 up to the newest the installed onnx defines. An op whose
+#: definition changed after 20 changed only in the element types it allows (int4, float8, float4, int2 ...), which
+#: the importer refuses anyway, or in ways its ``from_onnx`` checks (Cast 24's ``round_mode`` applies to float8
+#: only; Attention 24's ``nonpad_kv_seqlen`` input and 25's window attributes keep such a node opaque)
+MIN_OPSET, MAX_OPSET = 13, onnx.defs.onnx_opset_version()
+#: the newest IR version and opset onnxruntime reads (1.31: IR 13 and opset 26, ONNX's newest released one; it
+#: refuses opsets 27-28 as "under development"; a test checks both against the installed onnxruntime)
+ORT_MAX_IR_VERSION, ORT_MAX_OPSET = 13, 26
+
+
+def ir_version(opset: int) -> int:
+    """The IR version a model of ``opset`` is written with: the one of the onnx release that introduced the opset
+    (``onnx.helper.VERSION_TABLE``), at least 8 (what opsets up to 18 have always been written with) and at most
+    :data:`ORT_MAX_IR_VERSION`, so onnxruntime reads every file (opset 28 comes with IR 14 in onnx 1.23)."""
+    found = [ir for _, ir, ops, *_ in helper.VERSION_TABLE if ops == opset]
+    return max(8, min(min(found, default=ORT_MAX_IR_VERSION), ORT_MAX_IR_VERSION))
 
 _DTYPES = {
     TensorProto.FLOAT: "float32", TensorProto.DOUBLE: "float64", TensorProto.FLOAT16: "float16",
@@ -600,7 +615,7 @@ def single_node_model(graph: Graph, node: Node) -> onnx.ModelProto:
                           e.inits)
     imports = [helper.make_opsetid("", graph.opset)] + [helper.make_opsetid(d, v)
                                                         for d, v in sorted(graph.extra_opsets.items())]
-    return helper.make_model(g, opset_imports=imports, ir_version=8 if graph.opset <= 18 else 9)
+    return helper.make_model(g, opset_imports=imports, ir_version=ir_version(graph.opset))
 
 
 def _opaque(node: onnx.NodeProto) -> tuple[str, tuple[str, ...], dict[str, Any]]:
@@ -714,7 +729,7 @@ def to_onnx(graph: Graph, weights: bool = True) -> onnx.ModelProto:
         return helper.make_tensor_value_info(v, _ONNX_DTYPE[t.dtype], list(t.shape))
 
     model = onnx.ModelProto()
-    model.ir_version = 8 if graph.opset <= 18 else 9
+    model.ir_version = ir_version(graph.opset)
     model.producer_name = "rlflow"
     model.opset_import.append(helper.make_opsetid("", graph.opset))
     model.opset_import.extend(helper.make_opsetid(d, v) for d, v in sorted(graph.extra_opsets.items()))

@@ -538,6 +538,7 @@ STAGES: dict[str, Stage] = {
                 "max_dim": "rules.max_dim",
                 "builtin": "rules.builtin",
                 "bias_fusion": "rules.bias_fusion",
+                "fused_kernels": "rules.fused_kernels",
             },
             args=(("--out", "{output.rules}"),),
             wildcards=(),

@@ -101,11 +101,12 @@ def _conv(x: str, w: str, b: str | None = None, *, strides: Any = "$s", pads: An
 
 
 def _rule(rid: str, name: str, src: list, dst: list, outputs: list, const: Sequence[str] = (),
-          examples: Sequence[Example] = ()) -> tuple[Rule, list[Example]]:
+          examples: Sequence[Example] = (), min_opset: int = 0) -> tuple[Rule, list[Example]]:
     raw = {"id": rid, "name": name, "origin": "builtin", "src": src, "dst": dst, "outputs": outputs,
            "verified": dict(PENDING)}
-    if const:
-        raw["constraints"] = {"const": list(const)}
+    constraints = {**({"const": list(const)} if const else {}), **({"min_opset": min_opset} if min_opset else {})}
+    if constraints:
+        raw["constraints"] = constraints
     rule = rule_from_json(raw, "builtin rules")
     if len(examples) < 2:
         raise AssertionError(f"builtin rule {rid} needs at least two examples")
@@ -609,19 +610,121 @@ def _scalar_split_weight() -> list:
     return out
 
 
+#: the opset that defines ONNX's fused ``Attention``
+ATTENTION_OPSET = 23
+
+
+def _attention_fuse() -> list:
+    """``b-attn-fuse-{k}-{scale}[-mask]``: the primitive attention pattern exporters write ->
+    ``Attention(q', K, v[, m])`` (4-D form, ``scale=1``), only in graphs of opset >= 23 (``min_opset``)::
+
+        MatMul(q, Kt) [* s | / s] [+ m] -> Softmax(axis=3) -> MatMul(., v)
+
+    The score matrix is 4-D ``(B, H, Sq, Skv)``; ``Kt``, K transposed, comes in one of three forms:
+
+    - ``kt``: any value ``(B, H, D, Skv)`` (Hugging Face exports through torch's SDPA decomposition, which scales
+      K^T and reshapes it); the target transposes it back, ``Transpose(kt, perm=[0,1,3,2])``;
+    - ``t``: ``Transpose(k, perm=[0,1,3,2])`` of ``k (B, H, Skv, D)``: the target takes ``k`` itself;
+    - ``bshd``: ``Transpose(k, perm=[0,2,3,1])`` of ``k (B, Skv, H, D)``, the head split and the K transpose in one
+      (the zoo's exports): the target takes ``Transpose(k, perm=[0,2,1,3])``.
+
+    A one-element constant scale on the scores (``Mul`` or ``Div``: ``s`` pinned to one element by ``Reshape(s,
+    shape=[])``, else the target fails inference) moves onto Q, ``Attention(q op S, ...)``, since ``(q K^T) op s ==
+    (q op s) K^T``; the scalar-scale rules then fold it into Q's weight. A scale written on Q or K before the
+    product (as torch's SDPA decomposition does) stays where it is, inside ``q`` or ``kt``. The mask ``m`` is
+    any value added to the scaled scores (``Add(scores, m)``: an additive mask, causal or padding; GPT-2's
+    causal mask written as an additive constant is one), broadcasting as ONNX's Attention does. Soundness over
+    every binding: Attention's shape inference demands 4-D Q, K, V with one batch size, head counts that fit,
+    and a mask that broadcasts to the scores, so a match where MatMul would broadcast differently is rejected;
+    Softmax's literal ``axis=3`` is the scores' last axis. Where every key of a query row is masked out with
+    ``-inf``, the fused op gives zeros where the composition gives NaN (ONNX's rule)."""
+    out = []
+    perm = [0, 1, 3, 2]
+    k_forms = {"kt": ([], "kt", [_n("Transpose", ["kt"], perm=perm)]),
+               "t": ([_n("Transpose", ["k"], perm=perm)], "%0", []),
+               "bshd": ([_n("Transpose", ["k"], perm=[0, 2, 3, 1])], "%0", [_n("Transpose", ["k"], perm=[0, 2, 1, 3])])}
+    k_shape = {"kt": lambda b, h, s, d: {"kt": [b, h, d, s]}, "t": lambda b, h, s, d: {"k": [b, h, s, d]},
+               "bshd": lambda b, h, s, d: {"k": [b, s, h, d]}}
+    for kname, (k_src, kref, k_dst) in k_forms.items():
+        for scale in ("none", "Mul", "Div"):
+            for mask in (False, True):
+                src = list(k_src) + [_n("MatMul", ["q", kref])]
+                if scale != "none":
+                    src.append(_n(scale, [f"%{len(src) - 1}", "s"]))
+                if mask:
+                    src.append(_n("Add", [f"%{len(src) - 1}", "m"]))
+                src += [_n("Softmax", [f"%{len(src) - 1}"], axis=3), _n("MatMul", [f"%{len(src)}", "v"])]
+                dst, qref = [], "q"
+                if scale != "none":
+                    dst += [_n("Reshape", ["s"], shape=[]), _n(scale, ["q", "%0"])]
+                    qref = "%1"
+                kin = f"%{len(dst)}" if k_dst else ("kt" if kname == "kt" else "k")
+                dst += k_dst
+                dst.append(_n("Attention", [qref, kin, "v"] + (["m"] if mask else []), scale=1.0, is_causal=0,
+                              q_num_heads=0, kv_num_heads=0))
+
+                def ex(b, h, sq, skv, d, dv, m=None, s=()):
+                    shapes = {"q": [b, h, sq, d], **k_shape[kname](b, h, skv, d), "v": [b, h, skv, dv]}
+                    if scale != "none":
+                        shapes["s"] = list(s)
+                    if mask:
+                        shapes["m"] = m
+                    return _ex(None, **shapes)
+
+                examples = [ex(1, 2, 3, 4, 2, 3, [1, 1, 1, 4]), ex(2, 1, 4, 2, 3, 2, [2, 1, 4, 2], [1]),
+                            ex(1, 3, 2, 2, 2, 2, [2, 2])]
+                rid = f"b-attn-fuse-{kname}-{scale.lower()}{'-mask' if mask else ''}"
+                out.append(_rule(rid, "attention-fuse", src, dst, [[f"%{len(src) - 1}", f"%{len(dst) - 1}"]],
+                                 const=["s"] if scale != "none" else (), examples=examples,
+                                 min_opset=ATTENTION_OPSET))
+    return out
+
+
+def _attention_unfuse() -> list:
+    """``b-attn-unfuse[-mask]``: ``Attention`` (4-D form, not causal) -> ``Softmax(q K^T * scale [+ m]) v``, the
+    primitive ops (any opset), so a search can cross the fused op (e.g. merge Q/K/V projections or fold a scale
+    through it, then fuse again). The scale becomes a 0-D float32 constant. MatMul broadcasts one K/V head to
+    every query head, which is what Attention does with ``kv_num_heads = 1``; other grouped heads fail MatMul's
+    shape inference (rejected)."""
+    out = []
+    for mask in (False, True):
+        src = [_n("Attention", ["q", "k", "v"] + (["m"] if mask else []), scale="$sc", is_causal=0, q_num_heads=0,
+                  kv_num_heads=0)]
+        dst = [{"op": "Constant", "inputs": [], "attrs": {"value": "$sc"}},
+               _n("Transpose", ["k"], perm=[0, 1, 3, 2]), _n("MatMul", ["q", "%1"]), _n("Mul", ["%2", "%0"])]
+        if mask:
+            dst.append(_n("Add", ["%3", "m"]))
+        dst += [_n("Softmax", [f"%{len(dst) - 1}"], axis=3), _n("MatMul", [f"%{len(dst)}", "v"])]
+        m = lambda shape: {"m": shape} if mask else {}  # noqa: E731
+        examples = [_ex({"sc": 0.5}, q=[1, 2, 3, 4], k=[1, 2, 5, 4], v=[1, 2, 5, 3], **m([1, 1, 1, 5])),
+                    _ex({"sc": 0.25}, q=[2, 3, 2, 2], k=[2, 1, 3, 2], v=[2, 1, 3, 2], **m([3, 2, 3])),
+                    _ex({"sc": 1.5}, q=[1, 1, 2, 3], k=[1, 1, 2, 3], v=[1, 1, 2, 2], **m([2, 2]))]
+        out.append(_rule(f"b-attn-unfuse{'-mask' if mask else ''}", "attention-unfuse", src, dst,
+                         [["%0", f"%{len(dst) - 1}"]], examples=examples))
+    return out
+
+
+def fused_kernel_rules() -> list[tuple[Rule, list[Example]]]:
+    """The fused-kernel family (config ``rules.fused_kernels``, off by default): the primitive attention
+    patterns to ONNX's ``Attention`` (opset >= 23 graphs only) and back (any opset). GEMM + bias is the
+    ``b-matmul-add-gemm*`` rules (Gemm carries the bias); Conv carries its bias and ReLU already."""
+    return _attention_fuse() + _attention_unfuse()
+
+
 def bias_fusion_rules() -> list[tuple[Rule, list[Example]]]:
     """The bias-fusion family (config ``rules.bias_fusion``, off by default): ``b-split-add-merge`` and
     ``b-matmul-add-gemm-3d[-l]``, which fold a transformer's projection biases into its (merged) GEMMs."""
     return _split_add_merge() + _gemm_3d()
 
 
-def builtin_rules(bias_fusion: bool = False) -> list[tuple[Rule, list[Example]]]:
+def builtin_rules(bias_fusion: bool = False, fused_kernels: bool = False) -> list[tuple[Rule, list[Example]]]:
     """Every builtin rule (``verified`` still pending) with its example instantiations, in a fixed order; with
-    ``bias_fusion`` the :func:`bias_fusion_rules` come last (so every other rule keeps its place)."""
+    ``bias_fusion`` the :func:`bias_fusion_rules` come after the default ones, then with ``fused_kernels`` the
+    :func:`fused_kernel_rules` (so every other rule keeps its place)."""
     rules = (_conv_relu() + _conv_bn() + _conv_mul() + _conv_add() + _conv_enlarge_merge() + _conv_merge()
              + _matmul_merge() + _gemm() + _elementwise_chains() + _avgpool_conv() + _scalar_mul()
              + _scalar_scale() + _scalar_split_weight() + _conv_sum_concat() + _conv_group_merge()
-             + (bias_fusion_rules() if bias_fusion else []))
+             + (bias_fusion_rules() if bias_fusion else []) + (fused_kernel_rules() if fused_kernels else []))
     ids = [r.id for r, _ in rules]
     assert len(ids) == len(set(ids)), ids
     return rules
@@ -721,7 +824,8 @@ def check_rule(rule: Rule, examples: Sequence[Example], trials: int = 3, seed: i
             "max_rel_diff": worst}
 
 
-def verified_builtin_rules(trials: int = 3, max_dim: int = 4, seed: int = 0, bias_fusion: bool = False) -> list[Rule]:
+def verified_builtin_rules(trials: int = 3, max_dim: int = 4, seed: int = 0, bias_fusion: bool = False,
+                           fused_kernels: bool = False) -> list[Rule]:
     """The builtin rules with their ``verified`` records filled in by :func:`rlflow.rewrite.verify.verify`: every
     example must fit and agree in float64, plus random bindings drawn around them (``max(trials, #examples)``
     bindings in all, dimensions up to ``max_dim``). This is what the generate_rules stage writes into the rules
@@ -729,7 +833,7 @@ def verified_builtin_rules(trials: int = 3, max_dim: int = 4, seed: int = 0, bia
     from rlflow.rewrite.verify import verify
 
     out = []
-    for rule, examples in builtin_rules(bias_fusion):
+    for rule, examples in builtin_rules(bias_fusion, fused_kernels):
         record = verify(rule, trials=max(trials, len(examples)), max_dim=max_dim, seed=seed, examples=examples)
         if record is None:
             check_rule(rule, examples, trials=1, seed=seed)  # raises, naming the example, if one fails

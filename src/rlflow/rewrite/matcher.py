@@ -12,7 +12,8 @@ One generic engine serves every rule:
     * the target's shape inference succeeds and each mapped target value has the same type as the source value
       it replaces;
     * with ``constraints.no_broadcast``, no broadcasting op (Add, Mul, ...) of either side reads inputs of two
-      shapes.
+      shapes;
+    * the graph's opset is at least the rule's ``constraints.min_opset`` (a fused op of a newer opset).
 - :func:`apply(graph, match)` returns a new, valid graph; the input graph is unchanged.
 - :class:`MatchIndex` holds the matches of all rules on one graph; ``index.apply(k, j)`` applies match ``j`` of
   rule ``k`` and returns the new index, re-matching only around the changed region (see ``_region``).
@@ -162,6 +163,8 @@ class _View:
 def _search(view: _View, c: _Compiled, starts: Iterable[tuple[int, Iterable[Node]]], out: dict) -> None:
     """Backtracking search, for each ``(start, start_nodes)``, with pattern node ``start`` bound to each of
     ``start_nodes``; adds matches to ``out``."""
+    if view.g.opset < c.rule.min_opset:  # the target needs a newer opset than the graph's
+        return
     src = c.src
     bound: list[Node | None] = [None] * c.n
     used: set[str] = set()

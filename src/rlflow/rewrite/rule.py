@@ -36,7 +36,10 @@ op that broadcasts (``OpDef.broadcasting``: Add, Sub, Mul, Div, Pow), on either 
 generator's element-wise ops never broadcast, and some of its identities hold only without it (a conv is
 distributive over the sum of two kernels of one shape, not over a kernel broadcast along its spatial axes); the
 generator adds it to a rule that fails verification without it and passes with it, and the matcher, the e-matcher
-and the verifier all enforce it. ``verified`` records how the rule was checked; for
+and the verifier all enforce it. ``constraints.min_opset`` (an integer) makes the rule apply only to
+graphs whose ``opset`` is at least that: a target op ONNX defines from that opset on (the fused
+``Attention`` of opset 23) is only put into a graph that may hold it (``rlflow optimize --opset`` raises a
+graph's opset). ``verified`` records how the rule was checked; for
 a generated rule its ``ranks`` (variable -> rank, or list of ranks) are the only ranks the matcher binds, since
 the rule was verified at those alone (builtin rules are written, and tested, for every rank). ``verified`` records how the rule was checked (method, trials, sizes).
 """
@@ -121,6 +124,12 @@ class Rule:
     @property
     def no_broadcast(self) -> bool:
         return bool(self.constraints.get("no_broadcast", False))
+
+    @property
+    def min_opset(self) -> int:
+        """The lowest ONNX opset a graph must declare for the rule to apply (``constraints.min_opset``; 0: any):
+        a target op the standard defines only from that opset on (``Attention``: 23)."""
+        return int(self.constraints.get("min_opset", 0))
 
     def to_json(self) -> dict:
         d = {"id": self.id, "name": self.name, "origin": self.origin,
@@ -343,11 +352,14 @@ def rule_from_json(raw: Any, where: str = "rules.json") -> Rule:
     if len({s for s, _ in outs}) != len(outs):
         raise RLFlowError(f"{at}: a source output is mapped twice")
     constraints = raw.get("constraints", {})
-    if not isinstance(constraints, Mapping) or set(constraints) - {"const", "no_broadcast"}:
-        raise RLFlowError(f"{at}: 'constraints' may only hold 'const' (a list of variables) and 'no_broadcast' "
-                          f"(true or false)")
+    if not isinstance(constraints, Mapping) or set(constraints) - {"const", "no_broadcast", "min_opset"}:
+        raise RLFlowError(f"{at}: 'constraints' may only hold 'const' (a list of variables), 'no_broadcast' "
+                          f"(true or false) and 'min_opset' (an integer)")
     if not isinstance(constraints.get("no_broadcast", False), bool):
         raise RLFlowError(f"{at}: constraint no_broadcast must be true or false")
+    m_op = constraints.get("min_opset", 0)
+    if isinstance(m_op, bool) or not isinstance(m_op, int) or m_op < 0:
+        raise RLFlowError(f"{at}: constraint min_opset must be a non-negative integer, not {m_op!r}")
     for v in constraints.get("const", []):
         if v not in variables:
             raise RLFlowError(f"{at}: constraint const names '{v}', which is not a variable")

@@ -2,7 +2,7 @@
 symbolic graphs, numeric verification in float64 at several shapes, TASO's pruning, plus the builtin rules.
 
 Reads these config keys: rules.max_ops, rules.max_outputs, rules.max_elements, rules.ops, rules.variables,
-rules.seed (generation and verification), rules.trials, rules.max_dim, rules.builtin and rules.bias_fusion.
+rules.seed (generation and verification), rules.trials, rules.max_dim, rules.builtin, rules.bias_fusion and rules.fused_kernels.
 Writes the rules file (``--out``, format of rlflow.rewrite.rule) and ``stats.json`` beside it (counts at every
 step and seconds), atomically and together. A progress bar goes to stderr; a one-line summary to stdout.
 
@@ -70,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
                    progress_factory=progress)
     t1 = time.perf_counter()
     builtins = [] if verified_builtin_rules is None else \
-        [r.to_json() for r in verified_builtin_rules(rc["trials"], rc["max_dim"], rc["seed"], rc["bias_fusion"])]
+        [r.to_json() for r in verified_builtin_rules(rc["trials"], rc["max_dim"], rc["seed"], rc["bias_fusion"],
+                                                 rc["fused_kernels"])]
     t_builtin = time.perf_counter() - t1
 
     rules = [rule_from_json(r, "generated rules") for r in res.rules + builtins]
@@ -80,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         raise RLFlowError(f"rule id '{dup}' is used by a generated and a builtin rule")
     params = {**cfg.to_json(), "trials": rc["trials"], "max_dim": rc["max_dim"], "builtin": rc["builtin"],
               **({"bias_fusion": True} if rc["builtin"] and rc["bias_fusion"] else {}),
+              **({"fused_kernels": True} if rc["builtin"] and rc["fused_kernels"] else {}),
               "method": "TASO enumeration + int64 fingerprint; random-float64 verification"}
     doc = rules_document(rules, params)
     stats = {"format": STATS_FORMAT, **res.stats, "builtin_rules": len(builtins), "final_rules": len(rules)}

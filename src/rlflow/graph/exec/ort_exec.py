@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlflow.errors import RLFlowError
 from rlflow.graph.ir import Graph
 
 
@@ -23,8 +24,11 @@ class OrtRunner:
         :class:`rlflow.graph.exec.FreshRunners` passes), else it is exported here."""
         import onnxruntime as ort
 
-        from rlflow.graph.onnx_io import to_onnx
+        from rlflow.graph.onnx_io import ORT_MAX_OPSET, to_onnx
 
+        if graph.opset > ORT_MAX_OPSET:
+            raise RLFlowError(f"graph '{graph.name}' is opset {graph.opset}: onnxruntime {ort.__version__} runs "
+                              f"opsets up to {ORT_MAX_OPSET} (run it on torch, jax or tf)")
         opts = quiet_options()
         # No busy-waiting of the intra-op threads after a run. With it (onnxruntime's default), a run that follows
         # another session's run competes with that session's spinning threads: on 2 cores, BERT took 174 ms after

@@ -3,9 +3,9 @@ reference semantics, flops and bytes, attribute names, ONNX import and export, t
 verification needs; see :mod:`rlflow.graph.ops.core`).
 
 The ops live in family modules, each holding its ops' complete OpDefs in a ``DEFS`` list: :mod:`.elementwise`,
-:mod:`.linear`, :mod:`.conv` (convolution and pooling), :mod:`.norm` (normalisation and reductions) and
-:mod:`.movement` (data movement). Adding an op touches one family module plus its test; nothing outside this
-package keeps a per-op table.
+:mod:`.linear`, :mod:`.conv` (convolution and pooling), :mod:`.norm` (normalisation and reductions),
+:mod:`.movement` (data movement) and :mod:`.attention` (fused attention). Adding an op touches one family module
+plus its test; nothing outside this package keeps a per-op table.
 
 Attributes are normalised at import (see :mod:`rlflow.graph.onnx_io`): shape-like ONNX inputs (Reshape's shape,
 Slice's starts/ends, Pad's pads, Split's sizes, ReduceMean's axes) become attributes, negative axes are made
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from rlflow.errors import RLFlowError
-from rlflow.graph.ops import conv, elementwise, linear, movement, norm
+from rlflow.graph.ops import attention, conv, elementwise, linear, movement, norm
 from rlflow.graph.ops.core import OnnxNode, OpDef, ShapeError, Unsupported, broadcast
 from rlflow.graph.types import TensorType
 
@@ -29,7 +29,7 @@ __all__ = ["ELEMENTWISE", "ONNX_IMPORTS", "OPS", "OnnxNode", "OpDef", "ShapeErro
            "graph_bytes", "graph_flops", "infer_types", "node_bytes", "node_flops"]
 
 #: IR op name -> its OpDef
-OPS: dict[str, OpDef] = {d.name: d for family in (elementwise, linear, conv, norm, movement) for d in family.DEFS}
+OPS: dict[str, OpDef] = {d.name: d for family in (elementwise, linear, conv, norm, movement, attention) for d in family.DEFS}
 
 #: ONNX op type -> the OpDef whose ``from_onnx`` imports it
 ONNX_IMPORTS: dict[str, OpDef] = {t: d for d in OPS.values() if d.from_onnx is not None for t in d.onnx_types}

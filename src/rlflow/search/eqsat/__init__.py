@@ -42,8 +42,10 @@ from rlflow.search.eqsat.runner import (BAN_LENGTH, RULE_MATCH_LIMIT, BackoffSch
                                         Scheduler, StopReason)
 from rlflow.search.result import SearchResult
 
+_Pattern = Pattern  # the name it had when eqsat was one module (code on other branches imports it)
+
 __all__ = ["BAN_LENGTH", "EXTRACTION_ROUNDS", "RULE_MATCH_LIMIT", "TIE_COST_MS", "BackoffScheduler", "EGraph",
-           "IterationRecord", "Key", "Pattern", "Runner", "Scheduler", "StopReason", "_Costs", "_Filtered",
+           "IterationRecord", "Key", "Pattern", "Runner", "Scheduler", "StopReason", "_Costs", "_Filtered", "_Pattern",
            "eqsat_search", "extract_best", "find_cycles", "free_choice", "graph_instances", "graph_to_egraph",
            "greedy_extract", "ilp_candidates", "ilp_extract", "saturate", "saturation_stats", "to_graph"]
 
@@ -61,7 +63,9 @@ def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, nod
     initial = cost_model.graph_metrics(graph)
     eg, roots = graph_to_egraph(graph)
     nodes0, classes0 = eg.n_nodes, eg.n_classes
-    runner = Runner(eg, rules, _backoff(multi_iterations), node_limit=node_limit, iter_limit=iter_limit,
+    # a rule whose target needs a newer opset than the graph's (constraints.min_opset) does not run
+    runner = Runner(eg, [r for r in rules if r.min_opset <= graph.opset], _backoff(multi_iterations),
+                    node_limit=node_limit, iter_limit=iter_limit,
                     deadline=t0 + time_limit_s if time_limit_s else math.inf)
     stop = runner.run()
     t_sat = time.perf_counter() - t0
@@ -73,11 +77,11 @@ def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, nod
     if final.runtime_ms > initial.runtime_ms:
         (final_graph, final), kept_input = finish(graph, cost_model), True
     sat = saturation_stats(runner.iterations, rules)
+    joined = [p for p in map(Pattern, rules) if p.joined]  # (counted over every rule, whatever its min_opset)
     stats = {"egraph_nodes_initial": nodes0, "egraph_classes_initial": classes0, "egraph_nodes": eg.n_nodes,
              "egraph_classes": eg.n_classes, "saturation_seconds": t_sat, "extraction_seconds": t_ext,
-             "rules": len(rules), "rules_translated": len(runner.patterns),
-             "multi_pattern_rules": sum(p.multi for p in runner.patterns),
-             "rules_skipped": len(rules) - len(runner.patterns), **sat, **ext,
+             "rules": len(rules), "rules_translated": len(joined), "multi_pattern_rules": sum(p.multi for p in joined),
+             "rules_skipped": len(rules) - len(joined), **sat, **ext,
              "extracted_cost_ms": extracted_ms, "kept_input": kept_input}
     return SearchResult(
         method="eqsat", graph=final_graph, initial=initial, final=final, trace=[], expansions=sat["iterations"],
