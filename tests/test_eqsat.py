@@ -18,7 +18,8 @@ from rlflow.graph.onnx_io import save_onnx
 from rlflow.rewrite import load_rules
 from rlflow.rewrite.builtin import builtin_rules
 from rlflow.search import greedy_search
-from rlflow.search.eqsat import _Pattern, eqsat_search, graph_to_egraph
+from rlflow.search.eqsat import eqsat_search, graph_to_egraph
+from rlflow.search.eqsat import BackoffScheduler, Pattern, Runner, Scheduler, StopReason, saturation_stats
 
 BUILTIN = [r for r, _ in builtin_rules()]
 CONV = dict(strides=(1, 1), pads=(1, 1, 1, 1), group=1, activation="none")
@@ -115,7 +116,7 @@ def test_eqsat_finds_at_least_what_greedy_finds_on_tiny_model(tiny_zoo, rules):
     cost = AnalyticCost("cpu")
     e = eqsat_search(g, rules, cost, time_limit_s=60)
     gr = greedy_search(g, rules, cost)
-    unjoined = sum(not _Pattern(r).joined for r in rules)  # sources of independent ops: left out
+    unjoined = sum(not Pattern(r).joined for r in rules)  # sources of independent ops: left out
     assert 0 < unjoined < len(rules) / 10
     assert e.stats["rules_translated"] == len(rules) - unjoined == len(rules) - e.stats["rules_skipped"]
     assert e.stats["multi_pattern_rules"] > 0
@@ -274,3 +275,107 @@ def test_on_a_fusing_target_the_ilp_costs_seen_ops_in_context():
     assert r.stats["extraction_rounds"] >= 2 and eqsat_search(g, BUILTIN, AnalyticCost("cpu")).stats[
         "extraction_rounds"] == 1
     assert r.final.runtime_ms <= r.initial.runtime_ms and check_equal(g, r.graph) <= 1e-5
+
+
+# -- the runner (rlflow.search.eqsat.runner): schedulers, stop reasons, iteration records ----------------------
+def egraph_digest(eg):
+    """The e-graph's e-nodes, each with its canonical class and that class's type: equal digests, equal
+    e-graphs."""
+    return sorted((repr(k), eg.find(c), str(eg.type[eg.find(c)])) for k, c in eg.memo.items())
+
+
+class OnlyRules(Scheduler):
+    """A scheduler as an agent would be one: in each iteration it runs only the rules (by name) of the set it has
+    for that iteration (the last set for every later iteration)."""
+
+    def __init__(self, *allowed: set):
+        self.allowed, self.asked = allowed, []
+
+    def select(self, iteration, egraph, patterns):
+        self.asked.append(iteration)
+        names = self.allowed[min(iteration, len(self.allowed) - 1)]
+        return [p for p in patterns if p.rule.name in names]
+
+
+def test_a_custom_scheduler_is_obeyed():
+    """Only the rules the scheduler selects run, iteration by iteration: each record names the rules that ran, the
+    e-graph grows only through them, and it is the e-graph those rules alone give."""
+    g = shared_input_graph()
+    allowed = {"conv-relu-fuse", "conv-mul-fold"}  # (matmul-merge every iteration would merge without end)
+    ids = {r.id for r in BUILTIN if r.name in allowed}
+    eg, _ = graph_to_egraph(g)
+    only = OnlyRules(allowed)
+    runner = Runner(eg, BUILTIN, only)
+    assert runner.run() == StopReason.SATURATED
+    assert only.asked == [r.iteration for r in runner.iterations] == list(range(len(runner.iterations)))
+    assert all(set(r.rules_run) == ids for r in runner.iterations)
+    fired = {rid for r in runner.iterations for rid in r.fired}
+    assert fired and fired <= ids
+    alone, _ = graph_to_egraph(g)
+    Runner(alone, [r for r in BUILTIN if r.name in allowed], Scheduler()).run()
+    assert egraph_digest(eg) == egraph_digest(alone)
+    # a choice per iteration: conv-relu-fuse first, then matmul-merge only
+    eg, _ = graph_to_egraph(g)
+    runner = Runner(eg, BUILTIN, OnlyRules({"conv-relu-fuse"}, {"matmul-merge"}), iter_limit=3)
+    runner.run()
+    name = {r.id: r.name for r in BUILTIN}
+    assert [{name[i] for i in r.rules_run} for r in runner.iterations[:2]] == [{"conv-relu-fuse"}, {"matmul-merge"}]
+    assert [{name[i] for i in r.fired} for r in runner.iterations[:2]] == [{"conv-relu-fuse"}, {"matmul-merge"}]
+    # no rule at all: nothing changes, and saturation stops after one iteration
+    eg, _ = graph_to_egraph(g)
+    before = egraph_digest(eg)
+    runner = Runner(eg, BUILTIN, OnlyRules(set()))
+    assert runner.run() == StopReason.SATURATED and len(runner.iterations) == 1
+    assert runner.iterations[0].rules_run == () and egraph_digest(eg) == before
+
+
+def test_each_stop_reason():
+    import time
+
+    g = shared_input_graph()
+
+    def run(**limits):
+        eg, _ = graph_to_egraph(g)
+        runner = Runner(eg, BUILTIN, **limits)
+        return runner.run(), runner
+
+    stop, full = run()
+    assert stop == StopReason.SATURATED and len(full.iterations) >= 2
+    assert run(iter_limit=1)[0] == StopReason.ITERATION_LIMIT
+    stop, runner = run(iter_limit=0)
+    assert stop == StopReason.ITERATION_LIMIT and runner.iterations == []
+    assert run(iter_limit=len(full.iterations))[0] == StopReason.SATURATED  # saturated in its last iteration
+    stop, runner = run(node_limit=graph_to_egraph(g)[0].n_nodes + 1)
+    assert stop == StopReason.NODE_LIMIT and len(runner.iterations) == 1
+    stop, runner = run(deadline=time.perf_counter())
+    assert stop == StopReason.TIME_LIMIT and len(runner.iterations) == 1
+    assert [s.value for s in StopReason] == ["saturated", "node_limit", "iteration_limit", "time_limit"]
+    with pytest.raises(RuntimeError, match="stopped"):
+        full.step()
+
+
+@pytest.mark.parametrize("limit", [None, 1])
+def test_iteration_records_total_to_the_search_statistics(monkeypatch, limit):
+    """A run's records, totalled, are eqsat_search's statistics (the keys the report reads), and the last one's
+    sizes are the e-graph's. With a match limit of 1 the backoff scheduler's bans show in the records: a rule over
+    its limit does not run in the next iteration."""
+    import rlflow.search.eqsat as eqsat
+
+    limit = limit or eqsat.RULE_MATCH_LIMIT
+    monkeypatch.setattr(eqsat, "RULE_MATCH_LIMIT", limit)
+    g = shared_input_graph()
+    r = eqsat_search(g, BUILTIN, AnalyticCost("cpu"))
+    eg, _ = graph_to_egraph(g)
+    runner = Runner(eg, BUILTIN, BackoffScheduler(2, match_limit_base=limit))
+    assert runner.run().value == r.stop_reason
+    recs = runner.iterations
+    totals = saturation_stats(recs, BUILTIN)
+    assert totals == {k: r.stats[k] for k in totals}
+    assert (totals["iterations"], totals["matches"], totals["applied"]) == (r.expansions, r.generated, r.kept)
+    assert (recs[-1].nodes, recs[-1].classes) == (eg.n_nodes, len(eg.classes())) == \
+        (r.stats["egraph_nodes"], r.stats["egraph_classes"])
+    assert all(x.seconds >= 0 and x.applied + x.filtered <= x.matches for x in recs)
+    assert (r.stats["match_cap_hits"] > 0) == (limit == 1)
+    for now, after in zip(recs, recs[1:]):
+        if now.merges:  # (an iteration that changed nothing lifts the bans)
+            assert not set(now.rules_over_limit) & set(after.rules_run)

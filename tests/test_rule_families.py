@@ -425,11 +425,11 @@ def test_eqsat_leaves_out_rules_whose_roots_share_no_variable(independent_run):
     Relu e-nodes that pair again: eqsat leaves such rules out (the graph matcher, the searches and the agents use
     them); a two-root rule whose roots share a variable (conv-merge) stays."""
     from rlflow.cost import AnalyticCost
-    from rlflow.search.eqsat import _Pattern, eqsat_search
+    from rlflow.search.eqsat import Pattern, eqsat_search
 
     batch = find(independent_run.rules, batch_rule("Relu", 1))
-    assert not _Pattern(batch).joined and not _Pattern(BUILTIN["b-conv-group-merge"][0]).joined
-    assert _Pattern(BUILTIN["b-conv-merge"][0]).joined and _Pattern(BUILTIN["b-matmul-merge"][0]).joined
+    assert not Pattern(batch).joined and not Pattern(BUILTIN["b-conv-group-merge"][0]).joined
+    assert Pattern(BUILTIN["b-conv-merge"][0]).joined and Pattern(BUILTIN["b-matmul-merge"][0]).joined
     b = GraphBuilder("relus")
     g = b.build([b.op("Relu", [b.input("a0", (1, 3, 4, 4))]), b.op("Relu", [b.input("a1", (1, 5, 4, 4))])])
     res = eqsat_search(g, [batch, BUILTIN["b-conv-merge"][0]], AnalyticCost("cpu"))

@@ -1,0 +1,416 @@
+"""Extraction (egg's extract.rs): the cheapest graph an e-graph represents, by ILP (with its cycle cuts) or greedily.
+
+**Extraction.** The cheapest graph the e-graph represents under the cost model every search uses: each op
+instance costs its ``cost_model.alone_ms`` (weight-only instances are free, as the searches count them), paid
+once however many of its outputs are used. An integer linear program (HiGHS through ``scipy.optimize.milp``)
+chooses op instances: each output class has a chosen one, and so has every class a chosen one reads. Classes
+holding a graph input or a weight, and weight-only classes (folded after extraction anyway), are left out of it
+(see :func:`ilp_extract`). If the ILP is not solved to optimality within its time limit its best feasible
+answer is used, and if it has none, a greedy extraction (:func:`greedy_extract`: Knuth's generalisation of
+Dijkstra, acyclic by construction) is. :func:`to_graph` turns a choice into an IR graph.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+
+from rlflow.cost.model import CostModel
+from rlflow.errors import RLFlowError
+from rlflow.graph.ir import Constant, Graph, Node, TensorType
+from rlflow.search.eqsat.egraph import CONST, INPUT, EGraph, Key
+
+#: the ILP's cost of an op instance the cost model calls free (weight-only ops; data movement on a simulated
+#: GPU): a free instance would tie with its class's leaf, and the ILP could pick free cycles such as
+#: Transpose(Transpose(x)) at no cost; 1e-6 ms breaks the tie towards fewer ops without moving any real choice
+TIE_COST_MS = 1e-6
+
+
+class _Costs:
+    """Per op instance: its cost (ms) under the cost model (``alone_ms``: a kernel of its own on a target that
+    groups nodes into kernels), or its cost inside a graph already seen (``context``, see
+    :func:`rlflow.search.eqsat.eqsat_search`); weight-only instances are free."""
+
+    def __init__(self, eg: EGraph, cost: CostModel):
+        self.eg, self.cost = eg, cost
+        self._memo: dict[tuple, float] = {}
+        self.context: dict[tuple, float] = {}
+
+    def seen_in(self, graph: Graph) -> None:
+        """Cost each op instance of ``graph`` (whose ops the e-graph holds) as it costs inside that graph."""
+        for inst, c in zip(graph_instances(self.eg, graph), self.cost.node_costs(graph)):
+            if inst is not None:
+                self.context[inst] = float(c[0])
+
+    def of(self, inst: tuple) -> float:
+        hit = self.context.get(inst)
+        if hit is None:
+            hit = self._memo.get(inst)
+        if hit is not None:
+            return hit
+        op, akey, n, kids = inst
+        eg = self.eg
+        if op != "Opaque" and kids and all(k < 0 or eg.static[k] for k in kids):
+            c = 0.0
+        else:
+            outs = tuple(f"o{j}" for j in range(n))
+            node = Node("n", op, tuple(f"c{k}" if k >= 0 else "" for k in kids), outs, eg.attrs[(op, akey)])
+            types = {f"c{k}": eg.type[k] for k in kids if k >= 0}
+            for j in range(n):
+                types[f"o{j}"] = eg.type[eg.memo[(op, akey, n, j, kids)]]
+            c = float(self.cost.alone_ms(node, types))
+        self._memo[inst] = c
+        return c
+
+
+def _inst(key: Key) -> tuple:
+    return (key[0], key[1], key[2], key[4])
+
+
+def graph_instances(eg: EGraph, graph: Graph) -> list[tuple | None]:
+    """Per node of ``graph`` (the input, or a graph extracted from ``eg``), its op instance in the e-graph as it
+    is now; None where the e-graph no longer holds it (cycle filtering)."""
+    cls: dict[str, int | None] = {"": -1}
+    for v in graph.inputs:
+        c = eg.memo.get((INPUT, v, 1, 0, ()))
+        cls[v] = None if c is None else eg.find(c)
+    for v, k in graph.constants.items():
+        c = eg.memo.get((CONST, k.digest.hex(), 1, 0, ()))
+        cls[v] = None if c is None else eg.find(c)
+    out: list[tuple | None] = []
+    for n in graph.nodes:
+        kids = tuple(cls.get(v) for v in n.inputs)
+        inst = None
+        if None not in kids:
+            inst = (n.op, Node("n", n.op, (), (), n.attrs).attr_key(), len(n.outputs), kids)
+            outs = [eg.memo.get(inst[:3] + (j, kids)) for j in range(len(n.outputs))]
+            inst = None if None in outs else inst
+        for j, v in enumerate(n.outputs):
+            cls[v] = None if inst is None else eg.find(eg.memo[inst[:3] + (j, kids)])
+        out.append(inst)
+    return out
+
+
+def greedy_extract(eg: EGraph, costs: _Costs) -> dict[int, Key]:
+    """Cheapest tree cost per class (Knuth's generalisation of Dijkstra): a class is settled only from e-nodes
+    whose children are all settled, so the choice is acyclic. Returns class -> chosen e-node."""
+    classes = eg.classes()
+    waiting: dict[Key, int] = {}
+    parents: dict[int, list[Key]] = {}
+    heap: list = []
+    for c, keys in classes.items():
+        for key in keys:
+            kids = {k for k in key[4] if k >= 0}
+            waiting[key] = len(kids)
+            for k in kids:
+                parents.setdefault(k, []).append(key)
+            if not kids:
+                heapq.heappush(heap, (0.0 if key in eg.leaves else costs.of(_inst(key)), len(heap), key, c))
+    best: dict[int, float] = {}
+    choice: dict[int, Key] = {}
+    while heap:
+        total, _, key, c = heapq.heappop(heap)
+        if c in choice:
+            continue
+        choice[c], best[c] = key, total
+        for pkey in parents.get(c, ()):
+            waiting[pkey] -= 1
+            if waiting[pkey] == 0:
+                pc = eg.find(eg.memo[pkey])
+                if pc not in choice:
+                    t = costs.of(_inst(pkey)) + sum(best[k] for k in set(pkey[4]) if k >= 0)
+                    heapq.heappush(heap, (t, len(heap) + len(choice), pkey, pc))
+    return choice
+
+
+def find_cycles(eg: EGraph, roots: Sequence[int], choice: dict[int, Key]) -> list[list[Key]]:
+    """Cycles among the choices reachable from ``roots`` (following each class's chosen e-node to its children):
+    one per back edge of an iterative depth-first search, as the list of its e-nodes; empty when the choice is
+    acyclic."""
+    state: dict[int, int] = {}  # 1: on the stack, 2: done
+    cycles: list[list[Key]] = []
+    for r in sorted(set(roots)):
+        if state.get(r):
+            continue
+        stack = [(r, iter(sorted({k for k in choice[r][4] if k >= 0})))]
+        path = [r]
+        state[r] = 1
+        while stack:
+            c, kids = stack[-1]
+            d = next(kids, None)
+            if d is None:
+                state[c] = 2
+                stack.pop()
+                path.pop()
+            elif state.get(d) == 1:
+                cycles.append([choice[x] for x in path[path.index(d):]])
+            elif not state.get(d):
+                state[d] = 1
+                path.append(d)
+                stack.append((d, iter(sorted({k for k in choice[d][4] if k >= 0}))))
+    return cycles
+
+
+def free_choice(eg: EGraph) -> dict[int, Key]:
+    """The classes extraction gets for free, each with the e-node it uses: a class holding a leaf (a graph
+    input, a weight) uses it; a *static* class (computable from weights only, so folded to a weight after
+    extraction) uses an e-node whose children are all static, settled bottom-up from the leaves, so acyclic."""
+    classes = eg.classes()
+    choice = {c: next(k for k in keys if k in eg.leaves) for c, keys in classes.items()
+              if any(k in eg.leaves for k in keys)}
+    todo = [c for c in classes if eg.static[c] and c not in choice]
+    while todo:
+        left = []
+        for c in todo:
+            k = next((k for k in classes[c] if k[0] != "Opaque" and all(d < 0 or d in choice for d in k[4])), None)
+            if k is None:
+                left.append(c)
+            else:
+                choice[c] = k
+        if len(left) == len(todo):
+            break  # (only an e-graph with cycles among its static classes leaves some unsettled)
+        todo = left
+    return choice
+
+
+def ilp_candidates(eg: EGraph, roots: Sequence[int], costs: _Costs, free: dict[int, Key]
+                   ) -> dict[int, list[Key]]:
+    """Per class the ILP decides (reachable from ``roots`` and not ``free``), the e-nodes an optimal answer may
+    use. Dropped, each without changing the optimum: e-nodes that close a cycle through one of their children
+    (the child class is the node's own, or every e-node of the child reads the node's class); and a
+    single-output e-node B *dominated* by an e-node A of its class, i.e. A's instance costs no more and A reads
+    a subset of B's non-free classes (switching B for A never costs more, never adds a cycle; of equals, one
+    is kept: add commutativity makes Add(a, b) and Add(b, a) such pairs)."""
+    classes = eg.classes()
+    needs = {d: set.intersection(*({k for k in key[4] if k >= 0} for key in keys)) for d, keys in classes.items()}
+    reach, todo = set(), [c for c in set(roots) if c not in free]
+    cand: dict[int, list[Key]] = {}
+    while todo:
+        c = todo.pop()
+        if c in reach:
+            continue
+        reach.add(c)
+        ok = [k for k in classes[c] if not any(d == c or c in needs[d] for d in k[4] if d >= 0)]
+        info = sorted(((max(costs.of(_inst(k)), TIE_COST_MS), frozenset(d for d in k[4] if d >= 0 and d not in free),
+                        repr(k), k) for k in ok), key=lambda t: (t[0], len(t[1]), t[2]))
+        kept: list[tuple] = []
+        for cost, kids, _, k in info:
+            if k[2] == 1 and any(kc <= cost and kk <= kids for kc, kk, _ in kept):
+                continue
+            kept.append((cost, kids, k))
+        cand[c] = [t[2] for t in kept]
+        todo.extend(d for t in kept for d in t[1] if d not in reach)
+    return {c: cand[c] for c in sorted(cand)}
+
+
+def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: float
+                ) -> tuple[dict[int, Key] | None, dict[str, Any]]:
+    """Tensat's ILP over :func:`ilp_candidates`, the :func:`free_choice` classes left out. One binary variable
+    per single-output e-node and one per multi-output op instance (its outputs' e-nodes share it), each paying
+    its instance's cost; each output class has a chosen variable (one of its e-nodes', or an instance's with
+    an output in it), and so does every non-free class a chosen variable reads. Solved by HiGHS to optimality
+    or until ``time_limit_s`` is up (its best answer is then used). Cycles: saturation's cycle filtering
+    (:meth:`EGraph.remove_cycles`) leaves none among the classes; for any other e-graph acyclicity is enforced
+    lazily: while the answer has cycles, a cut per cycle forbids its variables together (their sum <= length - 1)
+    and the ILP is solved again, within ``time_limit_s`` in all. (Tensat's own big-M order variables per class
+    made HiGHS miss optimality in 30 s on 553-e-node e-graphs; their LP relaxation is weak.) Returns (class ->
+    chosen e-node, or None if no feasible acyclic answer in time; statistics)."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_array
+
+    t0 = time.perf_counter()
+    free = free_choice(eg)
+    classes = ilp_candidates(eg, roots, costs, free)
+    var: dict[Key, int] = {}       # e-node -> its variable
+    inst_var: dict[tuple, int] = {}
+    insts: list[tuple] = []        # variable -> op instance
+    for keys in classes.values():
+        for k in keys:
+            v = inst_var.get(_inst(k))
+            if v is None:
+                v = inst_var[_inst(k)] = len(insts)
+                insts.append(_inst(k))
+            var[k] = v
+    nv = len(insts)
+    of_class = {c: sorted({var[k] for k in keys}) for c, keys in classes.items()}
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    lo: list[float] = []
+    hi: list[float] = []
+
+    def row(entries: list[tuple[int, float]], lb: float, ub: float) -> None:
+        r = len(lo)
+        for col, v in entries:
+            rows.append(r)
+            cols.append(col)
+            vals.append(v)
+        lo.append(lb)
+        hi.append(ub)
+
+    for c in sorted(set(roots)):  # every output class has a chosen variable
+        if c not in free:
+            row([(v, 1.0) for v in of_class[c]], 1.0, np.inf)
+    cvec = np.zeros(nv)
+    for v, s in enumerate(insts):
+        cvec[v] = max(costs.of(s), TIE_COST_MS)
+        for d in sorted({d for d in s[3] if d >= 0 and d not in free}):  # so has each class it reads
+            row([(u, 1.0) for u in of_class[d] if u != v] + [(v, -1.0)], 0.0, np.inf)
+    stats: dict[str, Any] = {"ilp_variables": nv, "ilp_enodes": sum(map(len, classes.values())),
+                             "ilp_free_classes": len(free), "ilp_cycle_cuts": 0, "ilp_solves": 0}
+    choice: dict[int, Key] | None = None
+    while True:
+        left = time_limit_s - (time.perf_counter() - t0)
+        a = coo_array((vals, (rows, cols)), shape=(len(lo), nv)).tocsr()
+        with warnings.catch_warnings():  # scipy warns that it passes mip_detect_symmetry to HiGHS verbatim
+            warnings.simplefilter("ignore", RuntimeWarning)
+            res = milp(cvec, constraints=LinearConstraint(a, lo, hi), integrality=np.ones(nv),
+                       bounds=Bounds(np.zeros(nv), np.ones(nv)),
+                       options={"time_limit": max(left, 0.1), "disp": False, "mip_detect_symmetry": False})
+        stats.update(ilp_constraints=len(lo), ilp_status=int(res.status), ilp_message=str(res.message),
+                     ilp_optimal=res.status == 0, ilp_solves=stats["ilp_solves"] + 1,
+                     ilp_objective=None if res.x is None else float(res.fun),
+                     ilp_gap=None if res.x is None else float(getattr(res, "mip_gap", 0.0) or 0.0))
+        if res.x is None:
+            choice = None
+            break
+        choice = dict(free)
+        for c, keys in classes.items():
+            picked = [k for k in keys if res.x[var[k]] > 0.5]
+            if picked:
+                choice[c] = picked[0]
+        cycles = find_cycles(eg, roots, choice)
+        if not cycles:
+            break
+        for cycle in cycles:
+            stats["ilp_cycle_cuts"] += 1
+            vs = sorted({var[k] for k in cycle if k in var})
+            row([(v, 1.0) for v in vs], 0.0, len(vs) - 1.0)
+        if time.perf_counter() - t0 >= time_limit_s:
+            choice = None
+            stats.update(ilp_optimal=False, ilp_message="time limit reached with a cyclic answer")
+            break
+    stats["ilp_seconds"] = time.perf_counter() - t0
+    return choice, stats
+
+
+def to_graph(eg: EGraph, roots: Sequence[int], choice: dict[int, Key], original: Graph) -> Graph:
+    """The IR graph of the chosen e-nodes (each op instance once), outputs named as the original's."""
+    nodes: list[Node] = []
+    types: dict[str, TensorType] = {}
+    constants: dict[str, Constant] = {}
+    value: dict[int, str] = {}
+    made: dict[tuple, tuple[str, ...]] = {}
+    out_names = set(original.outputs)
+    counter = [0]
+
+    def fresh(prefix: str) -> str:
+        while True:
+            counter[0] += 1
+            name = f"{prefix}{counter[0]}"
+            if name not in types and name not in out_names and name not in original.types:
+                return name
+
+    const_names = {c.digest: v for v, c in original.constants.items()}
+    on_path: set[int] = set()
+
+    def visit(c: int) -> str:
+        c = eg.find(c)
+        if c in value:
+            return value[c]
+        key = choice.get(c)
+        if key is None:
+            raise RLFlowError(f"eqsat: extraction chose no e-node for class {c}")
+        if c in on_path:
+            raise RLFlowError("eqsat: the extraction has a cycle")
+        on_path.add(c)
+        if key in eg.leaves:
+            kind, what = eg.leaves[key]
+            if kind == "input":
+                name = what
+            else:
+                name = const_names.get(what.digest) or fresh("_eqc")
+                constants[name] = what
+            types[name] = eg.type[c]
+        else:
+            inst = _inst(key)
+            if inst not in made:
+                ins = tuple(visit(k) if k >= 0 else "" for k in key[4])
+                outs = tuple(fresh("_eqv") for _ in range(key[2]))
+                for j, o in enumerate(outs):
+                    types[o] = eg.type[eg.find(eg.memo[(key[0], key[1], key[2], j, key[4])])]
+                nodes.append(Node(fresh("_eqn"), key[0], ins, outs, eg.attrs[(key[0], key[1])]))
+                made[inst] = outs
+            name = made[inst][key[3]]
+        on_path.discard(c)
+        value[c] = name
+        return name
+
+    outputs: list[str] = []
+    rename: dict[str, str] = {}
+    for want, c in zip(original.outputs, roots):
+        v = visit(c)
+        if v in original.inputs or v in constants or v in rename or v in outputs:
+            ident = Node(fresh("_eqn"), "Identity", (v,), (want,), {})  # v is renamed below, with every input
+            nodes.append(ident)
+            types[want] = types[rename.get(v, v)]  # an earlier output of the same class already took v's type
+        else:
+            rename[v] = want
+            types[want] = types.pop(v)
+        outputs.append(want)
+    if rename:
+        nodes = [Node(n.name, n.op, tuple(rename.get(v, v) for v in n.inputs),
+                      tuple(rename.get(v, v) for v in n.outputs), n.attrs) for n in nodes]
+    g = Graph(inputs=original.inputs, outputs=outputs, nodes=nodes, types=types, constants=constants,
+              name=original.name, opset=original.opset, extra_opsets=original.extra_opsets)
+    g.validate()
+    return g
+
+
+
+#: extractions at most on a target that fuses kernels (see :func:`extract_best`)
+EXTRACTION_ROUNDS = 4
+
+
+def extract_best(eg: EGraph, roots: Sequence[int], original: Graph, cost_model: CostModel, extraction: str,
+                 ilp_time_limit_s: float) -> tuple[Graph | None, float, dict[str, Any]]:
+    """The graph extracted from ``eg`` (by ``extraction``: ilp | greedy, greedy if the ILP finds no answer in
+    ``ilp_time_limit_s``) that is cheapest on ``cost_model``; its cost; the extraction's statistics.
+
+    A target that groups nodes into kernels (ort-cpu) is not additive: an op costs less fused with its
+    neighbours. After the first extraction (each op on its own, as Tensat), the ILP costs the input's ops as they
+    cost inside the input and extracts again; then, in turn, the ops of each graph extracted since as they cost
+    inside it; EXTRACTION_ROUNDS extractions at most; the graph cheapest on the target is kept."""
+    costs = _Costs(eg, cost_model)
+    fuses = not cost_model.additive
+    ext: dict[str, Any] = {"extraction": extraction, "extraction_rounds": 0}
+    extracted, extracted_ms, tried = None, float("inf"), set()
+    t_ilp = time.perf_counter()
+    while True:
+        choice = None
+        if extraction == "ilp":
+            choice, ilp = ilp_extract(eg, roots, costs, max(ilp_time_limit_s - (time.perf_counter() - t_ilp), 0.1))
+            if extracted is None or choice is not None:
+                ext.update(ilp)
+            if choice is None and extracted is None:
+                ext["extraction"] = "greedy (the ILP found no solution in its time limit)"
+        if choice is None and extracted is None:
+            choice = greedy_extract(eg, costs)
+        ext["extraction_rounds"] += 1
+        if choice is None:
+            break
+        g = to_graph(eg, roots, choice, original)
+        ms = cost_model.graph_metrics(g).runtime_ms
+        if ms < extracted_ms:
+            extracted, extracted_ms = g, ms
+        key = frozenset(choice.items())
+        if not fuses or key in tried or ext["extraction_rounds"] >= EXTRACTION_ROUNDS or \
+                time.perf_counter() - t_ilp >= ilp_time_limit_s:
+            break
+        tried.add(key)
+        costs.seen_in(original if ext["extraction_rounds"] == 1 else g)
+    return extracted, extracted_ms, ext
