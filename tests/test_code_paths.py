@@ -16,7 +16,7 @@ SRC = REPO / "src" / "rlflow"
 #: configure a library object, and the Python API's functions that only users call (rlflow.optimize,
 #: rlflow.estimate_cost, reached through rlflow's ``__getattr__``; docs/api.md)
 USED_ELSEWHERE = """
-wildcard_patterns benchmark snakemake_shell param_values _init_dvc _init_studio post_data_to_studio forward
+wildcard_patterns check_models benchmark snakemake_shell param_values _init_dvc _init_studio post_data_to_studio forward
 action_space observation_space log_severity_level intra_op_num_threads writeable producer_name
 _dvc_file _dvc_studio_config __getattr__ dvc_address optimize estimate_cost
 """.split()
