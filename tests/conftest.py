@@ -42,14 +42,28 @@ def tiny_zoo(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="session")
-def rules_file(tmp_path_factory) -> Path:
-    """The rules file the pipeline's generate_rules stage makes with the default config (config.yaml: TASO's
-    3-operator enumeration plus the builtin rules; about 30 s), made once per test session."""
+def fresh_rules_file(tmp_path_factory) -> Path:
+    """The rules file the pipeline's generate_rules stage makes with the default config now (config.yaml: TASO's
+    3-operator enumeration plus the builtin rules; about a minute)."""
     from rlflow.cli import main
 
     out = tmp_path_factory.mktemp("rules") / "rules.json"
     code = main(["generate-rules", "--config", str(ROOT / "config.yaml"), "--out", str(out), "--no-progress"])
     assert code == 0 and out.is_file()
+    return out
+
+
+@pytest.fixture(scope="session")
+def rules_file(tmp_path_factory) -> Path:
+    """The default rule set as a rules file: the one shipped as package data, which
+    test_shipped_rule_set_is_a_fresh_generation keeps byte for byte equal to :func:`fresh_rules_file` (so the
+    tests read what generate_rules makes without generating it once per test worker)."""
+    import gzip
+
+    from rlflow.rewrite.rule import DEFAULT_RULES
+
+    out = tmp_path_factory.mktemp("rules") / "rules.json"
+    out.write_bytes(gzip.decompress(DEFAULT_RULES.read_bytes()))
     return out
 
 

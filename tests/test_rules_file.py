@@ -220,7 +220,7 @@ def test_cli_rules_matches_gives_each_rules_one_step_saving(tmp_path, doc, capsy
     assert err.count("\n") == 1 and "give its cost cache with --costs" in err
 
 
-def test_shipped_rule_set_is_a_fresh_generation(rules_file):
+def test_shipped_rule_set_is_a_fresh_generation(fresh_rules_file):
     """The rule set shipped as package data (rlflow optimize's default) is byte for byte what the generate_rules
     stage makes from config.yaml now; if the generator, the builtin rules or config.yaml's rules section
     changes, remake it with `make default-rules`."""
@@ -229,7 +229,7 @@ def test_shipped_rule_set_is_a_fresh_generation(rules_file):
     from rlflow.rewrite.rule import DEFAULT_RULES
 
     shipped = gzip.decompress(DEFAULT_RULES.read_bytes()).decode()
-    assert shipped == rules_file.read_text(), "the shipped rule set is stale: run `make default-rules`"
+    assert shipped == fresh_rules_file.read_text(), "the shipped rule set is stale: run `make default-rules`"
     assert len(load_rules()) == len(json.loads(shipped)["rules"]) > 1000
 
 
