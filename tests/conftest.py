@@ -80,7 +80,16 @@ OPT_IN = {"install": ("--run-install", "installs into a clean venv: run with --r
                                        "--run-cluster (make test-cluster)")}
 
 
+#: the test files that run a whole tiny pipeline (minutes each): collected first, so that pytest-xdist (``make test``:
+#: ``-n auto --dist loadfile``) starts them at once and fills the other worker with the short files, instead of
+#: leaving them, alphabetically late, to run alone at the end
+SLOW_FILES_FIRST = ("test_pipeline_e2e.py", "test_pipeline_own_model.py", "test_multi_model.py",
+                    "test_pipeline_learning.py", "test_pipeline_search_env.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    order = {name: k for k, name in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: order.get(item.path.name, len(order)))  # stable: each file keeps its order
     for marker, (option, reason) in OPT_IN.items():
         if config.getoption(option):
             continue
