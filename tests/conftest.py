@@ -83,8 +83,7 @@ OPT_IN = {"install": ("--run-install", "installs into a clean venv: run with --r
 #: the test files that run a whole tiny pipeline (minutes each): collected first, so that pytest-xdist (``make test``:
 #: ``-n auto --dist loadfile``) starts them at once and fills the other worker with the short files, instead of
 #: leaving them, alphabetically late, to run alone at the end
-SLOW_FILES_FIRST = ("test_pipeline_e2e.py", "test_pipeline_own_model.py", "test_multi_model.py",
-                    "test_pipeline_learning.py", "test_pipeline_search_env.py")
+SLOW_FILES_FIRST = ("test_pipeline_e2e.py", "test_pipeline_own_model.py", "test_multi_model.py")
 
 
 def pytest_collection_modifyitems(config, items):

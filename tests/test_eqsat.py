@@ -226,7 +226,9 @@ def test_semi_naive_matching_saturates_to_the_same_egraph(tiny_zoo, rules, model
     out = []
     for semi in (False, True):
         eg, roots = graph_to_egraph(g)
-        stats = saturate(eg, rules, 50_000, 8, time.perf_counter() + 300, 2, semi_naive=semi)
+        # four iterations: semi-naive narrowing from the second on, 13,589 e-nodes on bert (eight reach the node
+        # limit, in 80 s)
+        stats = saturate(eg, rules, 50_000, 4, time.perf_counter() + 300, 2, semi_naive=semi)
         assert not eg._class_cycles()
         roots = [eg.find(c) for c in roots]
         choice, ilp = ilp_extract(eg, roots, _Costs(eg, AnalyticCost("cpu")), 60.0)

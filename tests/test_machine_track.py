@@ -1,18 +1,17 @@
 """The machine track (docs/pipeline-tracks.md): taso, greedy and eqsat again for this machine's own target, and
-onnxruntime's offline transformer optimizer as a baseline; in the registry, both pipelines, and through evaluate."""
+onnxruntime's offline transformer optimizer as a baseline; in the registry and both pipelines. Its run through
+Snakemake and evaluate is checked on the end-to-end run: tests/test_pipeline_e2e.py."""
 
 from __future__ import annotations
 
-import csv
 import json
 from collections import Counter
 
 import pytest
 import yaml
-from test_pipeline import CONFIG, REPO, TINY, copy_workflow, job_counts, rlflow, sh, tool
+from test_pipeline import CONFIG, REPO, TINY, job_counts, rlflow, sh, tool
 
 from rlflow.config import load_config
-from rlflow.cost.targets import resolve_target
 from rlflow.pipeline import registry
 
 MACHINE_STAGES = ("measure_costs_machine", "search_taso_machine", "search_greedy_machine", "search_eqsat_machine",
@@ -134,44 +133,6 @@ def test_contrib_ops_survive_the_ir_round_trip_and_run_on_onnxruntime_only(tiny_
     assert unsupported_reason(again, "ort") is None and unsupported_reason(original, "torch") is None
     for backend in ("torch", "tf"):
         assert "runs only in onnxruntime" in unsupported_reason(again, backend)
-
-
-# -- through the pipeline: Snakemake builds the machine track, evaluate times its graphs ------------------------
-def test_machine_track_graphs_are_made_for_the_machine_target_and_reach_evaluate(tmp_path):
-    copy_workflow(tmp_path)
-    targets = ["results/bert/machine/taso/trace.json", "results/bert/machine/ort_optimizer/trace.json"]
-    r = sh(tool("snakemake"), *targets, "--cores", "2", "--configfile", "tests/configs/tiny.yaml", cwd=tmp_path,
-           timeout=600)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    machine = resolve_target({"cost": {"target": "machine"}})
-    backend = "ort" if machine == "ort-cpu" else "torch"
-    taso = json.loads((tmp_path / targets[0]).read_text())
-    assert taso["config"]["cost.target"] == machine and taso["platform"]["target"] == machine
-    assert taso["speed_check"]["backend"] == backend  # gated on the machine target's own backend
-    ortopt = json.loads((tmp_path / targets[1]).read_text())
-    assert ortopt["platform"]["target"] == machine and ortopt["stats"]["contrib_ops"]
-    cache = json.loads((tmp_path / registry.fill(registry.MACHINE_COSTS, device=load_config([CONFIG, TINY])["device"],
-                                                  model="bert")).read_text())
-    assert cache["target"] == machine
-
-    res = tmp_path / "results" / "bert"
-    out = tmp_path / "evaluation.csv"
-    r = rlflow("evaluate", "--config", CONFIG, "--config", TINY, "--model", "bert", "--onnx", res / "model.onnx",
-               "--taso-machine", res / "machine/taso/model.onnx",
-               "--taso-machine-trace", res / "machine/taso/trace.json",
-               "--ort-optimizer", res / "machine/ort_optimizer/model.onnx",
-               "--ort-optimizer-trace", res / "machine/ort_optimizer/trace.json",
-               "--set", "evaluate.backends=[ort,torch]",
-               "--out", out, "--metrics", tmp_path / "m.json", "--headline", tmp_path / "h.json", "--no-progress")
-    assert r.returncode == 0, r.stdout + r.stderr
-    with open(out) as f:
-        rows = {(row["method"], row["backend"]): row for row in csv.DictReader(f)}
-    ort = rows["ort_optimizer", "ort"]
-    assert ort["status"] == "ok" and ort["same_as_original"] == "False"
-    assert float(ort["ci_low"]) <= float(ort["ratio"]) <= float(ort["ci_high"])
-    assert rows["ort_optimizer", "torch"]["status"] == "unsupported"
-    assert "runs only in onnxruntime" in r.stdout
-    assert rows["taso_machine", "ort"]["status"] == "ok"
 
 
 def test_rlflow_optimize_runs_the_ort_optimizer_without_rules(tiny_models, tmp_path):

@@ -1,18 +1,28 @@
-"""Issue C's pipeline stages (measure_costs, search_taso, search_greedy, collect_rollouts, merge_rollouts):
-what reruns when which config key changes (Snakemake and DVC), and a tiny end-to-end Snakemake run."""
+"""The search and rollout stages (measure_costs, search_taso, search_greedy, collect_rollouts, merge_rollouts) in
+the registry, dvc.yaml and Snakemake's plan, and who reads the reward (only the agents' stages). Their run on the tiny config, and what reruns when which config key
+changes, is checked on the end-to-end run: tests/test_pipeline_e2e.py."""
 
 from __future__ import annotations
 
-import json
-
 import yaml
 
-from test_pipeline import REPO, TINY, copy_workflow, job_counts, sh, tool
+from test_pipeline import REPO, job_counts, sh, tool
 
 from rlflow.pipeline import registry
 
 ROLLOUT_TARGET = "results/bert/rollouts.json"
 SEARCH_TARGETS = ["results/bert/taso/model.onnx", "results/bert/greedy/model.onnx"]
+
+
+#: the stages that run an agent (train_controller's code, model_free's): the only ones reading env.reward
+AGENT_STAGES = {"train_controller", "train_model_free", "sweep_temperature", "sweep_reward", "train_multi_model",
+                "train_controller_machine", "train_model_free_machine"}  # (the machine track's agents: machine.agents)
+
+
+def test_only_the_agents_read_the_reward():
+    for name, stage in registry.STAGES.items():
+        reads = any(k.startswith("env.reward") for k in stage.params.values())
+        assert reads == (name in AGENT_STAGES), name
 
 
 def test_rollouts_read_env_and_cost_keys_but_no_reward_key():
@@ -51,34 +61,3 @@ def test_snakemake_dry_run_fans_out_the_shards(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     counts = job_counts(r.stdout)
     assert counts["collect_rollouts"] == 3 and counts["merge_rollouts"] == 1 and counts["measure_costs"] == 1
-
-
-def test_snakemake_tiny_end_to_end_and_partial_reruns(tmp_path):
-    copy_workflow(tmp_path)
-    snakemake = tool("snakemake")
-    targets = [ROLLOUT_TARGET, *SEARCH_TARGETS]
-    r = sh(snakemake, *targets, "--cores", "2", "--configfile", "tests/configs/tiny.yaml", cwd=tmp_path, timeout=900)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert job_counts(r.stdout + r.stderr) == {"export_model": 1, "generate_rules": 1, "measure_costs": 1, "search_taso": 1,
-                                    "search_greedy": 1, "collect_rollouts": 2, "merge_rollouts": 1}
-    merged = json.loads((tmp_path / ROLLOUT_TARGET).read_text())
-    assert merged["stats"]["episodes"] == 6 and merged["shards"] == [0, 1]
-    costs = json.loads((tmp_path / "results/costs/auto/bert.json").read_text())
-    # cost.target auto: sim-h100 on a CPU box (the cache holds the calibration only), cuda on a GPU box
-    assert costs["device"] in ("cpu", "cuda") and costs["calibration"]["ort"]["gemm_flops_per_s"] > 0
-    assert costs["target"] == ("cuda" if costs["device"] == "cuda" else "sim-h100")
-    for method in ("taso", "greedy"):
-        trace = json.loads((tmp_path / f"results/bert/{method}/trace.json").read_text())
-        assert trace["max_rel_diff"] <= 1e-4
-
-    def dry(text: str = "{}") -> dict:
-        r = sh(snakemake, *targets, "-n", "--configfile", "tests/configs/tiny.yaml", override(tmp_path, "over", text),
-               cwd=tmp_path)
-        assert r.returncode == 0, r.stdout + r.stderr
-        return {} if "Nothing to be done" in r.stdout + r.stderr else job_counts(r.stdout)
-
-    assert dry() == {}
-    assert dry("env: {reward: {alpha: 0.5, name: delta}}") == {}  # no stage of this issue reads the reward
-    assert dry("env: {max_steps: 7}") == {"collect_rollouts": 2, "merge_rollouts": 1}
-    assert dry("search: {alpha: 1.0}") == {"search_taso": 1}
-    assert dry("rollouts: {shards: [0, 1, 2]}") == {"collect_rollouts": 1, "merge_rollouts": 1}

@@ -306,6 +306,9 @@ def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_p
     se = text(section(html, "sample"))
     assert "2,408" in se and "608" in se and "4,096" in se and "3.96x" in se
     assert "rollouts 600" in se
+    assert ("the controller reached 145.0% of the model-free agent's improvement (+7.25% against +5.00%) with 25.2% "
+            "of its real interactions (608 against 2,408). This run falls short: it used more than 25% of the "
+            "model-free agent's real interactions.") in se
     assert "0.0123" in text(section(html, "encoder")) and "0.0456" in text(section(html, "encoder"))
     assert "6,170" in text(section(html, "rollouts"))
     rules = text(section(html, "rules"))
@@ -675,3 +678,29 @@ def test_report_first_section_states_the_answer_and_a_method_without_a_graph_is_
             "graph is the original (no comparison of its own): TASO search, TASO search (machine).") in f6
     assert "cost target" in html and "sim-h100 (simulated H100): simulated target, not verifiable on this machine" \
         in text(html)
+
+
+def test_model_based_claim_is_checked_against_both_bounds(tmp_path):
+    """The claim holds at >= 95% of the gain with <= 25% of the interactions; each bound alone can fail it, and
+    a model-free agent with no improvement leaves nothing to compare."""
+    from rlflow.config import load_config
+    from rlflow.report.data import load_report_data
+    from rlflow.report.tables import model_based_claim
+
+    res = make_results(tmp_path)
+    config = load_config([Path(__file__).resolve().parents[1] / "config.yaml"])
+
+    def data():
+        return load_report_data("bert", res, tmp_path / "results/rules/stats.json", config)
+
+    cases = [(4.75, 602, True, True), (4.74, 602, False, True), (5.0, 603, True, False)]
+    for ctl_pct, ctl_n, gain_ok, n_ok in cases:  # the model-free agent: +5.00%, 2,408 interactions
+        doc = controller_metrics(ctl_pct)
+        doc["real_interactions"]["total"] = ctl_n
+        write_json(res / "controller" / "metrics.json", doc)
+        claim = model_based_claim(data())
+        assert (claim["gain_holds"], claim["interactions_hold"]) == (gain_ok, n_ok), (ctl_pct, ctl_n)
+    mf = json.loads((res / "model_free" / "metrics.json").read_text())
+    mf["real"]["improvement_pct"] = 0.0
+    write_json(res / "model_free" / "metrics.json", mf)
+    assert model_based_claim(data()) is None
