@@ -45,6 +45,10 @@ RLFLOW_INTERACTIONS = {"model-free": 4_000_000, "RLFlow (model-based)": 1_000_00
 #: RLFlow: one world-model step vs one real-environment step on ResNet-50 (ms), i.e. 85x
 RLFLOW_STEP_MS = {"world model": 10.0, "real environment (ResNet-50)": 850.0}
 RLFLOW_SAMPLE_SOURCE = f"{RLFLOW}, sample efficiency (~4M vs ~1M real interactions; ~10 ms vs ~850 ms per step)"
+#: the model-based claim as this project tests it: the controller trained in the dream reaches at least this share
+#: of the model-free agent's improvement with at most this share of its real interactions (RLFlow: ~1M of ~4M)
+CLAIM_MIN_GAIN_SHARE = 0.95
+CLAIM_MAX_INTERACTION_SHARE = 0.25
 
 #: RLFlow, Table 3: the temperatures swept and the best one (the paper gives no per-temperature numbers here)
 RLFLOW_TEMPERATURES = (0.1, 0.5, 0.75, 1.0, 1.2, 1.5, 1.75, 2.0, 2.5, 3.0)

@@ -481,6 +481,9 @@ def sample_efficiency(d: ReportData, hl: Headline) -> str:
         parts.append(h.p(f"The model-free agent used {totals['model_free'] / totals['rlflow']:.2f}x as many real "
                          "interactions as RLFlow (whose count includes the random rollouts the world model "
                          "learnt from)."))
+    claim = t.model_based_claim(d)
+    if claim is not None:
+        parts.append(h.p(_claim_sentence(claim)))
     parts.append(h.figure(figures.value_bars([_m(r["method"]) for r in rows], [r["total"] for r in rows],
                                              "real-environment interactions", log=True),
                           "real interactions per agent", "Real-environment interactions per agent."))
@@ -489,6 +492,20 @@ def sample_efficiency(d: ReportData, hl: Headline) -> str:
     parts.append(h.paper(f"{paper.RLFLOW_SAMPLE_SOURCE}: " + "; ".join(f"{k} ~{v:,}" for k, v in pi.items())
                          + "; one step: " + "; ".join(f"{k} ~{v:g} ms" for k, v in ps.items()) + "."))
     return "".join(parts)
+
+
+def _claim_sentence(c: dict) -> str:
+    """RLFlow's model-based claim, checked on this run's two agents, in one sentence."""
+    gain, n = c["gain_pct"], c["interactions"]
+    bound_gain, bound_n = paper.CLAIM_MIN_GAIN_SHARE, paper.CLAIM_MAX_INTERACTION_SHARE
+    short = [f"its improvement is below {bound_gain:.0%} of the model-free agent's"] * (not c["gain_holds"]) + \
+        [f"it used more than {bound_n:.0%} of the model-free agent's real interactions"] * (not c["interactions_hold"])
+    verdict = "The claim holds in this run." if not short else "This run falls short: " + " and ".join(short) + "."
+    return (f"RLFlow's claim (the controller trained in the dream reaches at least {bound_gain:.0%} of the model-free "
+            f"agent's improvement with at most {bound_n:.0%} of its real interactions), on this run: the controller "
+            f"reached {c['gain_share']:.1%} of the model-free agent's improvement ({gain['rlflow']:+.2f}% against "
+            f"{gain['model_free']:+.2f}%) with {c['interaction_share']:.1%} of its real interactions "
+            f"({n['rlflow']:,.0f} against {n['model_free']:,.0f}). {verdict}")
 
 
 def generalisation(d: ReportData, hl: Headline) -> str:

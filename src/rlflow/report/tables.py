@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from rlflow.report import paper
 from rlflow.report.data import AA, BACKEND_ORDER, METHOD_ORDER, Input, ReportData
 
 
@@ -234,6 +235,24 @@ def sample_efficiency(data: ReportData) -> list[dict]:
         dream = _num(inp.data.get("dream_steps")) if inp.ok else None
         out.append({"method": method, "total": total, "parts": parts, "dream_steps": dream, "source": source,
                     "input": inp})
+    return out
+
+
+def model_based_claim(data: ReportData) -> dict | None:
+    """RLFlow's claim on this run: the controller's improvement as a share of the model-free agent's, and its real
+    interactions as a share of the model-free agent's, each against the claim's bound (paper.CLAIM_*). None
+    when either agent has not run, or the model-free agent found no improvement to share."""
+    gain = {m: real_run(inp).get("improvement_pct") for m, inp in (("model_free", data.model_free),
+                                                                      ("rlflow", data.controller))}
+    inter = {r["method"]: r["total"] for r in sample_efficiency(data)}
+    if None in gain.values() or not inter.get("model_free") or inter.get("rlflow") is None:
+        return None
+    if gain["model_free"] <= 0:
+        return None
+    out = {"gain_pct": gain, "interactions": inter, "gain_share": gain["rlflow"] / gain["model_free"],
+           "interaction_share": inter["rlflow"] / inter["model_free"]}
+    out["gain_holds"] = out["gain_share"] >= paper.CLAIM_MIN_GAIN_SHARE
+    out["interactions_hold"] = out["interaction_share"] <= paper.CLAIM_MAX_INTERACTION_SHARE
     return out
 
 
