@@ -235,8 +235,8 @@ def test_broken_variant_fails(rid):
 @pytest.mark.parametrize("model,blocks", [("bert", 2), ("vit", 2), ("gpt2", 0)])
 def test_zoo_attention_blocks_fuse(tmp_path, model, blocks):
     """Greedy search (analytic target) with the fused family fuses every attention block of the zoo's bert and
-    vit at opset 23 with equal outputs on onnxruntime; gpt2's causal mask is multiplicative (``scores * tril -
-    1e10 * (1 - tril)``), which no additive-mask rule can match."""
+    vit exported at opset 23 (the pipeline's ``export.opset: 23``) with equal outputs on onnxruntime; gpt2's causal
+    mask is multiplicative (``scores * tril - 1e10 * (1 - tril)``), which no additive-mask rule can match."""
     from rlflow.cost.model import AnalyticCost
     from rlflow.graph.exec.check import check_equal
     from rlflow.graph.zoo import TINY_SIZES, export_model
@@ -244,9 +244,9 @@ def test_zoo_attention_blocks_fuse(tmp_path, model, blocks):
     from rlflow.search.greedy import greedy_search
 
     path = tmp_path / f"{model}.onnx"
-    export_model(model, path, TINY_SIZES[model])
+    export_model(model, path, TINY_SIZES[model], opset=ATTENTION_OPSET)
     g = load_onnx(path)
-    g.opset = ATTENTION_OPSET
+    assert g.opset == ATTENTION_OPSET
     rules = [r for r, _ in fused_kernel_rules()]
     out, _ = finish(greedy_search(g, rules, AnalyticCost("cpu")).graph, AnalyticCost("cpu"))
     ops = [n.op for n in out.nodes]
@@ -271,6 +271,17 @@ def test_hugging_face_exports_fuse(tmp_path, family, rid):
     assert n == 2  # both layers
     assert [x.op for x in g.nodes].count("Attention") == 2 and "Softmax" not in [x.op for x in g.nodes]
     assert check_equal(orig, g, tol=1e-4) <= 1e-4
+
+
+def test_the_pipeline_exports_at_the_configured_opset():
+    """``export.opset`` takes what torch's exporter writes (up to 25: 23 defines Attention); beyond, the config
+    is refused before any stage runs."""
+    from rlflow.config import load_config
+
+    root = Path(__file__).resolve().parents[1]
+    assert load_config([root / "config.yaml"], ["export.opset=23"])["export"]["opset"] == 23
+    with pytest.raises(RLFlowError, match="export.opset"):
+        load_config([root / "config.yaml"], ["export.opset=26"])
 
 
 # ============================================================================================ rlflow optimize --opset
