@@ -414,6 +414,8 @@ FILE_HELP = {
     "<DIR>/<config device>/<model>.json; a missing one: ops are timed when first needed)", "agents_dir": "folder of the agent-<variant>.pt checkpoints (one per "
     "xla.variants)", "passes": "per method: op counts and the paper's ratio (JSON)",
     "passes_csv": "per method: op counts and the paper's ratio (CSV)",
+    "suite_dir": "folder of the suite's HLO modules (<DIR>/<split>/<module>.hlo)",
+    "manifest": "the suite's manifest: families per split, module counts, each module (JSON)",
     "model_free": "model-free agent checkpoint (train_model_free)", "controller": "controller checkpoint "
     "(train_controller)", "generalise": "each agent's zero-shot improvement per variant (JSON)",
     **{f"{m}_onnx": f"{m}'s optimised model" for m in METHODS}, **{f"{m}_trace": f"{m}'s trace" for m in METHODS},
@@ -806,6 +808,17 @@ STAGES: dict[str, Stage] = {
             outputs={"hlo": "results/{model}/xla/module.hlo"},
             params={"weights": "xla.weights"},
             args=(("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--out", "{output.hlo}")),
+        ),
+        Stage(
+            name="export_hlo_suite",
+            pipeline="xla",
+            doc="Export the HLO suite: the zoo families of xla.suite and their size variants, inference and training "
+                "form, split into training and held-out sets by family.",
+            outputs={"suite_dir": "results/xla/suite", "manifest": "results/xla/suite.json"},
+            params={"suite": "xla.suite", "zoo": "zoo", "seed": "seed"},
+            args=(("--out-dir", "{output.suite_dir}"), ("--manifest", "{output.manifest}")),
+            folders=("suite_dir",),
+            wildcards=(),
         ),
         Stage(
             name="train_pass_agent",
