@@ -148,6 +148,12 @@ def test_runtime_reward_at_the_episodes_end():
         e.reset(seed=0)
         _, r, term, _, info = e.step(e.stop_action)  # stopping ends the episode too
         assert term and r == pytest.approx(-e.reward_scale * math.log(info["runtime_ratio"]))
+        # one timing process for every episode end: the default's module and the first episode's module were
+        # compiled at the first end; the unoptimised module (the stop episode) only at the second
+        assert e.timer.requests == 2 and info["runtime_compiled"] == 1 and len(e.runtime_costs) == 2
+        e.reset(seed=0)
+        _, _, term, _, info = e.step(e.stop_action)
+        assert info["runtime_compiled"] == 0 and e.timer.requests == 3  # every module from the cache
     finally:
         e.close()
     with pytest.raises(RLFlowError, match="runtime_reward"):

@@ -14,8 +14,8 @@ if importlib.util.find_spec("jax") is None or importlib.util.find_spec("xla_plug
 from rlflow.errors import RLFlowError  # noqa: E402
 from rlflow.evaluation.protocol import FASTER, SAME, SLOWER, Protocol  # noqa: E402
 from rlflow.xla.passes import action_passes  # noqa: E402
-from rlflow.xla.timing import (REQUIRED, module_inputs, parameter_shapes, time_modules,  # noqa: E402
-                               timing_disabled)
+from rlflow.xla.timing import (REQUIRED, TimingWorker, module_inputs, parameter_shapes,  # noqa: E402
+                               time_modules, timing_disabled)
 from rlflow.xla.worker import discover_pipeline  # noqa: E402
 
 HEADER = "HloModule m, entry_computation_layout={(f32[64,64]{1,0}, s64[3]{0})->f32[64,64]{1,0}}\n\n"
@@ -64,3 +64,23 @@ def test_a_module_xla_cannot_compile_is_a_one_line_error():
     with pytest.raises(RLFlowError, match="XLA CPU timing"):
         time_modules([("ref", TANH), ("bad", broken)], Protocol(sessions=2, budget_s=0.2),
                      timing_disabled(discover_pipeline()))
+
+
+def test_the_timing_worker_persists_and_compiles_each_module_once():
+    protocol = Protocol(sessions=2, warmup=1, budget_s=0.2, min_rounds=3)
+    disabled = timing_disabled(discover_pipeline())
+    renamed = TANH.replace("HloModule m,", "HloModule other_name,")  # same computation: same fingerprint
+    with TimingWorker() as worker:
+        first = worker.time([("ref", TANH), ("other", EXP)], protocol, disabled)
+        pid = worker._proc.pid
+        again = worker.time([("ref", renamed), ("other", EXP)], protocol, disabled)
+        assert (first["compiled"], first["cached"]) == (2, 0)
+        assert (again["compiled"], again["cached"]) == (0, 2)  # one process, both modules from its cache
+        with pytest.raises(RLFlowError, match="XLA CPU timing"):  # an error reply: the process lives on
+            worker.time([("ref", TANH), ("bad", TANH.replace("dot(x, x)", "dot(x, i)"))], protocol, disabled)
+        assert worker.time([("ref", TANH), ("other", EXP)], protocol, disabled)["cached"] == 2
+        assert worker._proc.pid == pid
+        worker._proc.kill()  # a death: the next request starts a fresh process
+        worker._proc.wait()
+        assert worker.time([("ref", TANH), ("other", EXP)], protocol, disabled)["compiled"] == 2
+        assert worker._proc.pid != pid

@@ -24,7 +24,10 @@ or truncation) also earns ``w x reward_scale x -ln(r)``, r the XLA CPU latency r
 XLA's default pipeline's module of the same graph (:mod:`rlflow.xla.timing`: both compiled without the agents'
 passes, timed with the project's protocol in ``runtime_budget_s`` seconds, 2 sessions); a module whose outputs
 differ from the default's by more than ``tolerance`` earns ``invalid_penalty`` instead. ``info`` then has
-``runtime_ratio`` (and ``runtime_ci``). ``info`` has ``op_count``, ``op_reward`` (the reward without
+``runtime_ratio`` (and ``runtime_ci``), ``runtime_s`` (the measurement's seconds, also kept in
+``runtime_costs``) and ``runtime_compiled`` (modules compiled for it). The timing runs in one persistent process
+(:class:`rlflow.xla.timing.TimingWorker`, compiled modules cached by fingerprint): the default's module is compiled
+once per graph, an episode's module once. ``info`` has ``op_count``, ``op_reward`` (the reward without
 shaping), ``status`` (ok | unchanged | crash | error | stop), ``pass``, the cost features and ``step``.
 ``last_cpu_ms`` holds the pass worker's CPU time of the last step (XLA's compile, the rest; empty when the step
 came from the cache): not in ``info``, which is deterministic.
@@ -40,6 +43,7 @@ from typing import Any, Sequence
 
 import hashlib
 import math
+import time
 from collections import OrderedDict
 
 import gymnasium as gym
@@ -121,6 +125,8 @@ class XlaPassOrderEnv(gym.Env):
             raise RLFlowError("XlaPassOrder: runtime_reward must be >= 0 and runtime_budget_s > 0")
         self.runtime_reward, self.runtime_budget_s, self.tolerance = runtime_reward, runtime_budget_s, tolerance
         self._default_text: dict[int, str] = {}  # module index -> XLA's default pipeline's module (runtime reward)
+        self.timer = None  # the persistent timing process of the runtime reward (started at the first episode end)
+        self.runtime_costs: list[float] = []  # seconds of each episode end's runtime measurement
         self._cache: OrderedDict[tuple[bytes, int], Any] = OrderedDict()  # (module digest, pass) -> StepResult
         self.compiles = 0
         self._initial: dict[int, dict] = {}  # module index -> its stats (computed once)
@@ -230,7 +236,7 @@ class XlaPassOrderEnv(gym.Env):
         if not self.runtime_reward:
             return 0.0
         from rlflow.evaluation.protocol import Protocol
-        from rlflow.xla.timing import time_modules, timing_disabled
+        from rlflow.xla.timing import TimingWorker, timing_disabled
 
         name = self.modules[self.index][0]
         if self.index not in self._default_text:
@@ -240,8 +246,13 @@ class XlaPassOrderEnv(gym.Env):
             self._default_text[self.index] = ref.text
         protocol = Protocol(sessions=2, warmup=1, budget_s=self.runtime_budget_s, min_rounds=3,
                             seed=self.total_steps)
-        result = time_modules([("xla_default", self._default_text[self.index]), ("episode", self.text)], protocol,
-                              timing_disabled(self.pipeline))
+        if self.timer is None:
+            self.timer = TimingWorker()
+        t0 = time.perf_counter()
+        result = self.timer.time([("xla_default", self._default_text[self.index]), ("episode", self.text)],
+                                 protocol, timing_disabled(self.pipeline))
+        self.runtime_costs.append(time.perf_counter() - t0)
+        info["runtime_s"], info["runtime_compiled"] = self.runtime_costs[-1], result["compiled"]
         est = result["estimates"]["episode"]
         info["runtime_ratio"], info["runtime_ci"] = est["ratio"], (est["ci_low"], est["ci_high"])
         if not result["max_rel_diff"]["episode"] <= self.tolerance:
@@ -257,6 +268,8 @@ class XlaPassOrderEnv(gym.Env):
 
     def close(self):
         self.worker.close()
+        if self.timer is not None:
+            self.timer.close()
 
 
 def make_xla_env(config: dict, modules, shaping: bool = False, runtime_reward: bool = False) -> XlaPassOrderEnv:

@@ -14,14 +14,21 @@ Not timed: the unoptimised module. With no target-independent pass at all, XLA C
 BERT: 48 s a call against 0.14 s after XLA's pipeline), so its time says nothing about pass orders.
 
 The compiles and runs happen in a child process (``python -m rlflow.xla.timing``): an XLA CHECK failure aborts
-its process, and the caller gets a one-line error instead.
+its process, and the caller gets a one-line error instead. The process persists (:class:`TimingWorker`): one PJRT
+client, and every compiled module cached by its fingerprint, so the runtime reward's episode end costs the
+compile of the episode's module (none when an earlier episode reached the same module) and a short timing, not a
+fresh process and a compile of every module.
 """
 
 from __future__ import annotations
 
 import re
+import select
 import subprocess
 import sys
+import tempfile
+import time
+from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
@@ -79,11 +86,11 @@ REQUIRED = ("flatten-call-graph", "gather_simplifier")
 
 
 class _Runner:
-    """One compiled module with its arguments on the device; calling it runs the module once."""
+    """One compiled module with fresh arguments on the device (one protocol session); calling it runs the
+    module once. The compiled module is the timer's (cached); the arguments are this runner's."""
 
-    def __init__(self, runtime, proto: bytes, options: bytes, inputs: list[np.ndarray]):
-        self.runtime, self.loaded, self.buffers = runtime, None, []
-        self.loaded = runtime.load(proto, options)
+    def __init__(self, runtime, loaded, inputs: list[np.ndarray]):
+        self.runtime, self.loaded, self.buffers = runtime, loaded, []
         self.buffers = [runtime.upload(a) for a in inputs]
 
     def __call__(self, feeds=None, fetch: bool = False):
@@ -92,86 +99,192 @@ class _Runner:
     def __del__(self):
         for b in self.buffers:
             self.runtime.release(buffer=b)
-        if self.loaded is not None:
-            self.runtime.release(executable=self.loaded[0])
-        self.buffers, self.loaded = [], None
+        self.buffers = []
 
 
-def _time(request: dict) -> dict:
-    """The child's work: compile, check outputs against the first module, and time with the protocol."""
-    from rlflow.evaluation.protocol import Protocol, compare
-    from rlflow.graph.exec import max_rel_diff
-    from rlflow.xla import hlo
-    from rlflow.xla.pjrt import XlaRuntime
-    from rlflow.xla.worker import _compile_options
+class _Timer:
+    """The timing process's state: one PJRT client, and the compiled modules by (fingerprint, compile options),
+    the least recently used dropped beyond ``cache_size`` after each request."""
 
-    runtime = XlaRuntime()
-    options = _compile_options({"xla_disable_hlo_passes": ",".join(request["disabled"])})
-    modules: list[tuple[str, str]] = request["modules"]
-    inputs = module_inputs(modules[0][1], request.get("seed", 0))
-    protos = {name: hlo.parse(text, name).as_serialized_hlo_module_proto() for name, text in modules}
-    reference = None
-    diffs = {}
-    for name, _ in modules:  # each module once: its outputs against the reference's
-        outputs = _Runner(runtime, protos[name], options, inputs)(fetch=True)
-        if reference is None:
-            reference = outputs
-        diffs[name] = max_rel_diff(reference, outputs) if len(outputs) == len(reference) else float("inf")
-    protocol = Protocol(**request["protocol"])
-    result = compare([(name, name) for name, _ in modules], {}, protocol,
-                     lambda name: _Runner(runtime, protos[name], options, inputs))
-    return {"status": "ok", "max_rel_diff": diffs, "seconds": result.seconds, "rounds": result.rounds,
-            "estimates": {n: {"times_ms": e.times_ms, "ratio": e.ratio, "ci_low": e.ci_low, "ci_high": e.ci_high,
-                              "verdict": e.verdict, "detectable": e.detectable, "median_ms": e.median_ms}
-                          for n, e in result.estimates.items()}}
+    def __init__(self, cache_size: int) -> None:
+        from rlflow.xla.pjrt import XlaRuntime
+
+        self.runtime, self.cache_size = XlaRuntime(), cache_size
+        self.compiled: OrderedDict[tuple[str, bytes], tuple[int, int]] = OrderedDict()
+
+    def executable(self, text: str, name: str, options: bytes) -> tuple[tuple[int, int], bool]:
+        """The loaded executable of module ``text`` and whether it was compiled now (False: from the cache)."""
+        from rlflow.xla import hlo
+
+        module = hlo.parse(text, name)
+        key = (hlo.fingerprint(module), options)
+        if key in self.compiled:
+            self.compiled.move_to_end(key)
+            return self.compiled[key], False
+        loaded = self.runtime.load(module.as_serialized_hlo_module_proto(), options)
+        self.compiled[key] = loaded
+        return loaded, True
+
+    def trim(self) -> None:
+        while len(self.compiled) > self.cache_size:
+            _, loaded = self.compiled.popitem(last=False)
+            self.runtime.release(executable=loaded[0])
+
+    def time(self, request: dict) -> dict:
+        """Compile (or find) every module, check its outputs against the first's, and time with the protocol."""
+        from rlflow.evaluation.protocol import Protocol, compare
+        from rlflow.graph.exec import max_rel_diff
+        from rlflow.xla.worker import _compile_options
+
+        t0 = time.perf_counter()
+        options = _compile_options({"xla_disable_hlo_passes": ",".join(request["disabled"])})
+        modules: list[tuple[str, str]] = request["modules"]
+        inputs = module_inputs(modules[0][1], request.get("seed", 0))
+        loaded, compiled = {}, 0
+        for name, text in modules:
+            loaded[name], new = self.executable(text, name, options)
+            compiled += new
+        compile_s = time.perf_counter() - t0
+        reference = None
+        diffs = {}
+        for name, _ in modules:  # each module once: its outputs against the reference's
+            outputs = _Runner(self.runtime, loaded[name], inputs)(fetch=True)
+            if reference is None:
+                reference = outputs
+            diffs[name] = max_rel_diff(reference, outputs) if len(outputs) == len(reference) else float("inf")
+        protocol = Protocol(**request["protocol"])
+        result = compare([(name, name) for name, _ in modules], {}, protocol,
+                         lambda name: _Runner(self.runtime, loaded[name], inputs))
+        self.trim()
+        return {"status": "ok", "max_rel_diff": diffs, "seconds": result.seconds, "rounds": result.rounds,
+                "compiled": compiled, "cached": len(modules) - compiled, "compile_s": compile_s,
+                "estimates": {n: {"times_ms": e.times_ms, "ratio": e.ratio, "ci_low": e.ci_low,
+                                  "ci_high": e.ci_high, "verdict": e.verdict, "detectable": e.detectable,
+                                  "median_ms": e.median_ms}
+                              for n, e in result.estimates.items()}}
+
+
+class TimingWorker:
+    """The persistent timing process (``python -m rlflow.xla.timing``): one PJRT client for all requests, each
+    module compiled once (cached by its fingerprint and the compile options, ``cache_size`` kept), so timing a
+    module again costs only the timing. Started on first use; a death (an XLA CHECK failure) or a request running
+    past ``timeout_s`` is a one-line RLFlowError, and the next request starts a fresh process."""
+
+    def __init__(self, cache_size: int = 64, timeout_s: float = 3600.0):
+        self.cache_size, self.timeout_s = cache_size, timeout_s
+        self._proc: subprocess.Popen | None = None
+        self._stderr = None
+        self.requests = 0
+
+    def _start(self) -> None:
+        from rlflow.xla.worker import _child_env
+
+        self._stderr = tempfile.TemporaryFile()  # a file, not a pipe: a long-lived child's log cannot block it
+        self._proc = subprocess.Popen([sys.executable, "-m", "rlflow.xla.timing", str(self.cache_size)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                      env=_child_env())
+
+    def _stderr_tail(self) -> str:
+        if self._stderr is None:
+            return "?"
+        self._stderr.seek(0)
+        lines = [ln for ln in self._stderr.read().decode(errors="replace").splitlines() if ln.strip()]
+        return lines[-1][:300] if lines else "?"
+
+    def time(self, modules: Sequence[tuple[str, str]], protocol, disabled: list[str], seed: int = 0) -> dict:
+        """:func:`time_modules`'s result, from this process."""
+        import dataclasses
+
+        from rlflow.xla.worker import _recv, _send
+
+        request = {"modules": list(modules), "disabled": list(disabled), "seed": seed,
+                   "protocol": {f.name: getattr(protocol, f.name) for f in dataclasses.fields(protocol)}}
+        if self._proc is None or self._proc.poll() is not None:
+            self.close()
+            self._start()
+        assert self._proc is not None and self._proc.stdin is not None and self._proc.stdout is not None
+        try:
+            _send(self._proc.stdin, request)
+            ready, _, _ = select.select([self._proc.stdout], [], [], self.timeout_s)
+            if not ready:
+                raise TimeoutError
+            reply = _recv(self._proc.stdout)
+        except TimeoutError:
+            self.close()
+            raise RLFlowError(f"XLA CPU timing: no answer in {self.timeout_s:.0f} s")
+        except (EOFError, BrokenPipeError, OSError):
+            self._proc.kill()
+            status = self._proc.wait()
+            tail = self._stderr_tail()
+            self.close()
+            raise RLFlowError(f"XLA CPU timing died (status {status}): {tail}")
+        self.requests += 1
+        if reply.get("status") != "ok":
+            raise RLFlowError(f"XLA CPU timing: {reply.get('message', '?')}")
+        return reply
+
+    def close(self) -> None:
+        """End the process (its stdin closed, it exits; killed if it does not within 10 s)."""
+        if self._proc is not None:
+            if self._proc.stdin is not None:
+                try:
+                    self._proc.stdin.close()
+                except OSError:
+                    pass
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            if self._proc.stdout is not None:
+                self._proc.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+        self._proc, self._stderr = None, None
+
+    def __enter__(self) -> "TimingWorker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 def time_modules(modules: Sequence[tuple[str, str]], protocol, disabled: list[str], seed: int = 0,
                  timeout_s: float = 3600.0) -> dict:
     """Time HLO modules (``(name, text)``, the first the reference) on XLA's CPU compiler with ``protocol``
-    (:class:`rlflow.evaluation.protocol.Protocol`), compiled with ``disabled`` passes off (:func:`timing_disabled`).
+    (:class:`rlflow.evaluation.protocol.Protocol`), compiled with ``disabled`` passes off (:func:`timing_disabled`),
+    in a timing process of its own (:class:`TimingWorker` keeps one for many requests).
     Returns ``{"estimates": {name: {ratio, ci_low, ci_high, verdict, detectable, median_ms, times_ms}},
-    "max_rel_diff": {name: largest relative output difference from the reference}, "rounds", "seconds"}``."""
-    import dataclasses
-
-    from rlflow.xla.worker import _child_env, _recv, _send
-
-    request = {"modules": list(modules), "disabled": list(disabled), "seed": seed,
-               "protocol": {f.name: getattr(protocol, f.name) for f in dataclasses.fields(protocol)}}
-    proc = subprocess.Popen([sys.executable, "-m", "rlflow.xla.timing"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_child_env())
-    try:
-        _send(proc.stdin, request)
-        proc.stdin.close()
-        reply = _recv(proc.stdout)
-    except (EOFError, BrokenPipeError, OSError):
-        proc.kill()
-        proc.wait()
-        tail = [ln for ln in proc.stderr.read().decode(errors="replace").splitlines() if ln.strip()]
-        raise RLFlowError(f"XLA CPU timing died (status {proc.returncode}): {tail[-1][:300] if tail else '?'}")
-    finally:
-        try:
-            proc.wait(timeout=timeout_s)
-        finally:
-            for s in (proc.stdout, proc.stderr):
-                s.close()
-    if reply.get("status") != "ok":
-        raise RLFlowError(f"XLA CPU timing: {reply.get('message', '?')}")
-    return reply
+    "max_rel_diff": {name: largest relative output difference from the reference}, "rounds", "seconds",
+    "compiled", "cached", "compile_s"}``."""
+    with TimingWorker(timeout_s=timeout_s) as worker:
+        return worker.time(modules, protocol, disabled, seed)
 
 
-def _serve() -> None:
+def _serve(cache_size: int) -> None:
+    """The timing process: requests until stdin closes."""
     from rlflow.xla.worker import _recv, _send
 
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write to the channel
-    request = _recv(stdin)
-    try:
-        reply = _time(request)
-    except RLFlowError as exc:
-        reply = {"status": "error", "message": str(exc)}
-    _send(stdout, reply)
+    timer = _Timer(cache_size)
+    while True:
+        try:
+            request = _recv(stdin)
+        except EOFError:
+            return
+        try:
+            reply = timer.time(request)
+        except RLFlowError as exc:
+            reply = {"status": "error", "message": str(exc)}
+        _send(stdout, reply)
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(int(sys.argv[1]) if len(sys.argv) > 1 else 64)
