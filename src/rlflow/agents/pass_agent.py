@@ -162,6 +162,8 @@ class Outcome:
     ops: float
     passes: list[str]
     text: str | None = None
+    last: tuple[float, list[str], str] | None = None
+    """The agent's last module (op count, passes, text), where it differs from the best one (run_agent)."""
 
 
 def run_agent(env, agent: Trained, module: int) -> Outcome:
@@ -181,7 +183,28 @@ def run_agent(env, agent: Trained, module: int) -> Outcome:
         if info["op_count"] < best.ops:
             best = Outcome(info["op_count"], list(chosen), env.text)
         if term or trunc:
+            if env.text != best.text:
+                best.last = (info["op_count"], list(chosen), env.text)
             return best
+
+
+def latency_candidates(env, outcome: Outcome) -> list[dict]:
+    """The modules an agent's run offers the final choice by measured latency: ``best`` (fewest ops), ``last``
+    (its last module, where it differs; neither when it is the unoptimised module) and ``best+default`` (XLA's default pipeline run after the agent's passes
+    on the best module: the agent's order as a prefix of XLA's own), each ``{name, ops, passes, text}``, distinct
+    texts only. XLA's default pipeline's own module is always added by the chooser
+    (:func:`rlflow.xla.timing.choose_by_latency`)."""
+    out = []
+    if outcome.passes:  # not the unoptimised module: XLA CPU runs it far slower than any pass order
+        out.append({"name": "best", "ops": outcome.ops, "passes": list(outcome.passes), "text": outcome.text})
+    if outcome.last is not None and outcome.last[1]:
+        out.append({"name": "last", "ops": outcome.last[0], "passes": outcome.last[1], "text": outcome.last[2]})
+    then = env.worker.reference(outcome.text)
+    if then.valid:
+        out.append({"name": "best+default", "ops": float(sum(then.stats["histogram"].values())),
+                    "passes": [*outcome.passes, "<XLA default pipeline>"], "text": then.text})
+    seen: set[str] = set()
+    return [c for c in out if not (c["text"] in seen or seen.add(c["text"]))]
 
 
 def default_pipeline(env, module: int) -> Outcome:

@@ -848,6 +848,7 @@ STAGES: dict[str, Stage] = {
                     "variants": "xla.variants", "train_models": "xla.train_models",
                     "random_orders": "xla.random_orders", "greedy_steps": "xla.greedy_steps",
                     "time_modules": "xla.time_modules", "time_budget_s": "xla.time_budget_s", "timing": "timing",
+                    "select_by_latency": "xla.select_by_latency", "select_budget_s": "xla.select_budget_s",
                     "tolerance": "evaluate.tolerance"},
             args=(("--model", "{model}"), ("--hlo", "{input.hlo}"), ("--agents-dir", "results/xla"),
                   ("--out", "{output.passes}"), ("--csv", "{output.passes_csv}")),

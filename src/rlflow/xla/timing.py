@@ -267,6 +267,29 @@ def time_modules(modules: Sequence[tuple[str, str]], protocol, disabled: list[st
         return worker.time(modules, protocol, disabled, seed)
 
 
+def choose_by_latency(worker: TimingWorker, default_text: str, candidates: Sequence[tuple[str, str]], protocol,
+                      disabled: list[str], seed: int = 0, tolerance: float = 1e-4) -> dict:
+    """The final choice among candidate modules (``(name, text)``) by measured latency: XLA's default pipeline's
+    module is always a candidate (the reference, ``xla_default``); every candidate is timed against it with
+    ``protocol`` and the chosen one is the fastest (lowest ratio) of those called faster, with the default's
+    outputs; none: the default. So the choice is never a module the protocol did not call faster.
+    Returns ``{"chosen": name, "candidates": {name: {ratio, ci_low, ci_high, verdict, max_rel_diff}}}``."""
+    from rlflow.evaluation.protocol import FASTER
+
+    others = [(n, t) for n, t in candidates if t != default_text]
+    if not others:
+        return {"chosen": "xla_default", "candidates": {}}
+    result = worker.time([("xla_default", default_text), *others], protocol, disabled, seed)
+    found = {}
+    for name, _ in others:
+        est = result["estimates"][name]
+        found[name] = {**{k: est[k] for k in ("ratio", "ci_low", "ci_high", "verdict")},
+                       "max_rel_diff": result["max_rel_diff"][name]}
+    faster = [n for n, e in found.items() if e["verdict"] == FASTER and e["max_rel_diff"] <= tolerance]
+    chosen = min(faster, key=lambda n: found[n]["ratio"]) if faster else "xla_default"
+    return {"chosen": chosen, "candidates": found}
+
+
 def _serve(cache_size: int) -> None:
     """The timing process: requests until stdin closes."""
     from rlflow.xla.worker import _recv, _send
