@@ -84,3 +84,17 @@ def test_a_missing_module_file_is_a_one_line_error(suite, tmp_path):
         load_manifest(tmp_path / "suite.json")
     with pytest.raises(RLFlowError, match="no HLO suite manifest"):
         load_manifest(tmp_path / "none.json")
+
+
+def test_an_agent_trains_on_the_suites_training_split(suite, capsys):
+    small = [*TINY, "--set", "xla.train_on=suite", "--set", "xla.updates=1", "--set", "xla.steps_per_update=4",
+             "--set", "xla.max_steps=2"]
+    out = suite / "agent-plain.pt"
+    assert main(["train-pass-agent", *small, "--variant", "plain", "--results-dir", str(suite),
+                 "--manifest", str(suite / "suite.json"), "--out", str(out),
+                 "--metrics", str(suite / "agent-plain.json")]) == 0
+    metrics = json.loads((suite / "agent-plain.json").read_text())
+    assert metrics["train_models"] == ["gpt2-layers1-inference", "gpt2-layers1-training"]  # no held-out family
+    assert main(["train-pass-agent", *small, "--variant", "plain", "--results-dir", str(suite),
+                 "--out", str(out), "--metrics", str(suite / "agent-plain.json")]) == 2
+    assert "give --manifest" in capsys.readouterr().err

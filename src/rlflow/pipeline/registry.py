@@ -823,15 +823,18 @@ STAGES: dict[str, Stage] = {
         Stage(
             name="train_pass_agent",
             pipeline="xla",
-            doc="Train one PPO XLA pass-ordering agent (variant {variant}) on the HLO of every model in xla.train_models.",
-            inputs={"hlo": "results/{model}/xla/module.hlo"},
+            doc="Train one PPO XLA pass-ordering agent (variant {variant}) on the HLO of every model in xla.train_models "
+                "(or, with xla.train_on=suite, on the HLO suite's training split).",
+            inputs={"hlo": "results/{model}/xla/module.hlo", "manifest": "results/xla/suite.json"},
             outputs={"checkpoint": "results/xla/agent-{variant}.pt", "metrics": "results/xla/agent-{variant}.json"},
             params={**{k: v for k, v in XLA_ENV_PARAMS.items() if k != "gamma"}, "train_models": "xla.train_models",
+                    "train_on": "xla.train_on",
                     "tolerance": "evaluate.tolerance",
                     "updates": "xla.updates",
                     "steps_per_update": "xla.steps_per_update", "hidden": "xla.hidden", "ppo": "ppo"},
-            args=(("--variant", "{variant}"), ("--results-dir", "results"), ("--out", "{output.checkpoint}"),
-                  ("--metrics", "{output.metrics}")),
+            args=(("--variant", "{variant}"), ("--results-dir", "results"), ("--manifest", "{input.manifest}"),
+                  ("--out", "{output.checkpoint}"), ("--metrics", "{output.metrics}")),
+            cli_optional=("--manifest",),  # read with xla.train_on=suite only
             wildcards=("variant",),
             expand={"model": "xla.train_models"},
         ),

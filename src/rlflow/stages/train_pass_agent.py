@@ -1,7 +1,8 @@
 """Train one PPO XLA pass-ordering agent (pipeline stage ``train_pass_agent``; one job per ``xla.variants``).
 
 The env is rlflow/XlaPassOrder-v0 over the HLO modules of every model in ``xla.train_models``
-(``<--results-dir>/<model>/xla/module.hlo``, from stage export_hlo); each episode picks one of them. Every step
+(``<--results-dir>/<model>/xla/module.hlo``, from stage export_hlo), or with ``xla.train_on=suite`` over the
+training split of the HLO suite (``--manifest``, from stage export_hlo_suite); each episode picks one of them. Every step
 is a real XLA pass in the crash-isolated worker. Variants (:mod:`rlflow.agents.pass_agent`): ``plain`` (the
 op-count reward), ``shaped`` (+ potential-based shaping with the ``xla.shaping`` weights), ``shaped_costvf``
 (shaped, and the value function also sees the cost features). PPO: config ``ppo`` (gamma, lr, clip, ...),
@@ -47,8 +48,16 @@ def run(args: argparse.Namespace) -> int:
     if args.variant not in VARIANTS:
         raise RLFlowError(f"unknown pass agent variant '{args.variant}' (choose from: {', '.join(VARIANTS)})")
     x = get(config, "xla")
-    models = list(x["train_models"])
-    paths = training_modules(args.results_dir, models)
+    if x["train_on"] == "suite":
+        from rlflow.xla.suite import split_paths
+
+        if args.manifest is None:
+            raise RLFlowError("xla.train_on=suite: give --manifest (the HLO suite's, stage export_hlo_suite)")
+        paths = split_paths(args.manifest, "train")
+        models = [p.stem for p in paths]
+    else:
+        models = list(x["train_models"])
+        paths = training_modules(args.results_dir, models)
     seed = int(get(config, "seed"))
     cfg = PPOConfig.from_config(dict(get(config, "ppo")), int(x["steps_per_update"]))
     t0 = time.perf_counter()
