@@ -154,10 +154,13 @@ def test_runtime_reward_at_the_episodes_end():
         e.reset(seed=0)
         _, _, term, _, info = e.step(e.stop_action)
         assert info["runtime_compiled"] == 0 and e.timer.requests == 3  # every module from the cache
+        assert info["runtime_screened"] in (True, False)
     finally:
         e.close()
     with pytest.raises(RLFlowError, match="runtime_reward"):
         XlaPassOrderEnv(runtime_reward=-1.0)
+    with pytest.raises(RLFlowError, match="runtime_screen"):
+        XlaPassOrderEnv(runtime_reward=1.0, runtime_screen=1.0)
 
 
 def test_shaping_is_potential_based():

@@ -84,3 +84,25 @@ def test_the_timing_worker_persists_and_compiles_each_module_once():
         worker._proc.wait()
         assert worker.time([("ref", TANH), ("other", EXP)], protocol, disabled)["compiled"] == 2
         assert worker._proc.pid != pid
+
+
+def test_a_far_slower_module_is_screened_by_one_call_instead_of_the_protocol():
+    head = "HloModule s, entry_computation_layout={(f32[256,256]{1,0})->f32[256,256]{1,0}}\n\nENTRY main {\n"
+    x = "  x = f32[256,256]{1,0} parameter(0)\n"
+    dot = "f32[256,256]{1,0} dot(%s, x), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+    cheap = head + x + "  ROOT t = f32[256,256]{1,0} negate(x)\n}\n"
+    heavy = head + x + "  a = " + dot % "x" + "  b = " + dot % "a" + "  ROOT t = " + dot % "b" + "}\n"
+    protocol = Protocol(sessions=2, warmup=1, budget_s=0.2, min_rounds=3)
+    disabled = timing_disabled(discover_pipeline())
+    with TimingWorker() as worker:
+        r = worker.time([("ref", cheap), ("heavy", heavy)], protocol, disabled, screen=2.0)
+        est = r["estimates"]["heavy"]
+        assert r["screened"] == ["heavy"] and est["screened"] and est["verdict"] == SLOWER
+        assert est["ratio"] > 2.0 and est["ci_low"] == est["ratio"] == est["ci_high"]
+        assert r["rounds"] == [] and r["estimates"]["ref"]["verdict"] == "reference"
+        again = worker.time([("ref", cheap), ("heavy", heavy)], protocol, disabled, screen=2.0)
+        assert again["estimates"]["heavy"]["ratio"] == est["ratio"]  # screened once per pair
+        timed = worker.time([("ref", cheap), ("heavy", heavy)], protocol, disabled)  # no screen: the protocol
+        assert timed["screened"] == [] and len(timed["rounds"]) == 2
+        with pytest.raises(RLFlowError, match="screen"):
+            worker.time([("ref", cheap), ("heavy", heavy)], protocol, disabled, screen=0.5)

@@ -24,7 +24,8 @@ or truncation) also earns ``w x reward_scale x -ln(r)``, r the XLA CPU latency r
 XLA's default pipeline's module of the same graph (:mod:`rlflow.xla.timing`: both compiled without the agents'
 passes, timed with the project's protocol in ``runtime_budget_s`` seconds, 2 sessions); a module whose outputs
 differ from the default's by more than ``tolerance`` earns ``invalid_penalty`` instead. ``info`` then has
-``runtime_ratio`` (and ``runtime_ci``), ``runtime_s`` (the measurement's seconds, also kept in
+``runtime_ratio`` (and ``runtime_ci``; a module whose one call takes more than ``runtime_screen`` times the
+default's is not timed further: its ratio is that call's, ``runtime_screened`` true), ``runtime_s`` (the measurement's seconds, also kept in
 ``runtime_costs``) and ``runtime_compiled`` (modules compiled for it). The timing runs in one persistent process
 (:class:`rlflow.xla.timing.TimingWorker`, compiled modules cached by fingerprint): the default's module is compiled
 once per graph, an episode's module once. ``info`` has ``op_count``, ``op_reward`` (the reward without
@@ -92,7 +93,7 @@ class XlaPassOrderEnv(gym.Env):
                  reward_scale: float = 100.0, invalid_penalty: float = -1.0,
                  shaping: dict[str, float] | None = None, gamma: float = 0.99, step_timeout_s: float = 120.0,
                  cache_size: int = 256, runtime_reward: float = 0.0, runtime_budget_s: float = 2.0,
-                 tolerance: float = 1e-4, render_mode: str | None = None):
+                 runtime_screen: float = 2.0, tolerance: float = 1e-4, render_mode: str | None = None):
         from rlflow.xla.passes import action_passes, disabled_for
         from rlflow.xla.hlo import opcodes
         from rlflow.xla.worker import PassWorker, discover_pipeline
@@ -121,8 +122,9 @@ class XlaPassOrderEnv(gym.Env):
         n_obs = len(self.opcodes) + len(self.passes) + 1 + len(COST_FEATURES)
         self.observation_space = spaces.Box(0.0, F32_MAX, (n_obs,), np.float32)
         self.cache_size = int(cache_size)
-        if runtime_reward < 0 or not runtime_budget_s > 0:
-            raise RLFlowError("XlaPassOrder: runtime_reward must be >= 0 and runtime_budget_s > 0")
+        if runtime_reward < 0 or not runtime_budget_s > 0 or not runtime_screen > 1:
+            raise RLFlowError("XlaPassOrder: runtime_reward must be >= 0, runtime_budget_s > 0 and runtime_screen > 1")
+        self.runtime_screen = float(runtime_screen)
         self.runtime_reward, self.runtime_budget_s, self.tolerance = runtime_reward, runtime_budget_s, tolerance
         self._default_text: dict[int, str] = {}  # module index -> XLA's default pipeline's module (runtime reward)
         self.timer = None  # the persistent timing process of the runtime reward (started at the first episode end)
@@ -250,9 +252,10 @@ class XlaPassOrderEnv(gym.Env):
             self.timer = TimingWorker()
         t0 = time.perf_counter()
         result = self.timer.time([("xla_default", self._default_text[self.index]), ("episode", self.text)],
-                                 protocol, timing_disabled(self.pipeline))
+                                 protocol, timing_disabled(self.pipeline), screen=self.runtime_screen)
         self.runtime_costs.append(time.perf_counter() - t0)
         info["runtime_s"], info["runtime_compiled"] = self.runtime_costs[-1], result["compiled"]
+        info["runtime_screened"] = "episode" in result["screened"]
         est = result["estimates"]["episode"]
         info["runtime_ratio"], info["runtime_ci"] = est["ratio"], (est["ci_low"], est["ci_high"])
         if not result["max_rel_diff"]["episode"] <= self.tolerance:
@@ -285,4 +288,5 @@ def make_xla_env(config: dict, modules, shaping: bool = False, runtime_reward: b
                            cache_size=x.get("cache_size", 256),
                            runtime_reward=x.get("runtime_reward", 0.0) if runtime_reward else 0.0,
                            runtime_budget_s=x.get("runtime_budget_s", 2.0),
+                           runtime_screen=x.get("runtime_screen", 2.0),
                            tolerance=config.get("evaluate", {}).get("tolerance", 1e-4))

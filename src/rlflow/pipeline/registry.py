@@ -476,7 +476,7 @@ def _controller_outputs(folder: str) -> dict[str, str]:
 XLA_ENV_PARAMS = {"seed": "seed", "max_steps": "xla.max_steps", "reward_scale": "xla.reward_scale",
                   "invalid_penalty": "xla.invalid_penalty", "step_timeout_s": "xla.step_timeout_s",
                   "shaping": "xla.shaping", "gamma": "ppo.gamma", "runtime_reward": "xla.runtime_reward",
-                  "runtime_budget_s": "xla.runtime_budget_s"}
+                  "runtime_budget_s": "xla.runtime_budget_s", "runtime_screen": "xla.runtime_screen"}
 
 
 #: RLFlow's controller (trained in the dream only); the sweep stages run the same code with one key fixed
@@ -847,7 +847,7 @@ STAGES: dict[str, Stage] = {
             inputs={"hlo": "results/{model}/xla/module.hlo", "agents": "results/xla/agent-{variant}.pt"},
             outputs={"passes": "results/{model}/xla/passes.json", "passes_csv": "results/{model}/xla/passes.csv"},
             params={**{k: v for k, v in XLA_ENV_PARAMS.items()
-                       if k not in ("shaping", "gamma", "runtime_reward", "runtime_budget_s")},
+                       if k not in ("shaping", "gamma", "runtime_reward", "runtime_budget_s", "runtime_screen")},
                     "variants": "xla.variants", "train_models": "xla.train_models",
                     "random_orders": "xla.random_orders", "greedy_steps": "xla.greedy_steps",
                     "time_modules": "xla.time_modules", "time_budget_s": "xla.time_budget_s", "timing": "timing",

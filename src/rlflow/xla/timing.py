@@ -112,6 +112,7 @@ class _Timer:
         self.runtime, self.cache_size = XlaRuntime(), cache_size
         self.compiled: OrderedDict[tuple[str, bytes], tuple[int, int]] = OrderedDict()
         self.diffs: dict[tuple, float] = {}  # (reference key, module key, seed) -> output difference (checked once)
+        self.screens: dict[tuple, float] = {}  # (reference key, module key, seed) -> one-call latency ratio
 
     def executable(self, text: str, name: str, options: bytes) -> tuple[tuple[int, int], bool, tuple]:
         """The loaded executable of module ``text``, whether it was compiled now (False: from the cache) and its
@@ -134,7 +135,7 @@ class _Timer:
 
     def time(self, request: dict) -> dict:
         """Compile (or find) every module, check its outputs against the first's, and time with the protocol."""
-        from rlflow.evaluation.protocol import Protocol, compare
+        from rlflow.evaluation.protocol import REFERENCE, SLOWER, Protocol, compare
         from rlflow.graph.exec import max_rel_diff
         from rlflow.xla.worker import _compile_options
 
@@ -158,16 +159,48 @@ class _Timer:
                 self.diffs[(keys[ref], keys[name], seed)] = \
                     max_rel_diff(reference, outputs) if len(outputs) == len(reference) else float("inf")
         diffs = {n: self.diffs[(keys[ref], keys[n], seed)] for n, _ in modules}
-        protocol = Protocol(**request["protocol"])
-        result = compare([(name, name) for name, _ in modules], {}, protocol,
-                         lambda name: _Runner(self.runtime, loaded[name], inputs))
+        screened = {}
+        if request.get("screen"):
+            for name, _ in modules[1:]:
+                ratio = self.screen(loaded[ref], loaded[name], inputs, (keys[ref], keys[name], seed))
+                if ratio > request["screen"]:
+                    screened[name] = ratio
+        timed = [(n, n) for n, _ in modules if n not in screened]
+        estimates, rounds, seconds = {}, [], 0.0
+        if len(timed) > 1:
+            result = compare(timed, {}, Protocol(**request["protocol"]),
+                             lambda name: _Runner(self.runtime, loaded[name], inputs))
+            rounds, seconds = result.rounds, result.seconds
+            estimates = {n: {"times_ms": e.times_ms, "ratio": e.ratio, "ci_low": e.ci_low, "ci_high": e.ci_high,
+                             "verdict": e.verdict, "detectable": e.detectable, "median_ms": e.median_ms}
+                         for n, e in result.estimates.items()}
+        else:
+            estimates[ref] = {"times_ms": [], "ratio": 1.0, "ci_low": None, "ci_high": None,
+                              "verdict": REFERENCE, "detectable": None, "median_ms": None}
+        for name, ratio in screened.items():  # one call each: far slower than the screen, not timed further
+            estimates[name] = {"times_ms": [], "ratio": ratio, "ci_low": ratio, "ci_high": ratio,
+                               "verdict": SLOWER, "detectable": None, "median_ms": None, "screened": True}
         self.trim()
-        return {"status": "ok", "max_rel_diff": diffs, "seconds": result.seconds, "rounds": result.rounds,
+        return {"status": "ok", "max_rel_diff": diffs, "seconds": seconds, "rounds": rounds,
                 "compiled": compiled, "cached": len(modules) - compiled, "compile_s": compile_s,
-                "estimates": {n: {"times_ms": e.times_ms, "ratio": e.ratio, "ci_low": e.ci_low,
-                                  "ci_high": e.ci_high, "verdict": e.verdict, "detectable": e.detectable,
-                                  "median_ms": e.median_ms}
-                              for n, e in result.estimates.items()}}
+                "screened": sorted(screened), "estimates": estimates}
+
+    def screen(self, reference, loaded, inputs, key) -> float:
+        """One call of each module (the reference first), after a warm-up call of each: the latency ratio,
+        measured once per (reference, module, seed)."""
+        if key not in self.screens:
+            if len(self.screens) > 100 * self.cache_size:
+                self.screens.clear()
+            runners = [_Runner(self.runtime, reference, inputs), _Runner(self.runtime, loaded, inputs)]
+            seconds = []
+            for run in runners:
+                run()
+            for run in runners:
+                t0 = time.perf_counter()
+                run()
+                seconds.append(time.perf_counter() - t0)
+            self.screens[key] = seconds[1] / max(seconds[0], 1e-9)
+        return self.screens[key]
 
 
 class TimingWorker:
@@ -197,13 +230,18 @@ class TimingWorker:
         lines = [ln for ln in self._stderr.read().decode(errors="replace").splitlines() if ln.strip()]
         return lines[-1][:300] if lines else "?"
 
-    def time(self, modules: Sequence[tuple[str, str]], protocol, disabled: list[str], seed: int = 0) -> dict:
-        """:func:`time_modules`'s result, from this process."""
+    def time(self, modules: Sequence[tuple[str, str]], protocol, disabled: list[str], seed: int = 0,
+             screen: float | None = None) -> dict:
+        """:func:`time_modules`'s result, from this process. ``screen`` (a ratio > 1): a module whose one call
+        (after a warm-up call) takes more than ``screen`` times the reference's is not timed with the protocol;
+        its estimate is that one-call ratio (``screened``: true; verdict slower; its interval the ratio itself)."""
         import dataclasses
 
         from rlflow.xla.worker import _recv, _send
 
-        request = {"modules": list(modules), "disabled": list(disabled), "seed": seed,
+        if screen is not None and not screen > 1:
+            raise RLFlowError(f"XLA CPU timing: screen must be a latency ratio above 1, got {screen}")
+        request = {"modules": list(modules), "disabled": list(disabled), "seed": seed, "screen": screen,
                    "protocol": {f.name: getattr(protocol, f.name) for f in dataclasses.fields(protocol)}}
         if self._proc is None or self._proc.poll() is not None:
             self.close()
