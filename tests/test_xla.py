@@ -96,8 +96,13 @@ def test_spent_passes_are_flagged_until_the_module_changes():
         obs, _, _, _, info = e.step(algsimp)  # algsimp ran to its fixed point: a second run changes nothing
         assert info["status"] == "unchanged" and obs[flags][algsimp] == 1.0 and obs[flags].sum() == 1.0
         assert obs[progress] == pytest.approx(2 / 6)
+        last = slice(len(obs) - len(e.passes), len(obs))
+        assert obs[last][algsimp] == 1.0 and obs[last].sum() == 1.0  # algsimp made the last change
         obs, _, _, _, info = e.step(e.passes.index("cse"))
         assert info["status"] == "ok" and not obs[flags].any()  # the module changed: nothing is spent any more
+        assert obs[last][e.passes.index("cse")] == 1.0 and obs[last].sum() == 1.0
+        obs, _ = e.reset(seed=0)
+        assert not obs[last].any()
     finally:
         e.close()
 

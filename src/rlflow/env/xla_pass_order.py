@@ -7,7 +7,9 @@ restarted); a pass that changes nothing earns 0. After ``max_steps`` steps the e
 
 Observation: float32 [opcode histogram (every opcode of the installed XLA, :func:`rlflow.xla.hlo.opcodes`),
 N flags "this pass already ran on the current module and changed nothing (or failed)", the episode's progress
-(step / max_steps), flops, transcendentals, bytes accessed (XLA's own cost analysis)]. Passes are deterministic,
+(step / max_steps), flops, transcendentals, bytes accessed (XLA's own cost analysis), N flags "this pass made the
+last change to the module" (one hot, none at the start: what the module's last change came from, so a policy can
+learn what a pass enables, e.g. reshape-mover, then algsimp, then cse)]. Passes are deterministic,
 so a flagged pass would change nothing again: the flags tell the agent which actions are spent until the module
 changes (:mod:`rlflow.agents.pass_agent` masks them), and without them a state where a pass did nothing looks
 exactly like the state before it.
@@ -119,7 +121,7 @@ class XlaPassOrderEnv(gym.Env):
         self.gamma, self.render_mode = gamma, render_mode
         self.worker = PassWorker(step_timeout_s)
         self.action_space = spaces.Discrete(len(self.passes) + 1)
-        n_obs = len(self.opcodes) + len(self.passes) + 1 + len(COST_FEATURES)
+        n_obs = len(self.opcodes) + len(self.passes) + 1 + len(COST_FEATURES) + len(self.passes)
         self.observation_space = spaces.Box(0.0, F32_MAX, (n_obs,), np.float32)
         self.cache_size = int(cache_size)
         if runtime_reward < 0 or not runtime_budget_s > 0 or not runtime_screen > 1:
@@ -137,6 +139,7 @@ class XlaPassOrderEnv(gym.Env):
         self.index, self.text, self.stats, self.start, self.steps = 0, "", {}, {}, 0
         self.actions: list[int] = []
         self.spent: set[int] = set()  # passes that ran on the current module and left it as it is
+        self.last_changed: int | None = None  # the last pass that changed the module (what it may have enabled)
 
     # ------------------------------------------------------------------------------------------------ helpers
     @property
@@ -146,8 +149,9 @@ class XlaPassOrderEnv(gym.Env):
     def observation(self, stats: dict) -> np.ndarray:
         hist = stats["histogram"]
         spent = [1.0 if a in self.spent else 0.0 for a in range(len(self.passes))]
+        last = [1.0 if a == self.last_changed else 0.0 for a in range(len(self.passes))]
         vec = ([hist.get(op, 0) for op in self.opcodes] + spent + [self.steps / self.max_steps]
-               + [stats["cost"].get(k, 0.0) for k in COST_FEATURES])
+               + [stats["cost"].get(k, 0.0) for k in COST_FEATURES] + last)
         return np.clip(np.asarray(vec, np.float32), 0.0, F32_MAX)
 
     def transition(self, text: str, action: int):
@@ -198,7 +202,7 @@ class XlaPassOrderEnv(gym.Env):
         if self.index not in self._initial:
             self._initial[self.index] = self.worker.stats(self.text)
         self.stats = self.start = self._initial[self.index]
-        self.steps, self.actions, self.spent = 0, [], set()
+        self.steps, self.actions, self.spent, self.last_changed = 0, [], set(), None
         return self.observation(self.stats), self._info("reset", None, 0.0)
 
     def step(self, action):
@@ -214,7 +218,7 @@ class XlaPassOrderEnv(gym.Env):
         name = self.passes[action]
         result = self.transition(self.text, action)
         if result.status == "ok":
-            self.spent = set()
+            self.spent, self.last_changed = set(), action
         else:
             self.spent.add(action)
         if result.valid:

@@ -831,7 +831,8 @@ STAGES: dict[str, Stage] = {
                     "train_on": "xla.train_on",
                     "tolerance": "evaluate.tolerance",
                     "updates": "xla.updates",
-                    "steps_per_update": "xla.steps_per_update", "hidden": "xla.hidden", "ppo": "ppo"},
+                    "steps_per_update": "xla.steps_per_update", "hidden": "xla.hidden", "entropy": "xla.entropy",
+                    "ppo": "ppo"},
             args=(("--variant", "{variant}"), ("--results-dir", "results"), ("--manifest", "{input.manifest}"),
                   ("--out", "{output.checkpoint}"), ("--metrics", "{output.metrics}")),
             cli_optional=("--manifest",),  # read with xla.train_on=suite only

@@ -6,7 +6,8 @@ training split of the HLO suite (``--manifest``, from stage export_hlo_suite); e
 is a real XLA pass in the crash-isolated worker. Variants (:mod:`rlflow.agents.pass_agent`): ``plain`` (the
 op-count reward), ``shaped`` (+ potential-based shaping with the ``xla.shaping`` weights), ``shaped_costvf``
 (shaped, and the value function also sees the cost features). PPO: config ``ppo`` (gamma, lr, clip, ...),
-``xla.updates`` rounds of ``xla.steps_per_update`` steps, ``xla.hidden`` units.
+``xla.updates`` rounds of ``xla.steps_per_update`` steps, ``xla.hidden`` units, entropy-bonus weight
+``xla.entropy`` (in place of ``ppo.c2``).
 
 Writes ``--out`` (the agent's checkpoint, read by evaluate_passes and ``rlflow passes``) and ``--metrics``
 (JSON: training modules and their op counts, env steps, episode returns, seconds), each atomically.
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         models = list(x["train_models"])
         paths = training_modules(args.results_dir, models)
     seed = int(get(config, "seed"))
-    cfg = PPOConfig.from_config(dict(get(config, "ppo")), int(x["steps_per_update"]))
+    cfg = PPOConfig.from_config(dict(get(config, "ppo")), int(x["steps_per_update"]), c2=float(x["entropy"]))
     t0 = time.perf_counter()
     env = make_xla_env(config, paths, shaping=args.variant != "plain", runtime_reward=True)
     try:
