@@ -98,3 +98,17 @@ def test_an_agent_trains_on_the_suites_training_split(suite, capsys):
     assert main(["train-pass-agent", *small, "--variant", "plain", "--results-dir", str(suite),
                  "--out", str(out), "--metrics", str(suite / "agent-plain.json")]) == 2
     assert "give --manifest" in capsys.readouterr().err
+
+
+def test_training_modules_compile_for_timing(suite):
+    from rlflow.evaluation.protocol import Protocol
+    from rlflow.xla.timing import time_modules, timing_disabled
+    from rlflow.xla.worker import discover_pipeline
+
+    # the backward pass has scatters (the embedding's gradient) and dots with two contracting dimensions, which
+    # XLA CPU emits only after the passes the timing compile keeps (rlflow.xla.timing.REQUIRED)
+    doc = load_manifest(suite / "suite.json")
+    text = next((suite / e["path"]).read_text() for e in doc["modules"] if e["name"] == "gpt2-layers1-training")
+    r = time_modules([("a", text), ("b", text)], Protocol(sessions=2, warmup=1, budget_s=0.1, min_rounds=3),
+                     timing_disabled(discover_pipeline()))
+    assert r["max_rel_diff"]["b"] == 0.0

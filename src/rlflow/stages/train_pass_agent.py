@@ -10,7 +10,8 @@ op-count reward), ``shaped`` (+ potential-based shaping with the ``xla.shaping``
 ``xla.entropy`` (in place of ``ppo.c2``).
 
 Writes ``--out`` (the agent's checkpoint, read by evaluate_passes and ``rlflow passes``) and ``--metrics``
-(JSON: training modules and their op counts, env steps, episode returns, seconds), each atomically.
+(JSON: training modules and their op counts, env steps, episode returns, seconds, and with the runtime reward
+the count, median and p90 seconds of its episode ends), each atomically.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def training_modules(results: Path, models: list[str]) -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np
     import torch
 
     from rlflow.agents.pass_agent import VARIANTS, train_ppo
@@ -71,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
               f"{x['updates']} updates x {x['steps_per_update']} steps, {len(env.passes)} passes", flush=True)
         agent = train_ppo(env, args.variant, cfg, int(x["updates"]), seed, dict(x.get("shaping") or {}),
                           int(x["hidden"]), log=lambda line: print(f"train_pass_agent: {line}", flush=True))
-        steps, compiles = env.total_steps, env.compiles
+        steps, compiles, ends = env.total_steps, env.compiles, list(env.runtime_costs)
     finally:
         env.close()
     seconds = time.perf_counter() - t0
@@ -80,10 +82,15 @@ def run(args: argparse.Namespace) -> int:
                "initial_op_counts": initial, "passes": len(agent.passes), "updates": int(x["updates"]),
                "env_steps": steps, "xla_compiles": compiles, "episodes": len(returns),
                "mean_return_last10": sum(returns[-10:]) / len(returns[-10:]) if returns else None,
-               "returns": returns, "seconds": seconds, "seed": seed}
+               "returns": returns, "seconds": seconds, "seed": seed,
+               "runtime_ends": {"count": len(ends), "median_s": float(np.median(ends)),
+                                "p90_s": float(np.percentile(ends, 90))} if ends else None}
     with atomic_path(args.out) as tmp:
         torch.save(agent.state(), tmp)
     write_text(args.metrics, json.dumps(metrics, indent=2) + "\n")
+    if ends:
+        print(f"train_pass_agent: runtime reward: {len(ends)} episode ends, median {np.median(ends):.2f} s, "
+              f"p90 {np.percentile(ends, 90):.2f} s", flush=True)
     last = metrics["mean_return_last10"]
     print(f"train_pass_agent: wrote {args.out}: {steps} env steps, {len(returns)} episodes, mean return of the "
           f"last 10 {'n/a' if last is None else f'{last:.2f}'}, {seconds:.1f} s", flush=True)

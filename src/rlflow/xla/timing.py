@@ -81,8 +81,11 @@ def timing_disabled(pipeline) -> list[str]:
 
 #: action passes the CPU backend needs before code generation, so they run in the timing compile too: without
 #: them the compile fails ("Call graph must be flattened before copy insertion", "Non-simplified HLO Gather is
-#: not supported")
-REQUIRED = ("flatten-call-graph", "gather_simplifier")
+#: not supported"; in training modules, the backward pass: "Non-simplified HLO Scatter is not supported" (an XLA
+#: abort), "HLO opcode `select-and-scatter` is not supported", "Dot with multiple contracting dimensions is not
+#: implemented"). Each rewrites only the ops the backend cannot emit.
+REQUIRED = ("flatten-call-graph", "gather_simplifier", "scatter_simplifier", "select_and_scatter_expander",
+            "dot_decomposer")
 
 
 class _Runner:
