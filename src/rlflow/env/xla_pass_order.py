@@ -3,7 +3,7 @@
 Action ``k < N`` runs pass ``passes[k]`` (:func:`rlflow.xla.passes.action_passes`, N of them) on the current HLO
 module in the crash-isolated worker (:mod:`rlflow.xla.worker`); ``k == N`` stops the episode. A pass that crashes
 XLA or fails is an invalid action: it earns ``invalid_penalty`` and leaves the module unchanged (the worker is
-restarted); a pass that changes nothing earns 0. After ``max_steps`` steps the episode is truncated.
+restarted); a pass that changes nothing earns ``unchanged_penalty`` (default 0; below 0 it costs a step). After ``max_steps`` steps the episode is truncated.
 
 Observation: float32 [opcode histogram (every opcode of the installed XLA, :func:`rlflow.xla.hlo.opcodes`),
 N flags "this pass already ran on the current module and changed nothing (or failed)", the episode's progress
@@ -92,7 +92,7 @@ class XlaPassOrderEnv(gym.Env):
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(self, modules: Sequence[str | Path] | str | Path | None = None, max_steps: int = DEFAULT_MAX_STEPS,
-                 reward_scale: float = 100.0, invalid_penalty: float = -1.0,
+                 reward_scale: float = 100.0, invalid_penalty: float = -1.0, unchanged_penalty: float = 0.0,
                  shaping: dict[str, float] | None = None, gamma: float = 0.99, step_timeout_s: float = 120.0,
                  cache_size: int = 256, runtime_reward: float = 0.0, runtime_budget_s: float = 2.0,
                  runtime_screen: float = 2.0, tolerance: float = 1e-4, render_mode: str | None = None):
@@ -114,6 +114,9 @@ class XlaPassOrderEnv(gym.Env):
         self.disabled = [disabled_for(self.pipeline, name) for name in self.passes]  # per action, made once
         self.opcodes = opcodes()
         self.max_steps, self.reward_scale, self.invalid_penalty = max_steps, reward_scale, invalid_penalty
+        if unchanged_penalty > 0:
+            raise RLFlowError(f"XlaPassOrder: unchanged_penalty must be <= 0, got {unchanged_penalty}")
+        self.unchanged_penalty = float(unchanged_penalty)
         self.shaping = {k: float(v) for k, v in (shaping or {}).items() if v}
         unknown = set(self.shaping) - {"flops", "transcendentals"}
         if unknown:
@@ -227,6 +230,8 @@ class XlaPassOrderEnv(gym.Env):
             self.text, self.stats = result.text, result.stats
             op_reward = self.reward_scale * (before - self.op_count(self.stats)) / max(self.op_count(self.start), 1)
             reward = op_reward + (self.gamma * self.potential(self.stats) - phi if self.shaping else 0.0)
+            if result.status == "unchanged":
+                reward += self.unchanged_penalty
         else:
             op_reward = reward = float(self.invalid_penalty)
         truncated = self.steps >= self.max_steps
@@ -287,6 +292,7 @@ def make_xla_env(config: dict, modules, shaping: bool = False, runtime_reward: b
     return XlaPassOrderEnv(modules, max_steps=x.get("max_steps", DEFAULT_MAX_STEPS),
                            reward_scale=x.get("reward_scale", 100.0),
                            invalid_penalty=x.get("invalid_penalty", -1.0),
+                           unchanged_penalty=x.get("unchanged_penalty", 0.0),
                            shaping=x.get("shaping") if shaping else None,
                            gamma=config.get("ppo", {}).get("gamma", 0.99), step_timeout_s=x.get("step_timeout_s", 120),
                            cache_size=x.get("cache_size", 256),

@@ -474,7 +474,8 @@ def _controller_outputs(folder: str) -> dict[str, str]:
 
 #: the config keys of the XLA pass-ordering env (rlflow.env.xla_pass_order.make_xla_env) and the seed
 XLA_ENV_PARAMS = {"seed": "seed", "max_steps": "xla.max_steps", "reward_scale": "xla.reward_scale",
-                  "invalid_penalty": "xla.invalid_penalty", "step_timeout_s": "xla.step_timeout_s",
+                  "invalid_penalty": "xla.invalid_penalty", "unchanged_penalty": "xla.unchanged_penalty",
+                  "step_timeout_s": "xla.step_timeout_s",
                   "shaping": "xla.shaping", "gamma": "ppo.gamma", "runtime_reward": "xla.runtime_reward",
                   "runtime_budget_s": "xla.runtime_budget_s", "runtime_screen": "xla.runtime_screen"}
 
