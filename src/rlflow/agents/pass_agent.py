@@ -191,10 +191,10 @@ def run_agent(env, agent: Trained, module: int) -> Outcome:
 
 def latency_candidates(env, outcome: Outcome) -> list[dict]:
     """The modules an agent's run offers the final choice by measured latency: ``best`` (fewest ops), ``last``
-    (its last module, where it differs; neither when it is the unoptimised module) and ``best+default`` (XLA's default pipeline run after the agent's passes
-    on the best module: the agent's order as a prefix of XLA's own), each ``{name, ops, passes, text}``, distinct
-    texts only. XLA's default pipeline's own module is always added by the chooser
-    (:func:`rlflow.xla.timing.choose_by_latency`)."""
+    (its last module, where it differs; neither when it is the unoptimised module) and ``best+default`` (XLA's
+    default pipeline run after the agent's passes on the best module: the agent's order as a prefix of XLA's own),
+    each ``{name, ops, passes, text}``, distinct texts only. XLA's default pipeline's own module is always added by
+    the chooser (:func:`rlflow.xla.timing.choose_by_latency`)."""
     out = []
     if outcome.passes:  # not the unoptimised module: XLA CPU runs it far slower than any pass order
         out.append({"name": "best", "ops": outcome.ops, "passes": list(outcome.passes), "text": outcome.text})

@@ -3,7 +3,8 @@
 Action ``k < N`` runs pass ``passes[k]`` (:func:`rlflow.xla.passes.action_passes`, N of them) on the current HLO
 module in the crash-isolated worker (:mod:`rlflow.xla.worker`); ``k == N`` stops the episode. A pass that crashes
 XLA or fails is an invalid action: it earns ``invalid_penalty`` and leaves the module unchanged (the worker is
-restarted); a pass that changes nothing earns ``unchanged_penalty`` (default 0; below 0 it costs a step). After ``max_steps`` steps the episode is truncated.
+restarted); a pass that changes nothing earns ``unchanged_penalty`` (default 0; below 0 it costs a step). After
+``max_steps`` steps the episode is truncated.
 
 Observation: float32 [opcode histogram (every opcode of the installed XLA, :func:`rlflow.xla.hlo.opcodes`),
 N flags "this pass already ran on the current module and changed nothing (or failed)", the episode's progress
@@ -27,8 +28,8 @@ XLA's default pipeline's module of the same graph (:mod:`rlflow.xla.timing`: bot
 passes, timed with the project's protocol in ``runtime_budget_s`` seconds, 2 sessions); a module whose outputs
 differ from the default's by more than ``tolerance`` earns ``invalid_penalty`` instead. ``info`` then has
 ``runtime_ratio`` (and ``runtime_ci``; a module whose one call takes more than ``runtime_screen`` times the
-default's is not timed further: its ratio is that call's, ``runtime_screened`` true), ``runtime_s`` (the measurement's seconds, also kept in
-``runtime_costs``) and ``runtime_compiled`` (modules compiled for it). The timing runs in one persistent process
+default's is not timed further: its ratio is that call's, ``runtime_screened`` true), ``runtime_s`` (the
+measurement's seconds, also kept in ``runtime_costs``) and ``runtime_compiled`` (modules compiled for it). The timing runs in one persistent process
 (:class:`rlflow.xla.timing.TimingWorker`, compiled modules cached by fingerprint): the default's module is compiled
 once per graph, an episode's module once. ``info`` has ``op_count``, ``op_reward`` (the reward without
 shaping), ``status`` (ok | unchanged | crash | error | stop), ``pass``, the cost features and ``step``.

@@ -63,6 +63,7 @@ def select_by_latency(config: dict, timer, disabled: list[str], texts: dict[str,
     seconds): sets ``texts[method]`` (what the runtime comparison times) and the method's ``selection``."""
     from rlflow.config import get
     from rlflow.evaluation.protocol import Protocol
+    from rlflow.xla.hlo import histogram, parse
     from rlflow.xla.timing import choose_by_latency
 
     protocol = Protocol.from_config(config, budget_s=float(get(config, "xla.select_budget_s")))
@@ -71,23 +72,19 @@ def select_by_latency(config: dict, timer, disabled: list[str], texts: dict[str,
                                disabled, int(get(config, "seed")), float(get(config, "evaluate.tolerance")))
     chosen = next((c for c in candidates if c["name"] == choice["chosen"]), None)
     texts[name] = texts["xla_default"] if chosen is None else chosen["text"]
+    timed = choice["candidates"]  # name -> ratio, interval, verdict (a candidate equal to the default: absent)
+    rows = []
+    for c in candidates:
+        row = {"name": c["name"], "ops": c["ops"], "passes": c["passes"]}
+        row.update(timed.get(c["name"], {"same_as": "xla_default"}))
+        rows.append(row)
     method["selection"] = {
         "chosen": choice["chosen"], "protocol": protocol.describe(),
-        "final_ops": methods_ops(texts[name]), "final_passes": ["<XLA default pipeline>"] if chosen is None
-        else chosen["passes"],
-        "candidates": [{k: c[k] for k in ("name", "ops", "passes")} | (choice["candidates"].get(c["name"]) or
-                                                                       {"same_as": "xla_default"})
-                       for c in candidates]}
-    seen = ", ".join(f"{c['name']} {e['ratio']:.3f} {e['verdict']}" for c in candidates
-                     if (e := choice["candidates"].get(c["name"])))
+        "final_ops": float(sum(histogram(parse(texts[name])).values())),
+        "final_passes": chosen["passes"] if chosen else ["<XLA default pipeline>"], "candidates": rows}
+    seen = ", ".join(f"{n} {e['ratio']:.3f} {e['verdict']}" for n, e in timed.items())
     print(f"evaluate_passes: {model} {name}: final module by latency: {choice['chosen']} "
           f"(candidates vs XLA default: {seen or 'all equal to it'})", flush=True)
-
-
-def methods_ops(text: str) -> float:
-    from rlflow.xla.hlo import histogram, parse
-
-    return float(sum(histogram(parse(text)).values()))
 
 
 def time_methods(config: dict, timer, disabled: list[str], texts: dict[str, str], methods: list[dict],
