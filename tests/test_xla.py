@@ -77,9 +77,14 @@ def test_rewards_and_unchanged_pass(env):
     assert info["status"] == "ok" and info["op_count"] < n0
     assert r == pytest.approx(env.reward_scale * (n0 - info["op_count"]) / n0)
     assert obs.sum() >= info["op_count"]  # histogram part sums to the op count (+ cost features)
-    env.step(dce)
     _, r, _, _, info = env.step(dce)
-    assert info["status"] == "unchanged" and r == 0.0
+    assert r == 0.0 or info["status"] == "ok"  # a pass that changes nothing is free by default
+    env.unchanged_penalty = -0.5  # ... and costs a step when asked
+    try:
+        _, r, _, _, info = env.step(dce)
+    finally:
+        env.unchanged_penalty = 0.0
+    assert info["status"] == "unchanged" and r == -0.5
     _, r, term, trunc, info = env.step(env.stop_action)
     assert term and info["status"] == "stop"
 
@@ -96,8 +101,13 @@ def test_spent_passes_are_flagged_until_the_module_changes():
         obs, _, _, _, info = e.step(algsimp)  # algsimp ran to its fixed point: a second run changes nothing
         assert info["status"] == "unchanged" and obs[flags][algsimp] == 1.0 and obs[flags].sum() == 1.0
         assert obs[progress] == pytest.approx(2 / 6)
+        last = slice(len(obs) - len(e.passes), len(obs))
+        assert obs[last][algsimp] == 1.0 and obs[last].sum() == 1.0  # algsimp made the last change
         obs, _, _, _, info = e.step(e.passes.index("cse"))
         assert info["status"] == "ok" and not obs[flags].any()  # the module changed: nothing is spent any more
+        assert obs[last][e.passes.index("cse")] == 1.0 and obs[last].sum() == 1.0
+        obs, _ = e.reset(seed=0)
+        assert not obs[last].any()
     finally:
         e.close()
 
@@ -148,10 +158,21 @@ def test_runtime_reward_at_the_episodes_end():
         e.reset(seed=0)
         _, r, term, _, info = e.step(e.stop_action)  # stopping ends the episode too
         assert term and r == pytest.approx(-e.reward_scale * math.log(info["runtime_ratio"]))
+        # one timing process for every episode end: the default's module and the first episode's module were
+        # compiled at the first end; the unoptimised module (the stop episode) only at the second
+        assert e.timer.requests == 2 and info["runtime_compiled"] == 1 and len(e.runtime_costs) == 2
+        e.reset(seed=0)
+        _, _, term, _, info = e.step(e.stop_action)
+        assert info["runtime_compiled"] == 0 and e.timer.requests == 3  # every module from the cache
+        assert info["runtime_screened"] in (True, False)
     finally:
         e.close()
     with pytest.raises(RLFlowError, match="runtime_reward"):
         XlaPassOrderEnv(runtime_reward=-1.0)
+    with pytest.raises(RLFlowError, match="unchanged_penalty"):
+        XlaPassOrderEnv(unchanged_penalty=0.5)
+    with pytest.raises(RLFlowError, match="runtime_screen"):
+        XlaPassOrderEnv(runtime_reward=1.0, runtime_screen=1.0)
 
 
 def test_shaping_is_potential_based():

@@ -20,7 +20,8 @@ from rlflow.pipeline.registry import REPO_ROOT  # noqa: E402
 TINY = ["--config", str(REPO_ROOT / "config.yaml"), "--config", str(REPO_ROOT / "tests/configs/tiny.yaml"),
         "--set", "xla.updates=1", "--set", "xla.steps_per_update=4", "--set", "xla.max_steps=3",
         "--set", "xla.train_models=[resnet18]", "--set", "xla.variants=[plain]", "--set", "xla.random_orders=1",
-        "--set", "xla.greedy_steps=1", "--set", "xla.time_budget_s=1", "--set", "timing.sessions=2"]
+        "--set", "xla.greedy_steps=1", "--set", "xla.time_budget_s=1", "--set", "timing.sessions=2",
+        "--set", "xla.select_budget_s=0.5"]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +71,25 @@ def test_modules_are_timed_on_xla_cpu_against_the_default_pipelines(results):
         assert r["verdict"] in ("faster", "slower", "no detectable difference") and r["median_ms"] > 0
         assert r["max_rel_diff"] <= 1e-4
     header = (results / "resnet18/xla/passes.csv").read_text().splitlines()[0]
-    assert header.endswith("runtime_ratio,runtime_ci_low,runtime_ci_high,runtime_verdict,max_rel_diff")
+    assert header.endswith("runtime_ratio,runtime_ci_low,runtime_ci_high,runtime_verdict,max_rel_diff,latency_choice")
+
+
+def test_the_agents_final_module_is_chosen_by_latency_with_the_default_a_candidate(results):
+    doc = json.loads((results / "resnet18/xla/passes.json").read_text())
+    ppo = next(m for m in doc["methods"] if m["method"] == "ppo-plain")
+    sel = ppo["selection"]
+    names = [c["name"] for c in sel["candidates"]]
+    assert "best+default" in names and set(names) <= {"best", "last", "best+default"}
+    assert sel["chosen"] in ("xla_default", *names)
+    timed = [c for c in sel["candidates"] if "verdict" in c]
+    if sel["chosen"] == "xla_default":  # no candidate was called faster than the default
+        assert all(c["verdict"] != "faster" or c["max_rel_diff"] > 1e-4 for c in timed)
+    else:
+        chosen = next(c for c in timed if c["name"] == sel["chosen"])
+        assert chosen["verdict"] == "faster" and chosen["ratio"] == min(c["ratio"] for c in timed
+                                                                       if c["verdict"] == "faster")
+    rows = (results / "resnet18/xla/passes.csv").read_text().splitlines()
+    assert any(r.startswith("resnet18,ppo-plain,") and r.endswith("," + sel["chosen"]) for r in rows)
 
 
 def test_report_section_and_summary_line(results, tmp_path):

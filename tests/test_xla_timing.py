@@ -14,8 +14,8 @@ if importlib.util.find_spec("jax") is None or importlib.util.find_spec("xla_plug
 from rlflow.errors import RLFlowError  # noqa: E402
 from rlflow.evaluation.protocol import FASTER, SAME, SLOWER, Protocol  # noqa: E402
 from rlflow.xla.passes import action_passes  # noqa: E402
-from rlflow.xla.timing import (REQUIRED, module_inputs, parameter_shapes, time_modules,  # noqa: E402
-                               timing_disabled)
+from rlflow.xla.timing import (REQUIRED, TimingWorker, module_inputs, parameter_shapes,  # noqa: E402
+                               time_modules, timing_disabled)
 from rlflow.xla.worker import discover_pipeline  # noqa: E402
 
 HEADER = "HloModule m, entry_computation_layout={(f32[64,64]{1,0}, s64[3]{0})->f32[64,64]{1,0}}\n\n"
@@ -64,3 +64,45 @@ def test_a_module_xla_cannot_compile_is_a_one_line_error():
     with pytest.raises(RLFlowError, match="XLA CPU timing"):
         time_modules([("ref", TANH), ("bad", broken)], Protocol(sessions=2, budget_s=0.2),
                      timing_disabled(discover_pipeline()))
+
+
+def test_the_timing_worker_persists_and_compiles_each_module_once():
+    protocol = Protocol(sessions=2, warmup=1, budget_s=0.2, min_rounds=3)
+    disabled = timing_disabled(discover_pipeline())
+    renamed = TANH.replace("HloModule m,", "HloModule other_name,")  # same computation: same fingerprint
+    with TimingWorker() as worker:
+        first = worker.time([("ref", TANH), ("other", EXP)], protocol, disabled)
+        pid = worker._proc.pid
+        again = worker.time([("ref", renamed), ("other", EXP)], protocol, disabled)
+        assert (first["compiled"], first["cached"]) == (2, 0)
+        assert (again["compiled"], again["cached"]) == (0, 2)  # one process, both modules from its cache
+        with pytest.raises(RLFlowError, match="XLA CPU timing"):  # an error reply: the process lives on
+            worker.time([("ref", TANH), ("bad", TANH.replace("dot(x, x)", "dot(x, i)"))], protocol, disabled)
+        assert worker.time([("ref", TANH), ("other", EXP)], protocol, disabled)["cached"] == 2
+        assert worker._proc.pid == pid
+        worker._proc.kill()  # a death: the next request starts a fresh process
+        worker._proc.wait()
+        assert worker.time([("ref", TANH), ("other", EXP)], protocol, disabled)["compiled"] == 2
+        assert worker._proc.pid != pid
+
+
+def test_a_far_slower_module_is_screened_by_one_call_instead_of_the_protocol():
+    head = "HloModule s, entry_computation_layout={(f32[256,256]{1,0})->f32[256,256]{1,0}}\n\nENTRY main {\n"
+    x = "  x = f32[256,256]{1,0} parameter(0)\n"
+    dot = "f32[256,256]{1,0} dot(%s, x), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+    cheap = head + x + "  ROOT t = f32[256,256]{1,0} negate(x)\n}\n"
+    heavy = head + x + "  a = " + dot % "x" + "  b = " + dot % "a" + "  ROOT t = " + dot % "b" + "}\n"
+    protocol = Protocol(sessions=2, warmup=1, budget_s=0.2, min_rounds=3)
+    disabled = timing_disabled(discover_pipeline())
+    with TimingWorker() as worker:
+        r = worker.time([("ref", cheap), ("heavy", heavy)], protocol, disabled, screen=2.0)
+        est = r["estimates"]["heavy"]
+        assert r["screened"] == ["heavy"] and est["screened"] and est["verdict"] == SLOWER
+        assert est["ratio"] > 2.0 and est["ci_low"] == est["ratio"] == est["ci_high"]
+        assert r["rounds"] == [] and r["estimates"]["ref"]["verdict"] == "reference"
+        again = worker.time([("ref", cheap), ("heavy", heavy)], protocol, disabled, screen=2.0)
+        assert again["estimates"]["heavy"]["ratio"] == est["ratio"]  # screened once per pair
+        timed = worker.time([("ref", cheap), ("heavy", heavy)], protocol, disabled)  # no screen: the protocol
+        assert timed["screened"] == [] and len(timed["rounds"]) == 2
+        with pytest.raises(RLFlowError, match="screen"):
+            worker.time([("ref", cheap), ("heavy", heavy)], protocol, disabled, screen=0.5)

@@ -2,8 +2,8 @@
 
 Agents (PPO, the loss and GAE of :mod:`rlflow.agents.ppo`, a flat categorical policy over the passes + stop):
 
-- ``plain``: the op-count reward; policy and value see the log opcode histogram, the spent-pass flags and the
-  episode's progress;
+- ``plain``: the op-count reward; policy and value see the log opcode histogram, the spent-pass flags, the
+  episode's progress and the pass that made the module's last change;
 - ``shaped``: the same with the env's potential-based shaping from the cost features (config ``xla.shaping``);
 - ``shaped_costvf``: shaped, and the value function also sees the (log) cost features (the paper's second
   enhancement; the policy still sees the histogram only).
@@ -28,16 +28,17 @@ from rlflow.errors import RLFlowError
 from rlflow.xla.metric import geomean_ratio, reduction_ratio  # noqa: F401  (the paper's metric, re-exported)
 
 VARIANTS = ("plain", "shaped", "shaped_costvf")
-KIND = "rlflow.xla-pass-agent/2"
+KIND = "rlflow.xla-pass-agent/3"  # /3: the observation ends with the last changing pass (one hot)
 
 
 def _features(obs: torch.Tensor, n_opcodes: int, n_passes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Observations [B, H + N + 1 + C] (the env's layout: opcode histogram, spent-pass flags, progress, cost
-    features) -> (the policy's input [B, H + N + 1]: log1p histogram, flags, progress; log1p cost features [B, C];
-    the spent flags [B, N] as a bool mask)."""
+    """Observations [B, H + N + 1 + C + N] (the env's layout: opcode histogram, spent-pass flags, progress, cost
+    features, the last changing pass) -> (the policy's input [B, H + 2N + 1]: log1p histogram, flags, progress,
+    last changing pass; log1p cost features [B, C]; the spent flags [B, N] as a bool mask)."""
     hist, rest = obs[..., :n_opcodes], obs[..., n_opcodes:]
-    spent, progress, cost = rest[..., :n_passes], rest[..., n_passes:n_passes + 1], rest[..., n_passes + 1:]
-    x = torch.cat([torch.log1p(hist.clamp_min(0.0)), spent, progress], -1)
+    spent, progress = rest[..., :n_passes], rest[..., n_passes:n_passes + 1]
+    cost, last = rest[..., n_passes + 1:-n_passes], rest[..., -n_passes:]
+    x = torch.cat([torch.log1p(hist.clamp_min(0.0)), spent, progress, last], -1)
     return x, torch.log1p(cost.clamp_min(0.0)), spent > 0.5
 
 
@@ -53,7 +54,7 @@ class PassPolicy(nn.Module):
         self.value_sees_cost = value_sees_cost
         self.args = {"n_opcodes": n_opcodes, "n_cost": n_cost, "n_actions": n_actions, "hidden": hidden,
                      "value_sees_cost": value_sees_cost}
-        n_in = n_opcodes + self.n_passes + 1
+        n_in = n_opcodes + 2 * self.n_passes + 1
         self.actor = nn.Sequential(nn.Linear(n_in, hidden), nn.Tanh(), nn.Linear(hidden, n_actions))
         self.critic = nn.Sequential(nn.Linear(n_in + (n_cost if value_sees_cost else 0), hidden), nn.Tanh(),
                                     nn.Linear(hidden, 1))
@@ -162,6 +163,8 @@ class Outcome:
     ops: float
     passes: list[str]
     text: str | None = None
+    last: tuple[float, list[str], str] | None = None
+    """The agent's last module (op count, passes, text), where it differs from the best one (run_agent)."""
 
 
 def run_agent(env, agent: Trained, module: int) -> Outcome:
@@ -181,7 +184,28 @@ def run_agent(env, agent: Trained, module: int) -> Outcome:
         if info["op_count"] < best.ops:
             best = Outcome(info["op_count"], list(chosen), env.text)
         if term or trunc:
+            if env.text != best.text:
+                best.last = (info["op_count"], list(chosen), env.text)
             return best
+
+
+def latency_candidates(env, outcome: Outcome) -> list[dict]:
+    """The modules an agent's run offers the final choice by measured latency: ``best`` (fewest ops), ``last``
+    (its last module, where it differs; neither when it is the unoptimised module) and ``best+default`` (XLA's
+    default pipeline run after the agent's passes on the best module: the agent's order as a prefix of XLA's own),
+    each ``{name, ops, passes, text}``, distinct texts only. XLA's default pipeline's own module is always added by
+    the chooser (:func:`rlflow.xla.timing.choose_by_latency`)."""
+    out = []
+    if outcome.passes:  # not the unoptimised module: XLA CPU runs it far slower than any pass order
+        out.append({"name": "best", "ops": outcome.ops, "passes": list(outcome.passes), "text": outcome.text})
+    if outcome.last is not None and outcome.last[1]:
+        out.append({"name": "last", "ops": outcome.last[0], "passes": outcome.last[1], "text": outcome.last[2]})
+    then = env.worker.reference(outcome.text)
+    if then.valid:
+        out.append({"name": "best+default", "ops": float(sum(then.stats["histogram"].values())),
+                    "passes": [*outcome.passes, "<XLA default pipeline>"], "text": then.text})
+    seen: set[str] = set()
+    return [c for c in out if not (c["text"] in seen or seen.add(c["text"]))]
 
 
 def default_pipeline(env, module: int) -> Outcome:

@@ -3,11 +3,14 @@
 Action ``k < N`` runs pass ``passes[k]`` (:func:`rlflow.xla.passes.action_passes`, N of them) on the current HLO
 module in the crash-isolated worker (:mod:`rlflow.xla.worker`); ``k == N`` stops the episode. A pass that crashes
 XLA or fails is an invalid action: it earns ``invalid_penalty`` and leaves the module unchanged (the worker is
-restarted); a pass that changes nothing earns 0. After ``max_steps`` steps the episode is truncated.
+restarted); a pass that changes nothing earns ``unchanged_penalty`` (default 0; below 0 it costs a step). After
+``max_steps`` steps the episode is truncated.
 
 Observation: float32 [opcode histogram (every opcode of the installed XLA, :func:`rlflow.xla.hlo.opcodes`),
 N flags "this pass already ran on the current module and changed nothing (or failed)", the episode's progress
-(step / max_steps), flops, transcendentals, bytes accessed (XLA's own cost analysis)]. Passes are deterministic,
+(step / max_steps), flops, transcendentals, bytes accessed (XLA's own cost analysis), N flags "this pass made the
+last change to the module" (one hot, none at the start: what the module's last change came from, so a policy can
+learn what a pass enables, e.g. reshape-mover, then algsimp, then cse)]. Passes are deterministic,
 so a flagged pass would change nothing again: the flags tell the agent which actions are spent until the module
 changes (:mod:`rlflow.agents.pass_agent` masks them), and without them a state where a pass did nothing looks
 exactly like the state before it.
@@ -24,7 +27,11 @@ or truncation) also earns ``w x reward_scale x -ln(r)``, r the XLA CPU latency r
 XLA's default pipeline's module of the same graph (:mod:`rlflow.xla.timing`: both compiled without the agents'
 passes, timed with the project's protocol in ``runtime_budget_s`` seconds, 2 sessions); a module whose outputs
 differ from the default's by more than ``tolerance`` earns ``invalid_penalty`` instead. ``info`` then has
-``runtime_ratio`` (and ``runtime_ci``). ``info`` has ``op_count``, ``op_reward`` (the reward without
+``runtime_ratio`` (and ``runtime_ci``; a module whose one call takes more than ``runtime_screen`` times the
+default's is not timed further: its ratio is that call's, ``runtime_screened`` true), ``runtime_s`` (the
+measurement's seconds, also kept in ``runtime_costs``) and ``runtime_compiled`` (modules compiled for it). The timing runs in one persistent process
+(:class:`rlflow.xla.timing.TimingWorker`, compiled modules cached by fingerprint): the default's module is compiled
+once per graph, an episode's module once. ``info`` has ``op_count``, ``op_reward`` (the reward without
 shaping), ``status`` (ok | unchanged | crash | error | stop), ``pass``, the cost features and ``step``.
 ``last_cpu_ms`` holds the pass worker's CPU time of the last step (XLA's compile, the rest; empty when the step
 came from the cache): not in ``info``, which is deterministic.
@@ -40,6 +47,7 @@ from typing import Any, Sequence
 
 import hashlib
 import math
+import time
 from collections import OrderedDict
 
 import gymnasium as gym
@@ -85,10 +93,10 @@ class XlaPassOrderEnv(gym.Env):
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(self, modules: Sequence[str | Path] | str | Path | None = None, max_steps: int = DEFAULT_MAX_STEPS,
-                 reward_scale: float = 100.0, invalid_penalty: float = -1.0,
+                 reward_scale: float = 100.0, invalid_penalty: float = -1.0, unchanged_penalty: float = 0.0,
                  shaping: dict[str, float] | None = None, gamma: float = 0.99, step_timeout_s: float = 120.0,
                  cache_size: int = 256, runtime_reward: float = 0.0, runtime_budget_s: float = 2.0,
-                 tolerance: float = 1e-4, render_mode: str | None = None):
+                 runtime_screen: float = 2.0, tolerance: float = 1e-4, render_mode: str | None = None):
         from rlflow.xla.passes import action_passes, disabled_for
         from rlflow.xla.hlo import opcodes
         from rlflow.xla.worker import PassWorker, discover_pipeline
@@ -107,6 +115,9 @@ class XlaPassOrderEnv(gym.Env):
         self.disabled = [disabled_for(self.pipeline, name) for name in self.passes]  # per action, made once
         self.opcodes = opcodes()
         self.max_steps, self.reward_scale, self.invalid_penalty = max_steps, reward_scale, invalid_penalty
+        if unchanged_penalty > 0:
+            raise RLFlowError(f"XlaPassOrder: unchanged_penalty must be <= 0, got {unchanged_penalty}")
+        self.unchanged_penalty = float(unchanged_penalty)
         self.shaping = {k: float(v) for k, v in (shaping or {}).items() if v}
         unknown = set(self.shaping) - {"flops", "transcendentals"}
         if unknown:
@@ -114,13 +125,16 @@ class XlaPassOrderEnv(gym.Env):
         self.gamma, self.render_mode = gamma, render_mode
         self.worker = PassWorker(step_timeout_s)
         self.action_space = spaces.Discrete(len(self.passes) + 1)
-        n_obs = len(self.opcodes) + len(self.passes) + 1 + len(COST_FEATURES)
+        n_obs = len(self.opcodes) + len(self.passes) + 1 + len(COST_FEATURES) + len(self.passes)
         self.observation_space = spaces.Box(0.0, F32_MAX, (n_obs,), np.float32)
         self.cache_size = int(cache_size)
-        if runtime_reward < 0 or not runtime_budget_s > 0:
-            raise RLFlowError("XlaPassOrder: runtime_reward must be >= 0 and runtime_budget_s > 0")
+        if runtime_reward < 0 or not runtime_budget_s > 0 or not runtime_screen > 1:
+            raise RLFlowError("XlaPassOrder: runtime_reward must be >= 0, runtime_budget_s > 0 and runtime_screen > 1")
+        self.runtime_screen = float(runtime_screen)
         self.runtime_reward, self.runtime_budget_s, self.tolerance = runtime_reward, runtime_budget_s, tolerance
         self._default_text: dict[int, str] = {}  # module index -> XLA's default pipeline's module (runtime reward)
+        self.timer = None  # the persistent timing process of the runtime reward (started at the first episode end)
+        self.runtime_costs: list[float] = []  # seconds of each episode end's runtime measurement
         self._cache: OrderedDict[tuple[bytes, int], Any] = OrderedDict()  # (module digest, pass) -> StepResult
         self.compiles = 0
         self._initial: dict[int, dict] = {}  # module index -> its stats (computed once)
@@ -129,6 +143,7 @@ class XlaPassOrderEnv(gym.Env):
         self.index, self.text, self.stats, self.start, self.steps = 0, "", {}, {}, 0
         self.actions: list[int] = []
         self.spent: set[int] = set()  # passes that ran on the current module and left it as it is
+        self.last_changed: int | None = None  # the last pass that changed the module (what it may have enabled)
 
     # ------------------------------------------------------------------------------------------------ helpers
     @property
@@ -138,8 +153,9 @@ class XlaPassOrderEnv(gym.Env):
     def observation(self, stats: dict) -> np.ndarray:
         hist = stats["histogram"]
         spent = [1.0 if a in self.spent else 0.0 for a in range(len(self.passes))]
+        last = [1.0 if a == self.last_changed else 0.0 for a in range(len(self.passes))]
         vec = ([hist.get(op, 0) for op in self.opcodes] + spent + [self.steps / self.max_steps]
-               + [stats["cost"].get(k, 0.0) for k in COST_FEATURES])
+               + [stats["cost"].get(k, 0.0) for k in COST_FEATURES] + last)
         return np.clip(np.asarray(vec, np.float32), 0.0, F32_MAX)
 
     def transition(self, text: str, action: int):
@@ -190,7 +206,7 @@ class XlaPassOrderEnv(gym.Env):
         if self.index not in self._initial:
             self._initial[self.index] = self.worker.stats(self.text)
         self.stats = self.start = self._initial[self.index]
-        self.steps, self.actions, self.spent = 0, [], set()
+        self.steps, self.actions, self.spent, self.last_changed = 0, [], set(), None
         return self.observation(self.stats), self._info("reset", None, 0.0)
 
     def step(self, action):
@@ -206,7 +222,7 @@ class XlaPassOrderEnv(gym.Env):
         name = self.passes[action]
         result = self.transition(self.text, action)
         if result.status == "ok":
-            self.spent = set()
+            self.spent, self.last_changed = set(), action
         else:
             self.spent.add(action)
         if result.valid:
@@ -215,6 +231,8 @@ class XlaPassOrderEnv(gym.Env):
             self.text, self.stats = result.text, result.stats
             op_reward = self.reward_scale * (before - self.op_count(self.stats)) / max(self.op_count(self.start), 1)
             reward = op_reward + (self.gamma * self.potential(self.stats) - phi if self.shaping else 0.0)
+            if result.status == "unchanged":
+                reward += self.unchanged_penalty
         else:
             op_reward = reward = float(self.invalid_penalty)
         truncated = self.steps >= self.max_steps
@@ -230,7 +248,7 @@ class XlaPassOrderEnv(gym.Env):
         if not self.runtime_reward:
             return 0.0
         from rlflow.evaluation.protocol import Protocol
-        from rlflow.xla.timing import time_modules, timing_disabled
+        from rlflow.xla.timing import TimingWorker, timing_disabled
 
         name = self.modules[self.index][0]
         if self.index not in self._default_text:
@@ -240,8 +258,14 @@ class XlaPassOrderEnv(gym.Env):
             self._default_text[self.index] = ref.text
         protocol = Protocol(sessions=2, warmup=1, budget_s=self.runtime_budget_s, min_rounds=3,
                             seed=self.total_steps)
-        result = time_modules([("xla_default", self._default_text[self.index]), ("episode", self.text)], protocol,
-                              timing_disabled(self.pipeline))
+        if self.timer is None:
+            self.timer = TimingWorker()
+        t0 = time.perf_counter()
+        result = self.timer.time([("xla_default", self._default_text[self.index]), ("episode", self.text)],
+                                 protocol, timing_disabled(self.pipeline), screen=self.runtime_screen)
+        self.runtime_costs.append(time.perf_counter() - t0)
+        info["runtime_s"], info["runtime_compiled"] = self.runtime_costs[-1], result["compiled"]
+        info["runtime_screened"] = "episode" in result["screened"]
         est = result["estimates"]["episode"]
         info["runtime_ratio"], info["runtime_ci"] = est["ratio"], (est["ci_low"], est["ci_high"])
         if not result["max_rel_diff"]["episode"] <= self.tolerance:
@@ -257,6 +281,8 @@ class XlaPassOrderEnv(gym.Env):
 
     def close(self):
         self.worker.close()
+        if self.timer is not None:
+            self.timer.close()
 
 
 def make_xla_env(config: dict, modules, shaping: bool = False, runtime_reward: bool = False) -> XlaPassOrderEnv:
@@ -267,9 +293,11 @@ def make_xla_env(config: dict, modules, shaping: bool = False, runtime_reward: b
     return XlaPassOrderEnv(modules, max_steps=x.get("max_steps", DEFAULT_MAX_STEPS),
                            reward_scale=x.get("reward_scale", 100.0),
                            invalid_penalty=x.get("invalid_penalty", -1.0),
+                           unchanged_penalty=x.get("unchanged_penalty", 0.0),
                            shaping=x.get("shaping") if shaping else None,
                            gamma=config.get("ppo", {}).get("gamma", 0.99), step_timeout_s=x.get("step_timeout_s", 120),
                            cache_size=x.get("cache_size", 256),
                            runtime_reward=x.get("runtime_reward", 0.0) if runtime_reward else 0.0,
                            runtime_budget_s=x.get("runtime_budget_s", 2.0),
+                           runtime_screen=x.get("runtime_screen", 2.0),
                            tolerance=config.get("evaluate", {}).get("tolerance", 1e-4))

@@ -414,6 +414,8 @@ FILE_HELP = {
     "<DIR>/<config device>/<model>.json; a missing one: ops are timed when first needed)", "agents_dir": "folder of the agent-<variant>.pt checkpoints (one per "
     "xla.variants)", "passes": "per method: op counts and the paper's ratio (JSON)",
     "passes_csv": "per method: op counts and the paper's ratio (CSV)",
+    "suite_dir": "folder of the suite's HLO modules (<DIR>/<split>/<module>.hlo)",
+    "manifest": "the suite's manifest: families per split, module counts, each module (JSON)",
     "model_free": "model-free agent checkpoint (train_model_free)", "controller": "controller checkpoint "
     "(train_controller)", "generalise": "each agent's zero-shot improvement per variant (JSON)",
     **{f"{m}_onnx": f"{m}'s optimised model" for m in METHODS}, **{f"{m}_trace": f"{m}'s trace" for m in METHODS},
@@ -472,9 +474,10 @@ def _controller_outputs(folder: str) -> dict[str, str]:
 
 #: the config keys of the XLA pass-ordering env (rlflow.env.xla_pass_order.make_xla_env) and the seed
 XLA_ENV_PARAMS = {"seed": "seed", "max_steps": "xla.max_steps", "reward_scale": "xla.reward_scale",
-                  "invalid_penalty": "xla.invalid_penalty", "step_timeout_s": "xla.step_timeout_s",
+                  "invalid_penalty": "xla.invalid_penalty", "unchanged_penalty": "xla.unchanged_penalty",
+                  "step_timeout_s": "xla.step_timeout_s",
                   "shaping": "xla.shaping", "gamma": "ppo.gamma", "runtime_reward": "xla.runtime_reward",
-                  "runtime_budget_s": "xla.runtime_budget_s"}
+                  "runtime_budget_s": "xla.runtime_budget_s", "runtime_screen": "xla.runtime_screen"}
 
 
 #: RLFlow's controller (trained in the dream only); the sweep stages run the same code with one key fixed
@@ -808,17 +811,32 @@ STAGES: dict[str, Stage] = {
             args=(("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--out", "{output.hlo}")),
         ),
         Stage(
+            name="export_hlo_suite",
+            pipeline="xla",
+            doc="Export the HLO suite: the zoo families of xla.suite and their size variants, inference and training "
+                "form, split into training and held-out sets by family.",
+            outputs={"suite_dir": "results/xla/suite", "manifest": "results/xla/suite.json"},
+            params={"suite": "xla.suite", "zoo": "zoo", "seed": "seed"},
+            args=(("--out-dir", "{output.suite_dir}"), ("--manifest", "{output.manifest}")),
+            folders=("suite_dir",),
+            wildcards=(),
+        ),
+        Stage(
             name="train_pass_agent",
             pipeline="xla",
-            doc="Train one PPO XLA pass-ordering agent (variant {variant}) on the HLO of every model in xla.train_models.",
-            inputs={"hlo": "results/{model}/xla/module.hlo"},
+            doc="Train one PPO XLA pass-ordering agent (variant {variant}) on the HLO of every model in xla.train_models "
+                "(or, with xla.train_on=suite, on the HLO suite's training split).",
+            inputs={"hlo": "results/{model}/xla/module.hlo", "manifest": "results/xla/suite.json"},
             outputs={"checkpoint": "results/xla/agent-{variant}.pt", "metrics": "results/xla/agent-{variant}.json"},
             params={**{k: v for k, v in XLA_ENV_PARAMS.items() if k != "gamma"}, "train_models": "xla.train_models",
+                    "train_on": "xla.train_on",
                     "tolerance": "evaluate.tolerance",
                     "updates": "xla.updates",
-                    "steps_per_update": "xla.steps_per_update", "hidden": "xla.hidden", "ppo": "ppo"},
-            args=(("--variant", "{variant}"), ("--results-dir", "results"), ("--out", "{output.checkpoint}"),
-                  ("--metrics", "{output.metrics}")),
+                    "steps_per_update": "xla.steps_per_update", "hidden": "xla.hidden", "entropy": "xla.entropy",
+                    "ppo": "ppo"},
+            args=(("--variant", "{variant}"), ("--results-dir", "results"), ("--manifest", "{input.manifest}"),
+                  ("--out", "{output.checkpoint}"), ("--metrics", "{output.metrics}")),
+            cli_optional=("--manifest",),  # read with xla.train_on=suite only
             wildcards=("variant",),
             expand={"model": "xla.train_models"},
         ),
@@ -831,10 +849,11 @@ STAGES: dict[str, Stage] = {
             inputs={"hlo": "results/{model}/xla/module.hlo", "agents": "results/xla/agent-{variant}.pt"},
             outputs={"passes": "results/{model}/xla/passes.json", "passes_csv": "results/{model}/xla/passes.csv"},
             params={**{k: v for k, v in XLA_ENV_PARAMS.items()
-                       if k not in ("shaping", "gamma", "runtime_reward", "runtime_budget_s")},
+                       if k not in ("shaping", "gamma", "runtime_reward", "runtime_budget_s", "runtime_screen")},
                     "variants": "xla.variants", "train_models": "xla.train_models",
                     "random_orders": "xla.random_orders", "greedy_steps": "xla.greedy_steps",
                     "time_modules": "xla.time_modules", "time_budget_s": "xla.time_budget_s", "timing": "timing",
+                    "select_by_latency": "xla.select_by_latency", "select_budget_s": "xla.select_budget_s",
                     "tolerance": "evaluate.tolerance"},
             args=(("--model", "{model}"), ("--hlo", "{input.hlo}"), ("--agents-dir", "results/xla"),
                   ("--out", "{output.passes}"), ("--csv", "{output.passes_csv}")),

@@ -14,7 +14,12 @@ Runtime (``xla.time_modules``): the module of every method that has one (XLA's d
 compiled by XLA's CPU compiler without the target-independent passes and timed with the project's protocol
 (config ``timing``, ``xla.time_budget_s`` seconds): latency ratio to XLA's default pipeline's module with its 95%
 interval and verdict, and an A/A control (the default module timed twice, ``xla_default-aa``) whose interval must
-hold 1.0, else the comparison is marked too noisy (:mod:`rlflow.xla.timing`). Each module's outputs on the same
+hold 1.0, else the comparison is marked too noisy (:mod:`rlflow.xla.timing`). With ``xla.select_by_latency``, each
+agent's timed module is its final choice by measured latency: its candidates (the module with the fewest ops,
+its last module, and XLA's default pipeline run after its passes) and XLA's default pipeline's module, timed
+with the protocol (``xla.select_budget_s`` seconds); the fastest candidate the protocol calls faster than the
+default, else the default's module (``selection`` in the JSON, ``latency_choice`` in the CSV). The op-count
+columns stay the agent's fewest-ops module (the paper's metric). Each module's outputs on the same
 inputs are compared with the default module's; beyond ``evaluate.tolerance`` the stage fails, naming the method.
 
 Writes ``--out`` (JSON ``rlflow.xla-passes/1``: also the passes each method ran) and ``--csv`` (one row per
@@ -32,7 +37,8 @@ HELP = "XLA pass agents vs XLA's default pipeline, random orders and greedy on a
 SET_EXAMPLE = "xla.random_orders=3"
 
 CSV_COLUMNS = ("model", "method", "ops", "initial_ops", "reduction", "ratio_vs_default", "passes_run", "seconds",
-               "runtime_ratio", "runtime_ci_low", "runtime_ci_high", "runtime_verdict", "max_rel_diff")
+               "runtime_ratio", "runtime_ci_low", "runtime_ci_high", "runtime_verdict", "max_rel_diff",
+               "latency_choice")
 AA_NAME = "xla_default-aa"
 
 
@@ -43,26 +49,59 @@ def to_csv(doc: dict) -> str:
         row = {**m, "model": doc["model"], "initial_ops": doc["initial_ops"], "passes_run": len(m["passes"]),
                "runtime_ratio": rt.get("ratio"), "runtime_ci_low": rt.get("ci_low"),
                "runtime_ci_high": rt.get("ci_high"),
-               "runtime_verdict": rt.get("verdict"), "max_rel_diff": rt.get("max_rel_diff")}
+               "runtime_verdict": rt.get("verdict"), "max_rel_diff": rt.get("max_rel_diff"),
+               "latency_choice": (m.get("selection") or {}).get("chosen")}
         lines.append(",".join("" if row[c] is None else (f"{row[c]:.6g}" if isinstance(row[c], float) else str(row[c]))
                               for c in CSV_COLUMNS))
     return "\n".join(lines) + "\n"
 
 
-def time_methods(config: dict, pipeline, texts: dict[str, str], methods: list[dict], model: str) -> dict:
-    """Time the methods' modules on XLA CPU against XLA's default one (:mod:`rlflow.xla.timing`); adds each
-    method's ``runtime`` entry and returns the comparison's summary (protocol, A/A control, too noisy)."""
+def select_by_latency(config: dict, timer, disabled: list[str], texts: dict[str, str], method: dict,
+                      candidates: list[dict], model: str) -> None:
+    """The agent's final module, chosen by measured latency among its candidates and XLA's default pipeline's
+    module (:func:`rlflow.xla.timing.choose_by_latency`, protocol ``timing`` with ``xla.select_budget_s``
+    seconds): sets ``texts[method]`` (what the runtime comparison times) and the method's ``selection``."""
+    from rlflow.config import get
+    from rlflow.evaluation.protocol import Protocol
+    from rlflow.xla.hlo import histogram, parse
+    from rlflow.xla.timing import choose_by_latency
+
+    protocol = Protocol.from_config(config, budget_s=float(get(config, "xla.select_budget_s")))
+    name = method["method"]
+    choice = choose_by_latency(timer, texts["xla_default"], [(c["name"], c["text"]) for c in candidates], protocol,
+                               disabled, int(get(config, "seed")), float(get(config, "evaluate.tolerance")))
+    chosen = next((c for c in candidates if c["name"] == choice["chosen"]), None)
+    texts[name] = texts["xla_default"] if chosen is None else chosen["text"]
+    timed = choice["candidates"]  # name -> ratio, interval, verdict (a candidate equal to the default: absent)
+    rows = []
+    for c in candidates:
+        row = {"name": c["name"], "ops": c["ops"], "passes": c["passes"]}
+        row.update(timed.get(c["name"], {"same_as": "xla_default"}))
+        rows.append(row)
+    method["selection"] = {
+        "chosen": choice["chosen"], "protocol": protocol.describe(),
+        "final_ops": float(sum(histogram(parse(texts[name])).values())),
+        "final_passes": chosen["passes"] if chosen else ["<XLA default pipeline>"], "candidates": rows}
+    seen = ", ".join(f"{n} {e['ratio']:.3f} {e['verdict']}" for n, e in timed.items())
+    print(f"evaluate_passes: {model} {name}: final module by latency: {choice['chosen']} "
+          f"(candidates vs XLA default: {seen or 'all equal to it'})", flush=True)
+
+
+def time_methods(config: dict, timer, disabled: list[str], texts: dict[str, str], methods: list[dict],
+                 model: str) -> dict:
+    """Time the methods' modules on XLA CPU against XLA's default one (:mod:`rlflow.xla.timing`, in ``timer``);
+    adds each method's ``runtime`` entry and returns the comparison's summary (protocol, A/A control, too
+    noisy)."""
     from rlflow.config import get
     from rlflow.errors import RLFlowError
     from rlflow.evaluation.protocol import SAME, Protocol
-    from rlflow.xla.timing import time_modules, timing_disabled
 
     protocol = Protocol.from_config(config, budget_s=float(get(config, "xla.time_budget_s")))
     order = ["xla_default", AA_NAME] + [m["method"] for m in methods if m["method"] != "xla_default"
                                         and m["method"] in texts]
     modules = [(n, texts["xla_default" if n == AA_NAME else n]) for n in order]
     print(f"evaluate_passes: {model}: timing {len(modules)} modules on XLA CPU ({protocol.describe()})", flush=True)
-    result = time_modules(modules, protocol, timing_disabled(pipeline), seed=int(get(config, "seed")))
+    result = timer.time(modules, protocol, disabled, seed=int(get(config, "seed")))
     tolerance = float(get(config, "evaluate.tolerance"))
     for m in methods:
         est = result["estimates"].get(m["method"])
@@ -80,14 +119,14 @@ def time_methods(config: dict, pipeline, texts: dict[str, str], methods: list[di
     aa = result["estimates"][AA_NAME]
     return {"backend": "xla-cpu", "reference": "xla_default", "protocol": protocol.describe(),
             "aa": {k: aa[k] for k in ("ratio", "ci_low", "ci_high", "verdict")}, "too_noisy": aa["verdict"] != SAME,
-            "rounds": result["rounds"], "seconds": result["seconds"], "disabled_passes": timing_disabled(pipeline)}
+            "rounds": result["rounds"], "seconds": result["seconds"], "disabled_passes": disabled}
 
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from rlflow.agents.pass_agent import (default_pipeline, greedy, load_pass_agent, random_orders,
-                                          reduction_ratio, run_agent)
+    from rlflow.agents.pass_agent import (default_pipeline, greedy, latency_candidates, load_pass_agent,
+                                          random_orders, reduction_ratio, run_agent)
     from rlflow.atomic import write_text
     from rlflow.config import get, load_config
     from rlflow.env.xla_pass_order import make_xla_env
@@ -111,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
                 ("random", lambda: random_orders(env, 0, int(x["random_orders"]), rng)),
                 ("greedy", lambda: greedy(env, 0, int(x["greedy_steps"])))]
         runs += [(f"ppo-{v}", lambda a=a: run_agent(env, a, 0)) for v, a in agents.items()]
-        texts = {}
+        texts, candidates = {}, {}
         for name, fn in runs:
             t0 = time.perf_counter()
             out = fn()
@@ -120,12 +159,21 @@ def run(args: argparse.Namespace) -> int:
             if out.text is not None:
                 texts[name] = out.text
             print(f"evaluate_passes: {args.model} {name}: {out.ops:g} ops (initial {ops0})", flush=True)
+            if name.startswith("ppo-") and x["time_modules"] and x["select_by_latency"]:
+                candidates[name] = latency_candidates(env, out)
         pipeline = env.pipeline
     finally:
         env.close()
     runtime = None
     if x["time_modules"]:
-        runtime = time_methods(config, pipeline, texts, methods, args.model)
+        from rlflow.xla.timing import TimingWorker, timing_disabled
+
+        disabled = timing_disabled(pipeline)
+        with TimingWorker() as timer:  # one process: a module the selection compiled is not compiled again
+            for m in methods:
+                if m["method"] in candidates:
+                    select_by_latency(config, timer, disabled, texts, m, candidates[m["method"]], args.model)
+            runtime = time_methods(config, timer, disabled, texts, methods, args.model)
     default = methods[0]["ops"]
     for m in methods:
         m["ratio_vs_default"] = reduction_ratio(ops0, m["ops"], default)

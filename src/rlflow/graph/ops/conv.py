@@ -279,7 +279,9 @@ def _pool_window(J, x, a, c, init, op, pad_value, explicit_value=None):
         x = J.lax.pad(x, J.jnp.asarray(explicit_value, x.dtype), [(0, 0, 0), (0, 0, 0), (pt, pb, 0), (pl, pr, 0)])
         pads = [[0, 0], [0, pads[1][1] - pb], [0, pads[2][1] - pr], [0, 0]]
     (kh, kw), (sh, sw) = a["kernel"], a["strides"]
-    return J.lax.reduce_window(x, J.jnp.asarray(init, x.dtype), op, (1, 1, kh, kw), (1, 1, sh, sw),
+    # a numpy init value stays concrete under tracing, so JAX sees a max/sum window (differentiable: jax.grad of
+    # a pooling model works) instead of a generic reduction
+    return J.lax.reduce_window(x, np.asarray(init, x.dtype), op, (1, 1, kh, kw), (1, 1, sh, sw),
                                [(0, 0), (0, 0), tuple(pads[1]), tuple(pads[2])])
 
 

@@ -1,0 +1,114 @@
+"""The HLO suite (stage export_hlo_suite, rlflow.xla.suite): families split into training and held-out sets,
+inference and training (forward + backward) forms, the manifest; on the tiny config (4 modules, seconds)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+
+import pytest
+
+if importlib.util.find_spec("jax") is None or importlib.util.find_spec("xla_plugins.xla_cpu_pjrt") is None:
+    pytest.skip("jax / xla-cpu-pjrt not installed", allow_module_level=True)
+
+from rlflow.cli import main  # noqa: E402
+from rlflow.errors import RLFlowError  # noqa: E402
+from rlflow.pipeline.registry import REPO_ROOT  # noqa: E402
+from rlflow.xla.hlo import histogram, parse  # noqa: E402
+from rlflow.xla.suite import load_manifest, plan, split_paths  # noqa: E402
+
+TINY = ["--config", str(REPO_ROOT / "config.yaml"), "--config", str(REPO_ROOT / "tests/configs/tiny.yaml")]
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    r = tmp_path_factory.mktemp("results")
+    assert main(["export-hlo-suite", *TINY, "--out-dir", str(r / "suite"), "--manifest", str(r / "suite.json")]) == 0
+    return r
+
+
+def test_plan_splits_by_family_and_names_each_variant_and_form():
+    modules = plan({"train_families": ["bert"], "heldout_families": ["vit"], "forms": ["inference", "training"],
+                    "variants": {"bert": [{"layers": 2}, {"layers": 4, "seq": 16}], "gpt2": [{"layers": 1}]}})
+    assert [m.name for m in modules] == ["bert-layers2-inference", "bert-layers2-training",
+                                         "bert-layers4-seq16-inference", "bert-layers4-seq16-training",
+                                         "vit-base-inference", "vit-base-training"]  # gpt2 is in neither split
+    assert {m.family for m in modules if m.split == "train"} == {"bert"}
+    assert {m.family for m in modules if m.split == "heldout"} == {"vit"}
+
+
+@pytest.mark.parametrize("suite_cfg, message", [
+    ({"train_families": ["bert"], "heldout_families": ["bert"]}, "in both"),
+    ({"train_families": ["bert"], "heldout_families": ["nope"]}, "unknown zoo family 'nope'"),
+    ({"train_families": ["bert"], "heldout_families": []}, "at least one family"),
+    ({"train_families": ["bert"], "heldout_families": ["vit"], "forms": ["backward"]}, "unknown form"),
+    ({"train_families": ["bert"], "heldout_families": ["vit"], "variants": {"bert": [{"layers": 2}] * 2}}, "twice"),
+])
+def test_bad_suites_are_one_line_errors(suite_cfg, message):
+    with pytest.raises(RLFlowError, match=message) as err:
+        plan(suite_cfg)
+    assert "\n" not in str(err.value)
+
+
+def test_the_manifest_names_families_and_module_counts(suite):
+    doc = load_manifest(suite / "suite.json")
+    assert doc["families"] == {"train": ["gpt2"], "heldout": ["vit"]}
+    assert doc["counts"] == {"train": {"gpt2": 2}, "heldout": {"vit": 2}}
+    assert doc["totals"] == {"train": 2, "heldout": 2}
+    assert {(e["family"], e["form"]) for e in doc["modules"]} == {(f, form) for f in ("gpt2", "vit")
+                                                                 for form in ("inference", "training")}
+    assert all(e["sizes"]["layers"] == 1 for e in doc["modules"])
+    assert [p.name for p in split_paths(suite / "suite.json", "heldout")] == ["vit-layers1-inference.hlo",
+                                                                              "vit-layers1-training.hlo"]
+
+
+def test_the_training_form_is_forward_and_backward(suite):
+    doc = load_manifest(suite / "suite.json")
+    by = {(e["family"], e["form"]): e for e in doc["modules"]}
+    for family in ("gpt2", "vit"):
+        inf, train = by[(family, "inference")], by[(family, "training")]
+        assert train["ops"] > 1.5 * inf["ops"]  # the backward pass
+        text = (suite / train["path"]).read_text()
+        assert sum(histogram(parse(text)).values()) == train["ops"]
+        # one gradient per weight: every parameter but the model's one input (token ids, images) has one
+        header = text.partition("\n")[0]
+        params, result = re.search(r"entry_computation_layout=\{\((.*)\)->\((.*)\)\}", header).groups()
+        shape = r"[a-z]+\d*\["
+        assert len(re.findall(shape, result)) == len(re.findall(shape, params)) - 1 > 1
+
+def test_a_missing_module_file_is_a_one_line_error(suite, tmp_path):
+    doc = json.loads((suite / "suite.json").read_text())
+    (tmp_path / "suite.json").write_text(json.dumps(doc))
+    with pytest.raises(RLFlowError, match="missing"):
+        load_manifest(tmp_path / "suite.json")
+    with pytest.raises(RLFlowError, match="no HLO suite manifest"):
+        load_manifest(tmp_path / "none.json")
+
+
+def test_an_agent_trains_on_the_suites_training_split(suite, capsys):
+    small = [*TINY, "--set", "xla.train_on=suite", "--set", "xla.updates=1", "--set", "xla.steps_per_update=4",
+             "--set", "xla.max_steps=2"]
+    out = suite / "agent-plain.pt"
+    assert main(["train-pass-agent", *small, "--variant", "plain", "--results-dir", str(suite),
+                 "--manifest", str(suite / "suite.json"), "--out", str(out),
+                 "--metrics", str(suite / "agent-plain.json")]) == 0
+    metrics = json.loads((suite / "agent-plain.json").read_text())
+    assert metrics["train_models"] == ["gpt2-layers1-inference", "gpt2-layers1-training"]  # no held-out family
+    assert main(["train-pass-agent", *small, "--variant", "plain", "--results-dir", str(suite),
+                 "--out", str(out), "--metrics", str(suite / "agent-plain.json")]) == 2
+    assert "give --manifest" in capsys.readouterr().err
+
+
+def test_training_modules_compile_for_timing(suite):
+    from rlflow.evaluation.protocol import Protocol
+    from rlflow.xla.timing import time_modules, timing_disabled
+    from rlflow.xla.worker import discover_pipeline
+
+    # the backward pass has scatters (the embedding's gradient) and dots with two contracting dimensions, which
+    # XLA CPU emits only after the passes the timing compile keeps (rlflow.xla.timing.REQUIRED)
+    doc = load_manifest(suite / "suite.json")
+    text = next((suite / e["path"]).read_text() for e in doc["modules"] if e["name"] == "gpt2-layers1-training")
+    r = time_modules([("a", text), ("b", text)], Protocol(sessions=2, warmup=1, budget_s=0.1, min_rounds=3),
+                     timing_disabled(discover_pipeline()))
+    assert r["max_rel_diff"]["b"] == 0.0
