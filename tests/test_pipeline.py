@@ -133,7 +133,7 @@ def test_every_shipped_config_merges_over_the_default_and_validates(extra):
     [
         ("device=gpu", "device"),
         ("export.opset=12", "export.opset"),
-        ("export.opset=21", "export.opset"),
+        ("export.opset=26", "export.opset"),
         ("export.exporter=jit", "export.exporter"),
         ("colour=1", "colour"),
         ("models=[no/pe]", "models.0"),
