@@ -16,8 +16,10 @@ source holds, else other. A family is present on a graph if one of its rules has
 
 **Actions.** In each runner iteration the agent picks one action (:func:`action_names`): ``all`` (every family:
 what eqsat runs), ``only:F`` (family F alone) or ``no:F`` (every family but F). The chosen families' rules then run
-under eqsat's backoff scheduler (its match limits, bans and multi-pattern iterations: :class:`FamilyScheduler` is a
-:class:`~rlflow.search.eqsat.runner.BackoffScheduler`), so an agent that always picks ``all`` is eqsat. When an
+under eqsat's backoff scheduler (its match limits and bans: :class:`FamilyScheduler` is a
+:class:`~rlflow.search.eqsat.runner.BackoffScheduler`), and multi-pattern rules in at most ``multi_iterations``
+iterations, the first ones in which the agent chooses them (eqsat: the first ones), so an agent that always
+picks ``all`` is eqsat. When an
 iteration that did not run every family changes nothing, the next one runs ``all`` (forced, not the agent's
 choice), so saturation only stops once no rule of any family matches anything new.
 
@@ -145,6 +147,7 @@ class FamilyScheduler(BackoffScheduler):
         self.runner: Runner | None = None
         self._force_all = False
         self._family: dict[str, str] = {}
+        self.multi_runs = 0  # iterations in which multi-pattern rules ran
 
     def start(self, runner: Runner) -> None:
         self.runner = runner
@@ -177,7 +180,11 @@ class FamilyScheduler(BackoffScheduler):
             action = self.actions[a]
         self.schedule.append(action)
         fams = action_families(action)
-        return [p for p in super().select(iteration, egraph, patterns) if self._family[p.rule.id] in fams]
+        multi_ok = self.multi_runs < self.multi_iterations
+        out = [p for p in patterns if self._family[p.rule.id] in fams and (multi_ok or not p.multi)
+               and iteration >= self._ban(p).until]
+        self.multi_runs += any(p.multi for p in out)
+        return out
 
     def can_stop(self, iteration: int) -> bool:
         if self.schedule and self.schedule[-1] != "all":  # only some families ran: the others may still match
@@ -282,6 +289,7 @@ class TrainConfig:
 
     epochs: int = 6        # each: one sampled episode and one greedy evaluation per training model
     lr: float = 0.5        # step size on the normalised advantages
+    all_bias: float = 2.0  # the initial logit of ``all`` (the others 0): sampling explores near eqsat's schedule
     seed: int = 0
 
 
@@ -312,10 +320,11 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
     t0 = time.perf_counter()
     rng = np.random.default_rng(config.seed)
     policy = LinearPolicy.untrained()
+    policy.weights[0, 0] = config.all_bias
     ref = {m: proxy_cost(g, rules, cost, _fixed([]), budget)[0] for m, g in graphs.items()}
     initial = {m: cost.graph_metrics(g).runtime_ms for m, g in graphs.items()}
     reward = lambda m, c: (ref[m] - c) / initial[m]  # noqa: E731
-    best, best_score = policy.weights.copy(), 0.0  # the untrained greedy policy is eqsat's schedule: reward 0
+    best, best_score = policy.weights.copy(), 0.0  # the initial greedy policy is eqsat's schedule: reward 0
     means: dict[str, list[float]] = {m: [] for m in graphs}
     history = []
     for epoch in range(config.epochs):
