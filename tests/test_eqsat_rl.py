@@ -129,3 +129,38 @@ def test_bad_input_is_one_line(tmp_path):
         eqsat_rl_search(shared_input_graph(), [], AnalyticCost("cpu"), LinearPolicy.untrained(), BUDGET)
     with pytest.raises(RLFlowError, match="depth >= 1"):
         tree_search(shared_input_graph(), BUILTIN, AnalyticCost("cpu"), BUDGET, depth=0)
+
+
+def test_optimize_method_eqsat_rl(tmp_path, capsys):
+    import json
+
+    from rlflow.cli import main
+    from rlflow.graph.onnx_io import save_onnx
+    from rlflow.rewrite.rule import rules_document
+
+    g = shared_input_graph()
+    src, rules = tmp_path / "m.onnx", tmp_path / "rules.json"
+    save_onnx(g, src)
+    rules.write_text(json.dumps(rules_document(BUILTIN, {})))
+    common = [str(src), "--rules", str(rules), "--target", "analytic", "--set", "eqsat.iter_limit=6",
+              "--no-progress", "--no-speed-check"]
+    out, trace = tmp_path / "o.onnx", tmp_path / "t.json"
+    assert main(["optimize", *common, "--out", str(out), "--method", "eqsat-rl", "--trace", str(trace)]) == 0
+    doc = json.loads(trace.read_text())
+    assert doc["method"] == "eqsat-mcts" and doc["config"]["eqsat.iter_limit"] == 6  # no policy: the tree search
+    assert doc["final"]["runtime_ms"] < doc["initial"]["runtime_ms"] and doc["max_rel_diff"] <= 1e-4
+    assert "schedule (eqsat-mcts)" in capsys.readouterr().out
+    LinearPolicy.untrained().save(tmp_path / "p.json")
+    trace2 = tmp_path / "t2.json"
+    assert main(["optimize", *common, "--out", str(tmp_path / "o2.onnx"), "--method", "eqsat-rl",
+                 "--agent", str(tmp_path / "p.json"), "--trace", str(trace2)]) == 0
+    doc2 = json.loads(trace2.read_text())
+    assert doc2["method"] == "eqsat-rl" and set(doc2["stats"]["schedule"]) == {"all"}
+    (tmp_path / "bad.json").write_text("[]")
+    capsys.readouterr()
+    assert main(["optimize", *common, "--out", str(tmp_path / "o3.onnx"), "--method", "eqsat-rl",
+                 "--agent", str(tmp_path / "bad.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not an eqsat-rl policy" in err and len(err.splitlines()) == 1 and not (tmp_path / "o3.onnx").exists()
+    assert main(["optimize", *common, "--out", str(tmp_path / "o4.onnx"), "--method", "eqsat-rl",
+                 "--budget", "5"]) == 2

@@ -360,9 +360,9 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
 
 
 def eqsat_rl_search(graph: Graph, rules: Sequence[Rule], cost: CostModel, policy: LinearPolicy,
-                    budget: EqsatBudget) -> SearchResult:
-    """The learned agent's schedule (greedy), then the ILP: the method ``eqsat-rl``."""
-    r, _ = run_schedule(graph, rules, cost, policy.greedy(), budget, method="eqsat-rl")
+                    budget: EqsatBudget, extraction: str = "ilp") -> SearchResult:
+    """The learned agent's schedule (greedy), then the ILP (or ``extraction``): the method ``eqsat-rl``."""
+    r, _ = run_schedule(graph, rules, cost, policy.greedy(), budget, extraction, method="eqsat-rl")
     r.stats["policy_trained_on"] = policy.info.get("trained_on")
     return r
 
@@ -378,7 +378,7 @@ def random_schedule_search(graph: Graph, rules: Sequence[Rule], cost: CostModel,
 # ------------------------------------------------------------------------------------------------ tree search
 
 def tree_search(graph: Graph, rules: Sequence[Rule], cost: CostModel, budget: EqsatBudget, depth: int = 3,
-                simulations: int = 16, c_uct: float = 1.0, seed: int = 0) -> SearchResult:
+                simulations: int = 16, c_uct: float = 1.0, seed: int = 0, extraction: str = "ilp") -> SearchResult:
     """UCT over the actions of the first ``depth`` iterations (MCTS-GEB style; see the module docstring):
     ``simulations`` leaves, each scored by :func:`proxy_cost` (value: the input's cost over the leaf's, so
     higher is better), a leaf seen before not run again; then the best leaf's schedule with the ILP. The
@@ -421,7 +421,8 @@ def tree_search(graph: Graph, rules: Sequence[Rule], cost: CostModel, budget: Eq
             value[p] = value.get(p, 0.0) + v
     best = min(leaves, key=lambda p: (leaves[p], p))
     t_tree = time.perf_counter() - t0
-    r, _ = run_schedule(graph, rules, cost, _fixed([names[a] for a in best]), budget, method="eqsat-mcts")
+    r, _ = run_schedule(graph, rules, cost, _fixed([names[a] for a in best]), budget, extraction,
+                        method="eqsat-mcts")
     r.seconds = time.perf_counter() - t0
     r.stats.update(tree_simulations=len(leaves), tree_seconds=t_tree, tree_best_proxy_ms=leaves[best])
     return r
