@@ -60,6 +60,10 @@ def main() -> None:
     ap.add_argument("--node-limit", type=int, default=5000, help="e-nodes (default 5,000: tiny.yaml's cap)")
     ap.add_argument("--ilp-limit", type=float, default=None, help="ILP seconds (default: the config's)")
     ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--lr", type=float, default=TrainConfig.lr)
+    ap.add_argument("--all-bias", type=float, default=TrainConfig.all_bias,
+                    help="the untrained policy's logit of `all` (exploration around eqsat's schedule)")
+    ap.add_argument("--skip", nargs="+", default=[], choices=("tree", "random"), help="methods not to run")
     ap.add_argument("--depth", type=int, default=3)
     ap.add_argument("--simulations", type=int, default=16)
     ap.add_argument("--random-seeds", type=int, default=3)
@@ -85,7 +89,7 @@ def main() -> None:
             zoo.export_model(name, path, zoo.TINY_SIZES[name] if args.sizes == "tiny" else None)
             graphs[name] = load_onnx(path)
     policy, history = train_policy({m: graphs[m] for m in args.train}, rules, cost, budget,
-                                   TrainConfig(epochs=args.epochs, seed=args.seed), log=print)
+                                   TrainConfig(epochs=args.epochs, lr=args.lr, all_bias=args.all_bias, seed=args.seed), log=print)
     train_s = policy.info["train_seconds"]
     if args.save_policy:
         policy.save(args.save_policy)
@@ -94,18 +98,22 @@ def main() -> None:
         g = graphs[name]
         ref = eqsat_search(g, rules, cost, **budget.search_kwargs())
         learned = eqsat_rl_search(g, rules, cost, policy, budget)
-        tree = tree_search(g, rules, cost, budget, depth=args.depth, simulations=args.simulations, seed=args.seed)
-        rand = [random_schedule_search(g, rules, cost, budget, seed=args.seed + k) for k in range(args.random_seeds)]
+        tree = None if "tree" in args.skip else tree_search(g, rules, cost, budget, depth=args.depth,
+                                                            simulations=args.simulations, seed=args.seed)
+        rand = [] if "random" in args.skip else [random_schedule_search(g, rules, cost, budget, seed=args.seed + k)
+                                                 for k in range(args.random_seeds)]
+        nan = float("nan")
         row = {"model": name, "held_out": name not in args.train, "initial_ms": ref.initial.runtime_ms,
                "eqsat_ms": ref.final.runtime_ms, "eqsat_s": ref.seconds, "eqsat_stop": ref.stop_reason,
                "eqsat_ilp_optimal": ref.stats.get("ilp_optimal"),
                "learned_ms": learned.final.runtime_ms, "learned_s": learned.seconds,
                "learned_schedule": learned.stats["schedule"], "learned_ilp_optimal": learned.stats.get("ilp_optimal"),
                "learned_max_rel_diff": check_equal(g, learned.graph),
-               "tree_ms": tree.final.runtime_ms, "tree_s": tree.seconds, "tree_schedule": tree.stats["schedule"],
-               "random_ms": statistics.mean(r.final.runtime_ms for r in rand),
-               "random_best_ms": min(r.final.runtime_ms for r in rand),
-               "random_s": statistics.mean(r.seconds for r in rand)}
+               "tree_ms": tree.final.runtime_ms if tree else nan, "tree_s": tree.seconds if tree else nan,
+               "tree_schedule": tree.stats["schedule"] if tree else None,
+               "random_ms": statistics.mean(r.final.runtime_ms for r in rand) if rand else nan,
+               "random_best_ms": min(r.final.runtime_ms for r in rand) if rand else nan,
+               "random_s": statistics.mean(r.seconds for r in rand) if rand else nan}
         if args.time_pairs >= 2:
             ts = {"eqsat": [], "learned": []}
             runs = [("eqsat", lambda: eqsat_search(g, rules, cost, **budget.search_kwargs()).seconds),
@@ -124,7 +132,8 @@ def main() -> None:
           f"{budget.node_limit} e-nodes, {budget.iter_limit} iterations, {budget.time_limit_s} s, ILP "
           f"{budget.ilp_time_limit_s} s; tree depth {args.depth}, {args.simulations} simulations; "
           f"{args.random_seeds} random seeds")
-    print(f"learned agent: trained on {', '.join(args.train)} ({args.epochs} epochs) in {train_s:.1f} s; best "
+    print(f"learned agent: trained on {', '.join(args.train)} ({args.epochs} epochs, lr {args.lr}, all-bias "
+          f"{args.all_bias}) in {train_s:.1f} s; best "
           f"greedy proxy reward {policy.info['best_greedy_reward']:+.4f}")
     print(f"{'model':<12}{'input':>8}{'eqsat':>9}{'random':>9}{'rnd best':>9}{'tree':>9}{'learned':>9}"
           f"{'eqsat s':>9}{'random s':>9}{'tree s':>9}{'learned s':>10}  learned/eqsat time")
