@@ -126,7 +126,9 @@ def optimize(model, *, method: str = "eqsat", target: str | None = None, rules: 
     shapes are the ones given (``input_shapes``), with a warning saying so.
 
     * ``method``: ``eqsat`` (equality saturation, the default), ``taso``, ``greedy``, ``rlflow`` (a trained
-      agent: ``agent`` is its checkpoint from the pipeline) or ``ort-optimizer``.
+      agent: ``agent`` is its checkpoint from the pipeline), ``eqsat-rl`` (eqsat with an agent choosing the rule
+      families per iteration: ``agent`` a schedule policy JSON, else a tree search over schedules) or
+      ``ort-optimizer``.
     * ``target``: the cost target the search minimises: ``machine`` (this machine's runtime: ``ort-cpu`` on a
       CPU, ``cuda`` on a GPU), ``ort-cpu``, ``torch-eager``, ``cuda``, ``sim-h100`` (and ``sim-a100``,
       ``sim-v100``: simulated GPUs, not checked for speed here) or ``analytic``. Default: the config's

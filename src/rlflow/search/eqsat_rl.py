@@ -337,18 +337,19 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
             episodes.append((r - base, sched))
         adv = np.array([a for a, _ in episodes])
         scale = adv.std() if adv.std() > 0 else 1.0
-        grad = np.zeros_like(policy.weights)
+        grad, loss = np.zeros_like(policy.weights), 0.0
         for a, sched in episodes:
             if sched.decisions:
                 x = np.stack([d[0] for d in sched.decisions])
                 acts = np.array([d[1] for d in sched.decisions])
                 grad += reinforce_grad(policy.weights, x, acts, sched.mask, a / scale)
+                loss += reinforce_loss(policy.weights, x, acts, sched.mask, a / scale)
         policy.weights -= config.lr * grad / len(episodes)
         score = float(np.mean([reward(m, proxy_cost(g, rules, cost, policy.greedy(), budget)[0])
                                for m, g in graphs.items()]))
         if score > best_score:
             best, best_score = policy.weights.copy(), score
-        row = {"epoch": epoch, "sampled_reward": float(np.mean([means[m][-1] for m in graphs])),
+        row = {"epoch": epoch, "loss": loss / len(episodes), "sampled_reward": float(np.mean([means[m][-1] for m in graphs])),
                "greedy_reward": score, "best_greedy_reward": best_score, "seconds": time.perf_counter() - t0}
         history.append(row)
         if log:
