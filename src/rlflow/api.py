@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from rlflow.graph.ir import Graph
 
 #: the methods of :func:`optimize`: three searches, a trained agent and onnxruntime's transformer optimizer
-METHODS = ("eqsat", "taso", "greedy", "rlflow", "ort-optimizer")
+METHODS = ("eqsat", "taso", "greedy", "rlflow", "ort-optimizer", "eqsat-rl")
 #: at most this many searches again after timing the kernels of the graph found (a measured target)
 MEASURE_ROUNDS = 3
 
@@ -126,7 +126,9 @@ def optimize(model, *, method: str = "eqsat", target: str | None = None, rules: 
     shapes are the ones given (``input_shapes``), with a warning saying so.
 
     * ``method``: ``eqsat`` (equality saturation, the default), ``taso``, ``greedy``, ``rlflow`` (a trained
-      agent: ``agent`` is its checkpoint from the pipeline) or ``ort-optimizer``.
+      agent: ``agent`` is its checkpoint from the pipeline), ``eqsat-rl`` (eqsat with an agent choosing the rule
+      families per iteration: ``agent`` a schedule policy JSON, else a tree search over schedules) or
+      ``ort-optimizer``.
     * ``target``: the cost target the search minimises: ``machine`` (this machine's runtime: ``ort-cpu`` on a
       CPU, ``cuda`` on a GPU), ``ort-cpu``, ``torch-eager``, ``cuda``, ``sim-h100`` (and ``sim-a100``,
       ``sim-v100``: simulated GPUs, not checked for speed here) or ``analytic``. Default: the config's
@@ -188,9 +190,9 @@ class Optimiser:
 
         if method not in METHODS:
             raise RLFlowError(f"unknown method '{method}' (choose from {', '.join(METHODS)})")
-        if method != "rlflow" and agent is not None:
-            raise RLFlowError(f"--agent is the trained agent of --method rlflow; --method {method} is a search and "
-                              "takes none")
+        if method not in ("rlflow", "eqsat-rl") and agent is not None:
+            raise RLFlowError(f"--agent is the trained agent of --method rlflow (or eqsat-rl's schedule policy); "
+                              f"--method {method} is a search and takes none")
         if method == "rlflow":
             if agent is None:
                 raise RLFlowError("--method rlflow needs --agent CKPT (results/<model>/controller/controller.pt of "
@@ -204,6 +206,9 @@ class Optimiser:
         if method == "eqsat" and (alpha is not None or budget is not None):
             raise RLFlowError("--alpha, --budget: TASO's settings (add --method taso); --method eqsat, the "
                               "default, reads the config's eqsat section (--set eqsat.node_limit=...)")
+        if method == "eqsat-rl" and (alpha is not None or budget is not None):
+            raise RLFlowError("--alpha, --budget: TASO's settings (add --method taso); --method eqsat-rl reads the "
+                              "config's eqsat section (--set eqsat.node_limit=...)")
         self.method, self.config, self.costs, self.progress, self.log = method, config, costs, progress, log
         self.alpha = get(config, "search.alpha") if alpha is None else alpha
         self.budget = get(config, "search.budget") if budget is None else budget
@@ -219,6 +224,10 @@ class Optimiser:
         self.seed = get(config, "seed")
         self.device = resolve_device(config)
         self.agent_path, self.agent = agent, None
+        if method == "eqsat-rl" and agent is not None:  # read now: a bad policy file fails before any model
+            from rlflow.search.eqsat_rl import LinearPolicy
+
+            LinearPolicy.load(agent)
         if method == "rlflow":
             from rlflow.agents.checkpoint import load_agent
 
@@ -282,7 +291,7 @@ class Optimiser:
             settings["time_limit_s"] = self.time_limit
         search = lambda: run_method(self.method, graph, self.rules, cost, alpha=self.alpha,  # noqa: E731
                                     budget=self.budget, time_limit_s=self.limit, progress=self.progress,
-                                    eqsat=settings)
+                                    eqsat=settings, policy=self.agent_path if self.method == "eqsat-rl" else None)
         result, timed = search(), 0
         if self.kind not in MEASURED:
             return result, timed
@@ -301,7 +310,7 @@ class Optimiser:
         from rlflow.stages.search_common import config_used, eqsat_settings
 
         used = config_used(self.config, self.method, self.alpha, self.budget, self.limit)
-        if self.method == "eqsat":
+        if self.method in ("eqsat", "eqsat-rl"):
             used["eqsat.time_limit_s"] = (eqsat_settings(self.config)["time_limit_s"] if self.time_limit is None
                                           else self.time_limit)
         used["cost.target"] = self.kind

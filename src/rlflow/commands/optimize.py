@@ -10,6 +10,11 @@ paths of one rewrite at a time):
   eqsat   equality saturation over the rules (Tensat), then the cheapest graph the e-graph holds, extracted by
           an ILP (HiGHS), cycles filtered out during saturation (config section eqsat: node_limit, iter_limit, time_limit_s,
           multi_iterations, extraction, ilp_time_limit_s; set them with --set eqsat.node_limit=...)
+  eqsat-rl  equality saturation whose rule families (multi-pattern, conv, matmul, concat-split, transpose,
+          elementwise, other) an agent picks per iteration, under the same eqsat settings, then the same ILP
+          (rlflow.search.eqsat_rl): with --agent POLICY.json a learned policy (benchmarks/eqsat_rl.py
+          --save-policy trains one), else a tree search over the first iterations' choices (UCT, 16 leaves,
+          each scored by a short ILP), whose time is part of the optimisation time
   rlflow  a trained agent (--agent CKPT) chooses the rewrites in the rewrite environment, from your graph, for
           at most the horizon it was trained with, keeping the cheapest graph seen: the model-free agent one
           greedy episode; the controller as many as it was trained to (controller.eval_episodes: the first
@@ -72,7 +77,7 @@ NAME = "optimize"
 HELP = ("optimise an ONNX model with the verified rules (equality saturation; or TASO's search, greedy, a "
         "trained RLFlow agent); keep it only if faster here")
 #: methods of --method: the two searches and the learned agent
-METHODS = ("taso", "greedy", "eqsat", "rlflow", "ort-optimizer")
+METHODS = ("taso", "greedy", "eqsat", "eqsat-rl", "rlflow", "ort-optimizer")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -81,14 +86,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--out", required=True, type=Path, metavar="OUT.onnx", help="where to write the optimised model")
     p.add_argument("--method", choices=METHODS, default="eqsat",
-                   help="taso | greedy | eqsat (searches) | rlflow (a trained agent, needs --agent) | ort-optimizer "
+                   help="taso | greedy | eqsat | eqsat-rl (searches) | rlflow (a trained agent, needs --agent) | ort-optimizer "
                         "(baseline: onnxruntime's offline transformer optimizer, BERT-type fusions into its contrib "
                         "ops, which only onnxruntime runs; needs no rules) (default: eqsat, "
                         "the strongest measured on this machine's target: on ort-cpu it made taso-bert 0.800 "
                         "[0.794, 0.805] of the original's latency on onnxruntime, where taso changed nothing)")
     p.add_argument("--agent", type=Path, metavar="CKPT",
                    help="rlflow: the agent checkpoint (controller.pt of train_controller or model_free.pt of "
-                        "train_model_free)")
+                        "train_model_free); eqsat-rl: a schedule policy (JSON of benchmarks/eqsat_rl.py "
+                        "--save-policy; without one, the tree search over schedules)")
     add_config_arguments(p, "search.alpha=1.0")
     p.add_argument("--rules", type=Path, metavar="JSON",
                    help="rules file (default: the rule set shipped with rlflow, the same as the pipeline's "

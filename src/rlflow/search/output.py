@@ -17,10 +17,12 @@ TOLERANCE = 1e-4
 
 
 def run_method(method: str, graph: Graph, rules: Sequence, cost, alpha: float = 1.05, budget: int = 1000,
-               time_limit_s: float = 0, progress: bool = False, eqsat: dict[str, Any] | None = None
-               ) -> SearchResult:
-    """``taso``, ``greedy`` or ``eqsat`` on ``graph`` (greedy ignores alpha and budget; eqsat takes its settings,
-    the config's ``eqsat`` section, from ``eqsat`` and ignores the others)."""
+               time_limit_s: float = 0, progress: bool = False, eqsat: dict[str, Any] | None = None,
+               policy: str | Path | None = None) -> SearchResult:
+    """``taso``, ``greedy``, ``eqsat`` or ``eqsat-rl`` on ``graph`` (greedy ignores alpha and budget; eqsat and
+    eqsat-rl take their settings, the config's ``eqsat`` section, from ``eqsat`` and ignore the others;
+    eqsat-rl: the schedule policy file ``policy`` (:class:`rlflow.search.eqsat_rl.LinearPolicy`), else the tree
+    search over schedules)."""
     if method == "taso":
         from rlflow.search.taso import taso_search
 
@@ -34,7 +36,16 @@ def run_method(method: str, graph: Graph, rules: Sequence, cost, alpha: float = 
         from rlflow.search.eqsat import eqsat_search
 
         return eqsat_search(graph, rules, cost, **(eqsat or {}))
-    raise RLFlowError(f"unknown search method '{method}' (choose from taso, greedy, eqsat)")
+    if method == "eqsat-rl":
+        from rlflow.search.eqsat_rl import EqsatBudget, LinearPolicy, eqsat_rl_search, tree_search
+
+        settings = dict(eqsat or {})
+        extraction = settings.pop("extraction", "ilp")
+        budget = EqsatBudget(**settings)
+        if policy is None:
+            return tree_search(graph, rules, cost, budget, extraction=extraction)
+        return eqsat_rl_search(graph, rules, cost, LinearPolicy.load(policy), budget, extraction=extraction)
+    raise RLFlowError(f"unknown search method '{method}' (choose from taso, greedy, eqsat, eqsat-rl)")
 
 
 def verify_and_write(original: Graph, result: SearchResult, out: Path, trace: Path | None, extra: dict[str, Any],
@@ -94,8 +105,12 @@ def verify_and_choose(original: Graph, result: SearchResult, extra: dict[str, An
 def summary(result: SearchResult, diff: float, label: str) -> str:
     """A few lines for the terminal."""
     r = result
-    if r.method == "eqsat":
+    if r.method.startswith("eqsat"):
         s = r.stats
+        schedule = [] if "schedule" not in s else [
+            f"{label}: schedule ({r.method}): {', '.join(s['schedule'])}"
+            + (f"; tree search {s['tree_simulations']} leaves in {s['tree_seconds']:.1f} s" if "tree_seconds" in s
+               else "")]
         return "\n".join([
             f"{label}: cost {r.initial.runtime_ms:.4f} -> {r.final.runtime_ms:.4f} ms ({r.speedup:.3f}x), "
             f"nodes {r.nodes_before} -> {r.nodes_after}" + (" (extraction cost more: input kept)" if s["kept_input"] else ""),
@@ -105,7 +120,7 @@ def summary(result: SearchResult, diff: float, label: str) -> str:
             f"{s['saturation_seconds']:.1f} s",
             f"{label}: extraction {s['extraction']}" + (f" ({'optimal' if s['ilp_optimal'] else s['ilp_message']}, "
                                                          f"{s['ilp_variables']} variables)" if "ilp_variables" in s else "")
-            + f" {s['extraction_seconds']:.1f} s; {r.seconds:.1f} s in all; max output difference {diff:.2e}"])
+            + f" {s['extraction_seconds']:.1f} s; {r.seconds:.1f} s in all; max output difference {diff:.2e}"] + schedule)
     lines = [
         f"{label}: cost {r.initial.runtime_ms:.4f} -> {r.final.runtime_ms:.4f} ms ({r.speedup:.3f}x), "
         f"nodes {r.nodes_before} -> {r.nodes_after}, {len(r.trace)} rewrites applied",

@@ -98,7 +98,7 @@ def config_used(config: dict, method: str, alpha: float, budget: int, limit: flo
             "timing.check_backend": None if chosen is None else chosen[0]}
     if method == "taso":
         used.update({"search.alpha": alpha, "search.budget": budget})
-    if method == "eqsat":
+    if method in ("eqsat", "eqsat-rl"):
         del used["search.time_limit_s"]
         used.update({f"eqsat.{k}": v for k, v in eqsat_settings(config).items()})
     return used

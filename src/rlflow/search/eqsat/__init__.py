@@ -52,9 +52,12 @@ __all__ = ["BAN_LENGTH", "EXTRACTION_ROUNDS", "RULE_MATCH_LIMIT", "TIE_COST_MS",
 
 def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, node_limit: int = 50_000,
                  iter_limit: int = 15, time_limit_s: float = 60.0, ilp_time_limit_s: float = 60.0,
-                 multi_iterations: int = 2, extraction: str = "ilp") -> SearchResult:
+                 multi_iterations: int = 2, extraction: str = "ilp", scheduler: Scheduler | None = None,
+                 method: str = "eqsat") -> SearchResult:
     """Equality saturation then extraction; see the module docstring. Deterministic for given inputs (unless a
-    time limit cuts saturation or the ILP)."""
+    time limit cuts saturation or the ILP). ``scheduler``: which rules run in each iteration (default: the backoff
+    scheduler with ``multi_iterations``; :mod:`rlflow.search.eqsat_rl` passes its agent's), ``method`` the
+    result's method name."""
     if node_limit < 1 or iter_limit < 0 or time_limit_s < 0 or ilp_time_limit_s < 0 or multi_iterations < 0 \
             or extraction not in ("ilp", "greedy"):
         raise ValueError("eqsat_search: need node_limit >= 1, iter_limit, time limits, multi_iterations >= 0 and "
@@ -64,7 +67,7 @@ def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, nod
     eg, roots = graph_to_egraph(graph)
     nodes0, classes0 = eg.n_nodes, eg.n_classes
     # a rule whose target needs a newer opset than the graph's (constraints.min_opset) does not run
-    runner = Runner(eg, [r for r in rules if r.min_opset <= graph.opset], _backoff(multi_iterations),
+    runner = Runner(eg, [r for r in rules if r.min_opset <= graph.opset], scheduler or _backoff(multi_iterations),
                     node_limit=node_limit, iter_limit=iter_limit,
                     deadline=t0 + time_limit_s if time_limit_s else math.inf)
     stop = runner.run()
@@ -84,7 +87,7 @@ def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, nod
              "rules_skipped": len(rules) - len(joined), **sat, **ext,
              "extracted_cost_ms": extracted_ms, "kept_input": kept_input}
     return SearchResult(
-        method="eqsat", graph=final_graph, initial=initial, final=final, trace=[], expansions=sat["iterations"],
+        method=method, graph=final_graph, initial=initial, final=final, trace=[], expansions=sat["iterations"],
         seconds=time.perf_counter() - t0, generated=sat["matches"], kept=sat["applied"], stop_reason=stop.value,
         nodes_before=len(graph.nodes), nodes_after=len(final_graph.nodes),
         settings={"node_limit": node_limit, "iter_limit": iter_limit, "time_limit_s": time_limit_s,

@@ -85,6 +85,10 @@ class Scheduler:
     """Which rules run in each iteration (egg's RewriteScheduler). This base runs every rule every iteration,
     without a match limit; subclasses override what they decide."""
 
+    def start(self, runner: "Runner") -> None:
+        """Called once by the runner that this scheduler drives, before its first iteration (a scheduler that
+        reads the iteration records keeps ``runner``)."""
+
     def select(self, iteration: int, egraph: EGraph, patterns: Sequence[Pattern]) -> Sequence[Pattern]:
         """The rules to search in ``iteration`` (0-based), in the order their matches are applied."""
         return patterns
@@ -183,6 +187,7 @@ class Runner:
         self._prev: dict[Key, int] = {}        # the e-graph's e-nodes when the last iteration began
         self._complete: dict[str, int] = {}    # rule id -> the last iteration in which it ran on every match
         self._max_depth = max((p.depth for p in self.patterns), default=0)
+        self.scheduler.start(self)
 
     def run(self) -> StopReason:
         """Iterate until a stop reason; returns it."""

@@ -1,0 +1,149 @@
+"""eqsat-rl against eqsat, random schedules and the tree search: extracted cost and optimisation time per zoo model.
+
+Every method saturates under the same budget (the config's eqsat section, or --node-limit / --ilp-limit) and
+extracts with the same ILP (rlflow.search.eqsat_rl). Per model:
+  eqsat     eqsat's fixed backoff schedule (eqsat_search)
+  random    a uniformly random family action per iteration, --random-seeds seeds (mean cost and time; best cost)
+  tree      UCT over the first --depth iterations' actions, --simulations leaves scored by the cheap proxy; its
+            time includes the search
+  learned   the linear softmax policy trained by REINFORCE on --train models (training wall time printed); the
+            other models are held out
+The learned agent's result is checked equal to the input (rlflow.graph.exec.check.check_equal). With
+--time-pairs K, eqsat and eqsat-rl run K more times each, interleaved (eqsat first in even pairs), and eqsat-rl's
+optimisation time over eqsat's is printed with its 95% interval (rlflow.evaluation.protocol.ratio_interval).
+The table comes last; costs are the cost target's estimate (ms).
+
+  python benchmarks/eqsat_rl.py                                   # tiny zoo, sim-h100, node limit 5,000
+  python benchmarks/eqsat_rl.py --models bert vit --time-pairs 4
+  python benchmarks/eqsat_rl.py --sizes paper --node-limit 50000  # paper sizes (slow: minutes per model)
+  python benchmarks/eqsat_rl.py --save-policy policy.json         # keep the agent for rlflow optimize --agent
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from rlflow.config import load_config  # noqa: E402
+from rlflow.cost import make_cost_model  # noqa: E402
+from rlflow.cost.targets import MEASURED  # noqa: E402
+from rlflow.evaluation.protocol import ratio_interval  # noqa: E402
+from rlflow.graph import load_onnx, zoo  # noqa: E402
+from rlflow.graph.exec.check import check_equal  # noqa: E402
+from rlflow.rewrite import load_rules  # noqa: E402
+from rlflow.rewrite.rule import DEFAULT_RULES  # noqa: E402
+from rlflow.search.eqsat import eqsat_search  # noqa: E402
+from rlflow.search.eqsat_rl import (EqsatBudget, TrainConfig, eqsat_rl_search, random_schedule_search,  # noqa: E402
+                                    train_policy, tree_search)
+
+TRAIN = ("bert", "inceptionv3", "squeezenet", "taso-bert")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=list(zoo.MODEL_NAMES), choices=zoo.MODEL_NAMES)
+    ap.add_argument("--train", nargs="+", default=list(TRAIN), choices=zoo.MODEL_NAMES,
+                    help=f"the learned agent's training models (default: {' '.join(TRAIN)})")
+    ap.add_argument("--sizes", choices=("tiny", "paper"), default="tiny")
+    ap.add_argument("--target", default="sim-h100", help="an analytic cost target (sim-h100, sim-a100, analytic)")
+    ap.add_argument("--rules", type=Path, default=DEFAULT_RULES, help="default: the shipped rule set")
+    ap.add_argument("--node-limit", type=int, default=5000, help="e-nodes (default 5,000: tiny.yaml's cap)")
+    ap.add_argument("--ilp-limit", type=float, default=None, help="ILP seconds (default: the config's)")
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--lr", type=float, default=TrainConfig.lr)
+    ap.add_argument("--all-bias", type=float, default=TrainConfig.all_bias,
+                    help="the untrained policy's logit of `all` (exploration around eqsat's schedule)")
+    ap.add_argument("--skip", nargs="+", default=[], choices=("tree", "random"), help="methods not to run")
+    ap.add_argument("--depth", type=int, default=3)
+    ap.add_argument("--simulations", type=int, default=16)
+    ap.add_argument("--random-seeds", type=int, default=3)
+    ap.add_argument("--time-pairs", type=int, default=0, metavar="K")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save-policy", type=Path)
+    ap.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    args = ap.parse_args()
+    if args.target in MEASURED:
+        raise SystemExit(f"--target {args.target}: a measured target needs its cost caches (rlflow measure-costs); "
+                         "this benchmark takes analytic targets only")
+    cfg = load_config(None, [])
+    e = cfg["eqsat"]
+    budget = EqsatBudget(node_limit=args.node_limit, iter_limit=e["iter_limit"], time_limit_s=e["time_limit_s"],
+                         ilp_time_limit_s=e["ilp_time_limit_s"] if args.ilp_limit is None else args.ilp_limit,
+                         multi_iterations=e["multi_iterations"])
+    cost = make_cost_model(cfg, "cpu", kind=args.target)
+    rules = load_rules(args.rules)
+    graphs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in dict.fromkeys([*args.train, *args.models]):
+            path = Path(tmp) / f"{name}.onnx"
+            zoo.export_model(name, path, zoo.TINY_SIZES[name] if args.sizes == "tiny" else None)
+            graphs[name] = load_onnx(path)
+    policy, history = train_policy({m: graphs[m] for m in args.train}, rules, cost, budget,
+                                   TrainConfig(epochs=args.epochs, lr=args.lr, all_bias=args.all_bias, seed=args.seed), log=print)
+    train_s = policy.info["train_seconds"]
+    if args.save_policy:
+        policy.save(args.save_policy)
+    rows = []
+    for name in args.models:
+        g = graphs[name]
+        ref = eqsat_search(g, rules, cost, **budget.search_kwargs())
+        learned = eqsat_rl_search(g, rules, cost, policy, budget)
+        tree = None if "tree" in args.skip else tree_search(g, rules, cost, budget, depth=args.depth,
+                                                            simulations=args.simulations, seed=args.seed)
+        rand = [] if "random" in args.skip else [random_schedule_search(g, rules, cost, budget, seed=args.seed + k)
+                                                 for k in range(args.random_seeds)]
+        nan = float("nan")
+        row = {"model": name, "held_out": name not in args.train, "initial_ms": ref.initial.runtime_ms,
+               "eqsat_ms": ref.final.runtime_ms, "eqsat_s": ref.seconds, "eqsat_stop": ref.stop_reason,
+               "eqsat_ilp_optimal": ref.stats.get("ilp_optimal"),
+               "learned_ms": learned.final.runtime_ms, "learned_s": learned.seconds,
+               "learned_schedule": learned.stats["schedule"], "learned_ilp_optimal": learned.stats.get("ilp_optimal"),
+               "learned_max_rel_diff": check_equal(g, learned.graph),
+               "tree_ms": tree.final.runtime_ms if tree else nan, "tree_s": tree.seconds if tree else nan,
+               "tree_schedule": tree.stats["schedule"] if tree else None,
+               "random_ms": statistics.mean(r.final.runtime_ms for r in rand) if rand else nan,
+               "random_best_ms": min(r.final.runtime_ms for r in rand) if rand else nan,
+               "random_s": statistics.mean(r.seconds for r in rand) if rand else nan}
+        if args.time_pairs >= 2:
+            ts = {"eqsat": [], "learned": []}
+            runs = [("eqsat", lambda: eqsat_search(g, rules, cost, **budget.search_kwargs()).seconds),
+                    ("learned", lambda: eqsat_rl_search(g, rules, cost, policy, budget).seconds)]
+            for k in range(args.time_pairs):
+                for which, run in runs if k % 2 == 0 else runs[::-1]:
+                    ts[which].append(run())
+            ratio, lo, hi, _ = ratio_interval([[t] for t in ts["eqsat"]], [[t] for t in ts["learned"]])
+            row["time_ratio"] = [ratio, lo, hi]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "history": history, "policy": policy.info}, indent=1) + "\n")
+    print(f"\nmachine: {platform.machine()}, {os.cpu_count()}-core CPU, python {platform.python_version()} (shared: "
+          f"timings under load); {len(rules)} rules; sizes {args.sizes}; target {args.target}; budget: "
+          f"{budget.node_limit} e-nodes, {budget.iter_limit} iterations, {budget.time_limit_s} s, ILP "
+          f"{budget.ilp_time_limit_s} s; tree depth {args.depth}, {args.simulations} simulations; "
+          f"{args.random_seeds} random seeds")
+    print(f"learned agent: trained on {', '.join(args.train)} ({args.epochs} epochs, lr {args.lr}, all-bias "
+          f"{args.all_bias}) in {train_s:.1f} s; best "
+          f"greedy proxy reward {policy.info['best_greedy_reward']:+.4f}")
+    print(f"{'model':<12}{'input':>8}{'eqsat':>9}{'random':>9}{'rnd best':>9}{'tree':>9}{'learned':>9}"
+          f"{'eqsat s':>9}{'random s':>9}{'tree s':>9}{'learned s':>10}  learned/eqsat time")
+    for r in rows:
+        ratio = "" if "time_ratio" not in r else "{:.2f} [{:.2f}, {:.2f}]".format(*r["time_ratio"])
+        print(f"{r['model'] + ('*' if r['held_out'] else ''):<12}{r['initial_ms']:>8.4f}{r['eqsat_ms']:>9.4f}"
+              f"{r['random_ms']:>9.4f}{r['random_best_ms']:>9.4f}{r['tree_ms']:>9.4f}{r['learned_ms']:>9.4f}"
+              f"{r['eqsat_s']:>9.1f}{r['random_s']:>9.1f}{r['tree_s']:>9.1f}{r['learned_s']:>10.1f}  {ratio}")
+    print("(* held out: not a training model of the learned agent; costs in ms on the target, times in s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,429 @@
+"""eqsat-rl: equality saturation whose rule schedule an agent chooses, then the same ILP extraction as eqsat.
+
+    policy, history = train_policy({"resnet18": g1, "bert": g2}, rules, cost, EqsatBudget(node_limit=5000))
+    result = eqsat_rl_search(graph, rules, cost, policy, EqsatBudget(node_limit=5000))   # the learned agent
+    result = tree_search(graph, rules, cost, EqsatBudget(node_limit=5000))               # MCTS over schedules
+    result = random_schedule_search(graph, rules, cost, EqsatBudget(node_limit=5000), seed=0)
+
+Which rules to run, in what order, within a node budget, is a phase-ordering problem (the open question of the
+X-RLflow authors; MCTS-GEB, He et al. 2023, attacks it with tree search). eqsat's backoff scheduler runs every
+rule in every iteration until the e-graph fills its node limit; on a model it cannot saturate, the rewrites that
+fill the e-graph first crowd out the rest.
+
+**Families.** The rules are grouped into :data:`FAMILIES` by their source pattern (:func:`family_of`): the
+multi-pattern (two-root) rules, then by the first of conv, matmul, concat-split, transpose, elementwise ops the
+source holds, else other. A family is present on a graph if one of its rules has every source op in the graph.
+
+**Actions.** In each runner iteration the agent picks one action (:func:`action_names`): ``all`` (every family:
+what eqsat runs), ``only:F`` (family F alone) or ``no:F`` (every family but F). The chosen families' rules then run
+under eqsat's backoff scheduler (its match limits and bans: :class:`FamilyScheduler` is a
+:class:`~rlflow.search.eqsat.runner.BackoffScheduler`), and multi-pattern rules in at most ``multi_iterations``
+iterations, the first ones in which the agent chooses them (eqsat: the first ones), so an agent that always
+picks ``all`` is eqsat. When an
+iteration that did not run every family changes nothing, the next one runs ``all`` (forced, not the agent's
+choice), so saturation only stops once no rule of any family matches anything new.
+
+**Agents.** All run under the same :class:`EqsatBudget` (node, iteration and time limits, ILP time limit) as
+eqsat, and extract with the same ILP:
+
+- the learned policy (:class:`LinearPolicy`): a softmax over actions, linear in the iteration's features
+  (:meth:`FamilyScheduler.features`: iteration, e-graph size and growth against the node limit, and each
+  family's share of the last iteration's merges), absent families' actions masked; trained by REINFORCE
+  (:func:`train_policy`) on some models with the ILP's cost under a short time limit as the cheap proxy,
+  the reward the proxy cost's gain over eqsat's schedule on the same model; used greedily (argmax);
+- a tree search (:func:`tree_search`): UCT over the first ``depth`` iterations' actions (the rest ``all``), each
+  leaf the whole saturation scored by the same cheap proxy (MCTS-GEB scores leaves cheaply too); eqsat's own
+  schedule is the first leaf, so the proxy of the schedule chosen is never worse than eqsat's;
+- random schedules (:func:`random_schedule_search`): a uniformly random present action per iteration.
+
+Everything is deterministic for a given seed (unless a time limit cuts saturation or the ILP).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from rlflow.cost.model import CostModel
+from rlflow.errors import RLFlowError
+from rlflow.graph.ir import Graph
+from rlflow.rewrite.rule import Rule
+from rlflow.search.eqsat import BackoffScheduler, EGraph, Pattern, Runner, eqsat_search
+from rlflow.search.eqsat.runner import BAN_LENGTH, RULE_MATCH_LIMIT
+from rlflow.search.result import SearchResult
+
+#: the rule families, in the order of the actions and features
+FAMILIES = ("multi", "conv", "matmul", "concat-split", "transpose", "elementwise", "other")
+_FAMILY_OPS = (("conv", {"Conv"}), ("matmul", {"MatMul", "Gemm"}), ("concat-split", {"Concat", "Split"}),
+               ("transpose", {"Transpose"}), ("elementwise", {"Add", "Sub", "Mul", "Div", "ScalarMul"}))
+POLICY_FORMAT = "rlflow.eqsat-rl-policy/1"
+
+
+def family_of(p: Pattern) -> str:
+    """The family of a rule's source pattern (see the module docstring)."""
+    if p.multi:
+        return "multi"
+    ops = {n.op for n in p.src}
+    for name, fam_ops in _FAMILY_OPS:
+        if ops & fam_ops:
+            return name
+    return "other"
+
+
+def action_names() -> list[str]:
+    """Every action: ``all``, then ``only:F`` and ``no:F`` per family F of :data:`FAMILIES`."""
+    return ["all"] + [f"only:{f}" for f in FAMILIES] + [f"no:{f}" for f in FAMILIES]
+
+
+def action_families(action: str) -> frozenset[str]:
+    """The families an action runs."""
+    if action == "all":
+        return frozenset(FAMILIES)
+    kind, _, fam = action.partition(":")
+    if fam not in FAMILIES or kind not in ("only", "no"):
+        raise RLFlowError(f"unknown eqsat-rl action {action!r} (all, only:F or no:F; F one of {', '.join(FAMILIES)})")
+    return frozenset({fam}) if kind == "only" else frozenset(FAMILIES) - {fam}
+
+
+def present_families(graph: Graph, rules: Sequence[Rule]) -> frozenset[str]:
+    """The families with a rule whose every source op the graph has (the others cannot match)."""
+    ops = {n.op for n in graph.nodes}
+    return frozenset(family_of(p) for p in map(Pattern, rules) if p.joined and {n.op for n in p.src} <= ops)
+
+
+def action_mask(present: frozenset[str]) -> np.ndarray:
+    """Per action of :func:`action_names`: True if it runs a present family and differs from ``all`` on them
+    (``only:F``/``no:F`` of an absent F would repeat ``all`` or run nothing). Shape (A,)."""
+    out = []
+    for a in action_names():
+        fams = action_families(a) & present
+        out.append(a == "all" or (bool(fams) and fams != present))
+    return np.array(out)
+
+
+@dataclass(frozen=True)
+class EqsatBudget:
+    """The budget every schedule runs under (eqsat's settings: the config's eqsat section)."""
+
+    node_limit: int = 50_000       # e-nodes
+    iter_limit: int = 15           # runner iterations
+    time_limit_s: float = 60.0     # saturation seconds (0 = none)
+    ilp_time_limit_s: float = 60.0
+    multi_iterations: int = 2      # iterations in which multi-pattern rules may run
+
+    def __post_init__(self):
+        if self.node_limit < 1 or self.iter_limit < 1 or self.time_limit_s < 0 or self.ilp_time_limit_s < 0 \
+                or self.multi_iterations < 0:
+            raise RLFlowError("eqsat-rl: need node_limit >= 1, iter_limit >= 1, time limits >= 0 and "
+                              "multi_iterations >= 0")
+
+    def search_kwargs(self) -> dict:
+        return {"node_limit": self.node_limit, "iter_limit": self.iter_limit, "time_limit_s": self.time_limit_s,
+                "ilp_time_limit_s": self.ilp_time_limit_s, "multi_iterations": self.multi_iterations}
+
+
+#: choose(iteration, features (D,), mask (A,)) -> action index
+Chooser = Callable[[int, np.ndarray, np.ndarray], int]
+
+
+class FamilyScheduler(BackoffScheduler):
+    """eqsat's backoff scheduler restricted, in each iteration, to the families of the action ``choose`` picks
+    (see the module docstring). ``decisions`` keeps (features, action) per iteration the agent chose;
+    ``schedule`` the action names run, forced ``all`` iterations included."""
+
+    def __init__(self, choose: Chooser, present: frozenset[str], budget: EqsatBudget):
+        super().__init__(budget.multi_iterations, match_limit_base=RULE_MATCH_LIMIT, ban_length=BAN_LENGTH)
+        self.choose, self.present, self.budget = choose, present, budget
+        self.mask = action_mask(present)
+        self.actions = action_names()
+        self.decisions: list[tuple[np.ndarray, int]] = []
+        self.schedule: list[str] = []
+        self.runner: Runner | None = None
+        self._force_all = False
+        self._family: dict[str, str] = {}
+        self.multi_runs = 0  # iterations in which multi-pattern rules ran
+
+    def start(self, runner: Runner) -> None:
+        self.runner = runner
+        self._family = {p.rule.id: family_of(p) for p in runner.patterns}
+
+    def features(self, iteration: int, egraph: EGraph) -> np.ndarray:
+        """The agent's view of an iteration, shape (4 + len(FAMILIES),): 1, iteration / iter_limit, e-nodes /
+        node_limit, the last iteration's growth / node_limit, each family's share of the last iteration's merges."""
+        records = self.runner.iterations if self.runner is not None else []
+        before = records[-2].nodes if len(records) >= 2 else egraph.n_nodes
+        growth = (records[-1].nodes - before) if records else 0
+        fired = np.zeros(len(FAMILIES))
+        if records:
+            for rid, n in records[-1].fired.items():
+                fired[FAMILIES.index(self._family[rid])] += n
+        share = fired / fired.sum() if fired.sum() else fired
+        return np.concatenate([[1.0, iteration / self.budget.iter_limit, egraph.n_nodes / self.budget.node_limit,
+                                growth / self.budget.node_limit], share])
+
+    def select(self, iteration: int, egraph: EGraph, patterns: Sequence[Pattern]) -> list[Pattern]:
+        if self._force_all:
+            action = "all"
+            self._force_all = False
+        else:
+            x = self.features(iteration, egraph)
+            a = int(self.choose(iteration, x, self.mask))
+            if not (0 <= a < len(self.actions)) or not self.mask[a]:
+                raise RLFlowError(f"eqsat-rl: the agent chose action {a}, not one allowed on this graph")
+            self.decisions.append((x, a))
+            action = self.actions[a]
+        self.schedule.append(action)
+        fams = action_families(action)
+        multi_ok = self.multi_runs < self.multi_iterations
+        out = [p for p in patterns if self._family[p.rule.id] in fams and (multi_ok or not p.multi)
+               and iteration >= self._ban(p).until]
+        self.multi_runs += any(p.multi for p in out)
+        return out
+
+    def can_stop(self, iteration: int) -> bool:
+        if self.schedule and self.schedule[-1] != "all":  # only some families ran: the others may still match
+            self._force_all = True
+            return False
+        return super().can_stop(iteration)
+
+
+def run_schedule(graph: Graph, rules: Sequence[Rule], cost: CostModel, choose: Chooser, budget: EqsatBudget,
+                 extraction: str = "ilp", method: str = "eqsat-rl") -> tuple[SearchResult, FamilyScheduler]:
+    """Saturate ``graph`` under ``budget`` with the schedule ``choose`` picks, then extract (``ilp``, or
+    ``greedy``: the cheap proxy). The result's stats add ``schedule`` (the actions run) and ``families``."""
+    if not rules:
+        raise RLFlowError("eqsat-rl: no rules")
+    usable = [r for r in rules if r.min_opset <= graph.opset]
+    sched = FamilyScheduler(choose, present_families(graph, usable), budget)
+    r = eqsat_search(graph, rules, cost, extraction=extraction, scheduler=sched, method=method,
+                     **budget.search_kwargs())
+    r.stats.update(schedule=list(sched.schedule), families=sorted(sched.present))
+    r.settings.update(method=method)
+    return r, sched
+
+
+def _fixed(actions: Sequence[str]) -> Chooser:
+    """The chooser that plays ``actions`` in order, then ``all``."""
+    names = action_names()
+    idx = [names.index(a) for a in actions]
+    return lambda it, x, mask: idx[it] if it < len(idx) and mask[idx[it]] else 0
+
+
+# ---------------------------------------------------------------------------------------------- learned policy
+
+def softmax_masked(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Softmax over the allowed actions. logits (..., A), mask (A,) bool -> probabilities (..., A)."""
+    z = np.where(mask, logits, -np.inf)
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def reinforce_loss(weights: np.ndarray, features: np.ndarray, actions: np.ndarray, mask: np.ndarray,
+                   advantage: float) -> float:
+    """REINFORCE's loss of one episode: ``-advantage * sum_t log pi(a_t | x_t)``, pi = softmax_masked(W x).
+    weights (A, D), features (T, D), actions (T,) int, mask (A,) bool; returns a scalar."""
+    p = softmax_masked(features @ weights.T, mask)
+    return float(-advantage * np.log(p[np.arange(len(actions)), actions]).sum())
+
+
+def reinforce_grad(weights: np.ndarray, features: np.ndarray, actions: np.ndarray, mask: np.ndarray,
+                   advantage: float) -> np.ndarray:
+    """The gradient of :func:`reinforce_loss` with respect to ``weights``: ``-advantage * sum_t (onehot(a_t) -
+    pi_t) x_t^T``. Shapes as there; returns (A, D)."""
+    p = softmax_masked(features @ weights.T, mask)
+    onehot = np.zeros_like(p)
+    onehot[np.arange(len(actions)), actions] = 1.0
+    return -advantage * (onehot - p).T @ features
+
+
+@dataclass
+class LinearPolicy:
+    """A softmax over :func:`action_names`, linear in :meth:`FamilyScheduler.features`; ``weights`` (A, D)."""
+
+    weights: np.ndarray
+    info: dict = field(default_factory=dict)
+
+    @classmethod
+    def untrained(cls) -> "LinearPolicy":
+        return cls(np.zeros((len(action_names()), 4 + len(FAMILIES))))
+
+    def greedy(self) -> Chooser:
+        """The most probable allowed action (ties: the first, ``all`` before the others)."""
+        return lambda it, x, mask: int(np.argmax(softmax_masked(self.weights @ x, mask)))
+
+    def sampler(self, rng: np.random.Generator) -> Chooser:
+        return lambda it, x, mask: int(rng.choice(len(mask), p=softmax_masked(self.weights @ x, mask)))
+
+    def save(self, path: str | Path) -> None:
+        from rlflow.atomic import write_text
+
+        doc = {"format": POLICY_FORMAT, "families": list(FAMILIES), "actions": action_names(),
+               "weights": self.weights.tolist(), "info": self.info}
+        write_text(Path(path), json.dumps(doc, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "LinearPolicy":
+        path = Path(path)
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise RLFlowError(f"{path}: not an eqsat-rl policy ({type(e).__name__}: {e})") from None
+        if not isinstance(doc, dict) or doc.get("format") != POLICY_FORMAT:
+            raise RLFlowError(f"{path}: not an eqsat-rl policy (format is not {POLICY_FORMAT})")
+        w = np.asarray(doc.get("weights"), dtype=float)
+        if doc.get("actions") != action_names() or w.shape != (len(action_names()), 4 + len(FAMILIES)):
+            raise RLFlowError(f"{path}: an eqsat-rl policy for other actions or features than this version's")
+        return cls(w, doc.get("info", {}))
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """REINFORCE on the training models (see :func:`train_policy`)."""
+
+    epochs: int = 6        # each: one sampled episode and one greedy evaluation per training model
+    lr: float = 0.5        # step size on the normalised advantages
+    all_bias: float = 2.0  # the initial logit of ``all`` (the others 0): sampling explores near eqsat's schedule
+    seed: int = 0
+
+
+#: the ILP's time limit (s) in the cheap proxy of a schedule's cost
+PROXY_ILP_S = 3.0
+
+
+def proxy_cost(graph: Graph, rules: Sequence[Rule], cost: CostModel, choose: Chooser, budget: EqsatBudget,
+               ilp_s: float = PROXY_ILP_S) -> tuple[float, FamilyScheduler]:
+    """The cheap proxy of a schedule: the cost (ms) of the graph the ILP extracts in at most ``ilp_s`` seconds
+    after saturating with it (the greedy extraction, cheaper still, kept the input's cost on most tiny zoo
+    models, where the ILP found a gain: too flat to steer by)."""
+    short = replace(budget, ilp_time_limit_s=min(budget.ilp_time_limit_s, ilp_s))
+    r, sched = run_schedule(graph, rules, cost, choose, short)
+    return r.final.runtime_ms, sched
+
+
+def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostModel, budget: EqsatBudget,
+                 config: TrainConfig = TrainConfig(), log: Callable[[str], None] | None = None
+                 ) -> tuple[LinearPolicy, list[dict]]:
+    """REINFORCE on ``graphs``. Per model the reward of an episode is (proxy cost of eqsat's schedule - the
+    episode's) / the input's cost; the advantage is the reward less the model's mean reward so far, normalised
+    over the epoch. After each epoch the greedy policy is scored on every training model (the mean reward); the
+    best policy so far (the untrained one, eqsat's schedule, first) is returned, with one history row per
+    epoch."""
+    if not graphs:
+        raise RLFlowError("eqsat-rl: train_policy needs at least one training graph")
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(config.seed)
+    policy = LinearPolicy.untrained()
+    policy.weights[0, 0] = config.all_bias
+    ref = {m: proxy_cost(g, rules, cost, _fixed([]), budget)[0] for m, g in graphs.items()}
+    initial = {m: cost.graph_metrics(g).runtime_ms for m, g in graphs.items()}
+    reward = lambda m, c: (ref[m] - c) / initial[m]  # noqa: E731
+    best, best_score = policy.weights.copy(), 0.0  # the initial greedy policy is eqsat's schedule: reward 0
+    means: dict[str, list[float]] = {m: [] for m in graphs}
+    history = []
+    for epoch in range(config.epochs):
+        episodes = []
+        for m, g in graphs.items():
+            c, sched = proxy_cost(g, rules, cost, policy.sampler(rng), budget)
+            r = reward(m, c)
+            base = float(np.mean(means[m])) if means[m] else 0.0
+            means[m].append(r)
+            episodes.append((r - base, sched))
+        adv = np.array([a for a, _ in episodes])
+        scale = adv.std() if adv.std() > 0 else 1.0
+        grad, loss = np.zeros_like(policy.weights), 0.0
+        for a, sched in episodes:
+            if sched.decisions:
+                x = np.stack([d[0] for d in sched.decisions])
+                acts = np.array([d[1] for d in sched.decisions])
+                grad += reinforce_grad(policy.weights, x, acts, sched.mask, a / scale)
+                loss += reinforce_loss(policy.weights, x, acts, sched.mask, a / scale)
+        policy.weights -= config.lr * grad / len(episodes)
+        score = float(np.mean([reward(m, proxy_cost(g, rules, cost, policy.greedy(), budget)[0])
+                               for m, g in graphs.items()]))
+        if score > best_score:
+            best, best_score = policy.weights.copy(), score
+        row = {"epoch": epoch, "loss": loss / len(episodes), "sampled_reward": float(np.mean([means[m][-1] for m in graphs])),
+               "greedy_reward": score, "best_greedy_reward": best_score, "seconds": time.perf_counter() - t0}
+        history.append(row)
+        if log:
+            log(f"eqsat-rl epoch {epoch}: sampled reward {row['sampled_reward']:+.4f}, greedy {score:+.4f} "
+                f"(best {best_score:+.4f}), {row['seconds']:.0f} s")
+    info = {"trained_on": sorted(graphs), "budget": asdict(budget), "train": asdict(config),
+            "train_seconds": time.perf_counter() - t0, "best_greedy_reward": best_score}
+    return LinearPolicy(best, info), history
+
+
+def eqsat_rl_search(graph: Graph, rules: Sequence[Rule], cost: CostModel, policy: LinearPolicy,
+                    budget: EqsatBudget, extraction: str = "ilp") -> SearchResult:
+    """The learned agent's schedule (greedy), then the ILP (or ``extraction``): the method ``eqsat-rl``."""
+    r, _ = run_schedule(graph, rules, cost, policy.greedy(), budget, extraction, method="eqsat-rl")
+    r.stats["policy_trained_on"] = policy.info.get("trained_on")
+    return r
+
+
+def random_schedule_search(graph: Graph, rules: Sequence[Rule], cost: CostModel, budget: EqsatBudget,
+                           seed: int = 0) -> SearchResult:
+    """A uniformly random allowed action per iteration (seeded), then the ILP."""
+    rng = np.random.default_rng(seed)
+    choose = lambda it, x, mask: int(rng.choice(np.flatnonzero(mask)))  # noqa: E731
+    return run_schedule(graph, rules, cost, choose, budget, method="eqsat-random")[0]
+
+
+# ------------------------------------------------------------------------------------------------ tree search
+
+def tree_search(graph: Graph, rules: Sequence[Rule], cost: CostModel, budget: EqsatBudget, depth: int = 3,
+                simulations: int = 16, c_uct: float = 1.0, seed: int = 0, extraction: str = "ilp") -> SearchResult:
+    """UCT over the actions of the first ``depth`` iterations (MCTS-GEB style; see the module docstring):
+    ``simulations`` leaves, each scored by :func:`proxy_cost` (value: the input's cost over the leaf's, so
+    higher is better), a leaf seen before not run again; then the best leaf's schedule with the ILP. The
+    result's seconds include the search; stats add ``tree_simulations``, ``tree_seconds``, ``tree_best_proxy_ms``."""
+    if depth < 1 or simulations < 1:
+        raise RLFlowError("eqsat-rl tree search: need depth >= 1 and simulations >= 1")
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    usable = [r for r in rules if r.min_opset <= graph.opset]
+    allowed = np.flatnonzero(action_mask(present_families(graph, usable)))
+    names = action_names()
+    c0 = cost.graph_metrics(graph).runtime_ms
+    visits: dict[tuple, int] = {}
+    value: dict[tuple, float] = {}
+    leaves: dict[tuple, float] = {}
+
+    def evaluate(prefix: tuple) -> float:
+        if prefix not in leaves:
+            leaves[prefix] = proxy_cost(graph, rules, cost, _fixed([names[a] for a in prefix]), budget)[0]
+        return c0 / leaves[prefix] if leaves[prefix] > 0 else 1.0
+
+    order = [0] + [a for a in allowed if a != 0]
+    for sim in range(simulations):
+        path, prefix = [()], ()
+        while len(prefix) < depth:
+            untried = [a for a in order if prefix + (a,) not in visits]
+            if untried:  # expand: ``all`` first (eqsat's schedule is the first leaf), then in random order
+                a = untried[0] if sim == 0 else int(rng.choice(untried))
+                prefix += (a,)
+                path.append(prefix)
+                break
+            n = visits[prefix]
+            prefix += (max(order, key=lambda b: value[prefix + (b,)] / visits[prefix + (b,)]
+                           + c_uct * math.sqrt(math.log(n) / visits[prefix + (b,)])),)
+            path.append(prefix)
+        leaf = prefix + (0,) * (depth - len(prefix))  # the rest of the schedule: ``all`` (eqsat's)
+        v = evaluate(leaf)
+        for p in path:
+            visits[p] = visits.get(p, 0) + 1
+            value[p] = value.get(p, 0.0) + v
+    best = min(leaves, key=lambda p: (leaves[p], p))
+    t_tree = time.perf_counter() - t0
+    r, _ = run_schedule(graph, rules, cost, _fixed([names[a] for a in best]), budget, extraction,
+                        method="eqsat-mcts")
+    r.seconds = time.perf_counter() - t0
+    r.stats.update(tree_simulations=len(leaves), tree_seconds=t_tree, tree_best_proxy_ms=leaves[best])
+    return r

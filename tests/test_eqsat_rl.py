@@ -1,0 +1,166 @@
+"""eqsat-rl (rlflow.search.eqsat_rl): the family scheduler runs only the families chosen, under eqsat's budget;
+the learned policy, random schedules and the tree search return graphs equal to the input, deterministically;
+the REINFORCE gradient; `rlflow optimize --method eqsat-rl`; bad input in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlflow.cost import AnalyticCost
+from rlflow.errors import RLFlowError
+from rlflow.graph.exec.check import check_equal
+from rlflow.rewrite.builtin import builtin_rules
+from rlflow.search.eqsat import Pattern, eqsat_search
+from rlflow.search.eqsat_rl import (FAMILIES, EqsatBudget, LinearPolicy, TrainConfig, action_families,
+                                    action_mask, action_names, eqsat_rl_search, family_of, present_families,
+                                    random_schedule_search, reinforce_grad, reinforce_loss, run_schedule,
+                                    train_policy, tree_search)
+from test_eqsat import shared_input_graph
+
+BUILTIN = [r for r, _ in builtin_rules()]
+BUDGET = EqsatBudget(node_limit=2000, iter_limit=6, time_limit_s=30, ilp_time_limit_s=10)
+
+
+def fixed(*actions):
+    names = action_names()
+    return lambda it, x, mask: names.index(actions[it]) if it < len(actions) else 0
+
+
+def test_families_group_every_rule_and_the_graph_has_several():
+    fams = {family_of(p) for p in map(Pattern, BUILTIN) if p.joined}
+    assert fams <= set(FAMILIES) and {"multi", "conv"} <= fams
+    present = present_families(shared_input_graph(), BUILTIN)
+    assert {"multi", "conv"} <= present
+    mask = action_mask(present)
+    names = action_names()
+    assert mask[0] and mask[names.index("only:conv")] and not mask[names.index("only:transpose")]
+
+
+def test_scheduler_runs_only_the_chosen_families():
+    g, cost = shared_input_graph(), AnalyticCost("cpu")
+    r, sched = run_schedule(g, BUILTIN, cost, fixed("only:conv", "no:conv"), BUDGET)
+    fam = {p.rule.id: family_of(p) for p in sched.runner.patterns}
+    first, second = sched.runner.iterations[:2]
+    assert first.rules_run and {fam[i] for i in first.rules_run} == {"conv"}
+    assert second.rules_run and "conv" not in {fam[i] for i in second.rules_run}
+    assert r.stats["schedule"][:2] == ["only:conv", "no:conv"]
+    # an iteration of some families that changes nothing is followed by one of every family before stopping
+    assert r.stats["schedule"][-1] == "all" and r.stop_reason == "saturated"
+    assert check_equal(g, r.graph) <= 1e-5
+
+
+def test_untrained_policy_is_eqsats_schedule():
+    g, cost = shared_input_graph(), AnalyticCost("cpu")
+    ref = eqsat_search(g, BUILTIN, cost, **BUDGET.search_kwargs())
+    r = eqsat_rl_search(g, BUILTIN, cost, LinearPolicy.untrained(), BUDGET)
+    assert set(r.stats["schedule"]) == {"all"} and r.method == "eqsat-rl"
+    assert r.stats["egraph_nodes"] == ref.stats["egraph_nodes"] and r.final.runtime_ms == ref.final.runtime_ms
+    assert r.final.runtime_ms < r.initial.runtime_ms and check_equal(g, r.graph) <= 1e-5
+
+
+def test_budgets_are_respected():
+    g, cost = shared_input_graph(), AnalyticCost("cpu")
+    r = random_schedule_search(g, BUILTIN, cost, EqsatBudget(iter_limit=1), seed=0)
+    assert r.stats["iterations"] == 1 and r.stop_reason == "iteration_limit"
+    small = EqsatBudget(node_limit=40, iter_limit=6)  # (saturated: 413 e-nodes)
+    for r in (random_schedule_search(g, BUILTIN, cost, small, seed=1),
+              tree_search(g, BUILTIN, cost, small, depth=1, simulations=2)):
+        assert r.stop_reason == "node_limit" and r.stats["egraph_nodes"] < 40 + 40
+        assert check_equal(g, r.graph) <= 1e-5
+
+
+def test_random_schedules_and_tree_search_are_deterministic_and_equal_to_the_input():
+    g, cost = shared_input_graph(), AnalyticCost("cpu")
+    a, b = (random_schedule_search(g, BUILTIN, cost, BUDGET, seed=3) for _ in range(2))
+    assert a.stats["schedule"] == b.stats["schedule"] and a.final.runtime_ms == b.final.runtime_ms
+    t1, t2 = (tree_search(g, BUILTIN, cost, BUDGET, depth=2, simulations=5, seed=1) for _ in range(2))
+    assert t1.stats["schedule"] == t2.stats["schedule"] and t1.final.runtime_ms == t2.final.runtime_ms
+    assert t1.method == "eqsat-mcts" and t1.stats["tree_simulations"] == 5
+    ref = eqsat_search(g, BUILTIN, cost, **BUDGET.search_kwargs())
+    assert t1.final.runtime_ms <= ref.final.runtime_ms  # eqsat's schedule is a leaf of the tree
+    for r in (a, t1):
+        assert check_equal(g, r.graph) <= 1e-5
+
+
+def test_reinforce_gradient_matches_finite_differences():
+    rng = np.random.default_rng(0)
+    A, D, T = len(action_names()), 4 + len(FAMILIES), 3
+    w, x = rng.normal(size=(A, D)), rng.normal(size=(T, D))
+    mask = np.ones(A, bool)
+    mask[3] = False
+    acts = np.array([0, 5, 2])
+    grad = reinforce_grad(w, x, acts, mask, 0.7)
+    num = np.zeros_like(w)
+    for i in range(A):
+        for j in range(D):
+            d = np.zeros_like(w)
+            d[i, j] = 1e-6
+            num[i, j] = (reinforce_loss(w + d, x, acts, mask, 0.7) - reinforce_loss(w - d, x, acts, mask, 0.7)) / 2e-6
+    assert np.allclose(grad, num, atol=1e-5) and not grad[3].any()
+
+
+def test_tiny_training_never_ends_below_eqsat_and_the_policy_round_trips(tmp_path):
+    g, cost = shared_input_graph(), AnalyticCost("cpu")
+    policy, history = train_policy({"shared": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=2, seed=0))
+    assert len(history) == 2 and policy.info["best_greedy_reward"] >= 0 and policy.info["trained_on"] == ["shared"]
+    ref = eqsat_search(g, BUILTIN, cost, **BUDGET.search_kwargs())
+    r = eqsat_rl_search(g, BUILTIN, cost, policy, BUDGET)
+    assert r.final.runtime_ms <= ref.final.runtime_ms and check_equal(g, r.graph) <= 1e-5
+    policy.save(tmp_path / "p.json")
+    again = LinearPolicy.load(tmp_path / "p.json")
+    assert np.array_equal(again.weights, policy.weights)
+    assert eqsat_rl_search(g, BUILTIN, cost, again, BUDGET).stats["schedule"] == r.stats["schedule"]
+
+
+def test_bad_input_is_one_line(tmp_path):
+    with pytest.raises(RLFlowError, match="node_limit >= 1"):
+        EqsatBudget(node_limit=0)
+    with pytest.raises(RLFlowError, match="unknown eqsat-rl action"):
+        action_families("only:nothing")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(RLFlowError, match="not an eqsat-rl policy") as e:
+        LinearPolicy.load(tmp_path / "bad.json")
+    assert "\n" not in str(e.value)
+    (tmp_path / "other.json").write_text('{"format": "rlflow.eqsat-rl-policy/1", "actions": ["all"], "weights": [[0]]}')
+    with pytest.raises(RLFlowError, match="other actions or features"):
+        LinearPolicy.load(tmp_path / "other.json")
+    with pytest.raises(RLFlowError, match="no rules"):
+        eqsat_rl_search(shared_input_graph(), [], AnalyticCost("cpu"), LinearPolicy.untrained(), BUDGET)
+    with pytest.raises(RLFlowError, match="depth >= 1"):
+        tree_search(shared_input_graph(), BUILTIN, AnalyticCost("cpu"), BUDGET, depth=0)
+
+
+def test_optimize_method_eqsat_rl(tmp_path, capsys):
+    import json
+
+    from rlflow.cli import main
+    from rlflow.graph.onnx_io import save_onnx
+    from rlflow.rewrite.rule import rules_document
+
+    g = shared_input_graph()
+    src, rules = tmp_path / "m.onnx", tmp_path / "rules.json"
+    save_onnx(g, src)
+    rules.write_text(json.dumps(rules_document(BUILTIN, {})))
+    common = [str(src), "--rules", str(rules), "--target", "analytic", "--set", "eqsat.iter_limit=6",
+              "--no-progress", "--no-speed-check"]
+    out, trace = tmp_path / "o.onnx", tmp_path / "t.json"
+    assert main(["optimize", *common, "--out", str(out), "--method", "eqsat-rl", "--trace", str(trace)]) == 0
+    doc = json.loads(trace.read_text())
+    assert doc["method"] == "eqsat-mcts" and doc["config"]["eqsat.iter_limit"] == 6  # no policy: the tree search
+    assert doc["final"]["runtime_ms"] < doc["initial"]["runtime_ms"] and doc["max_rel_diff"] <= 1e-4
+    assert "schedule (eqsat-mcts)" in capsys.readouterr().out
+    LinearPolicy.untrained().save(tmp_path / "p.json")
+    trace2 = tmp_path / "t2.json"
+    assert main(["optimize", *common, "--out", str(tmp_path / "o2.onnx"), "--method", "eqsat-rl",
+                 "--agent", str(tmp_path / "p.json"), "--trace", str(trace2)]) == 0
+    doc2 = json.loads(trace2.read_text())
+    assert doc2["method"] == "eqsat-rl" and set(doc2["stats"]["schedule"]) == {"all"}
+    (tmp_path / "bad.json").write_text("[]")
+    capsys.readouterr()
+    assert main(["optimize", *common, "--out", str(tmp_path / "o3.onnx"), "--method", "eqsat-rl",
+                 "--agent", str(tmp_path / "bad.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not an eqsat-rl policy" in err and len(err.splitlines()) == 1 and not (tmp_path / "o3.onnx").exists()
+    assert main(["optimize", *common, "--out", str(tmp_path / "o4.onnx"), "--method", "eqsat-rl",
+                 "--budget", "5"]) == 2
