@@ -63,6 +63,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from rlflow.graph.ops import COMMUTATIVE
 from rlflow.rewrite.rule import VARIABLE_KINDS, expr_refs
 
 # ================================================================================================ configuration
@@ -71,7 +72,6 @@ KIND_ORDER = {k: i for i, k in enumerate(VARIABLE_KINDS)}
 #: operator templates (``Conv`` and ``ConvRelu`` are the IR op Conv with activation none / relu)
 TEMPLATES = ("MatMul", "Add", "Mul", "Conv", "ConvRelu", "AveragePool", "MaxPool", "Relu", "Concat", "Split",
              "Transpose", "ScalarMul", "Enlarge")
-COMMUTATIVE = frozenset({"Add", "Mul"})
 #: Concat / Split axes by rank: TASO's 0 and 1 for 2-D and 4-D; a 3-D (batch, sequence, hidden) value also
 #: on its hidden axis, where merged transformer MatMuls are split
 CONCAT_AXES = {2: (0, 1), 3: (0, 1, 2), 4: (0, 1)}

@@ -28,9 +28,9 @@ import itertools
 import json
 from typing import Any, Callable, Mapping, Sequence
 
+from rlflow.graph.ops import COMMUTATIVE
 from rlflow.rewrite.rule import PatternNode, Rule
 
-COMMUTATIVE = frozenset({"Add", "Mul"})
 STEPS = ("trivial", "renaming", "common_subgraph", "common_supergraph", "decomposable")
 
 #: (source value hashes, target value hashes): reference (``%k.j`` or variable) -> hash on the fingerprint data
