@@ -558,7 +558,7 @@ class MatchIndex:
         matches = list(self.matches)
         if rs.compiled[rule_index].cuts:
             # a removed path may have been what ruled out a multi-node match far from the rewrite (its nodes
-            # reached each other only through it): those rules are matched again from scratch (43 of the 1,259
+            # reached each other only through it): those rules are matched again from scratch (43 of the 1,229
             # default rules cut paths; they are rarely chosen)
             for k, c in enumerate(rs.compiled):
                 if c.n > 1:
