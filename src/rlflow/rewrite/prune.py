@@ -266,9 +266,9 @@ def specialisations(rule: Rule, kind_of: Callable[[str], str] = _default_kind, d
     for _ in range(depth):
         nxt = []
         for r in frontier:
-            kind = binding_kinds(r, kind_of=kind_of)
+            rank = binding_kinds(r, const=frozenset(), kind_of=kind_of)  # the kinds without the weight constraint
             for u, v in itertools.combinations(r.variables, 2):
-                if kind(u)[5:] == kind(v)[5:]:  # one rank ("const"/"value" are five letters)
+                if rank(u) == rank(v):
                     s = substitute(r, {u: v} if v in r.const_vars else {v: u})
                     out.add(renaming_key(s, binding_kinds(s, kind_of=kind_of)))
                     nxt.append(s)
@@ -282,7 +282,7 @@ def prune_specialisations(rules: Sequence[Rule], kind_of: Callable[[str], str] =
     is ``g`` up to renaming and the operand order of commutative ops (the matcher binds either order) with
 
     - some variables identified (``concat(concat(x, y), x)`` when ``concat(concat(x, y), z)`` is there: variables
-      may bind one value; up to three identified, see :func:`specialisations`);
+      may bind one value; up to two identifications, see :func:`specialisations`);
     - some variables constrained to weights (``constraints.const``: ``g`` binds weights too);
     - the ``no_broadcast`` constraint (``g`` has it only if ``r`` does);
     - ``g`` a builtin rule (any rank) and ``r`` a generated one (the ranks it was verified at).
@@ -314,16 +314,12 @@ def prune_specialisations(rules: Sequence[Rule], kind_of: Callable[[str], str] =
     return keep
 
 
-#: the steps of :func:`prune_final`, in order
-FINAL_STEPS = ("swap_only", "covered")
-
-
 def prune_final(rules: Sequence[Rule]) -> tuple[list[int], dict[str, int]]:
-    """The pruning of a whole rule set (generated and builtin rules together), with the number left after each of
-    :data:`FINAL_STEPS`: ``swap_only`` drops a rule whose source and target are one graph up to the operand order
-    of commutative ops (``x + y -> y + x``: the matchers bind either order, so it rewrites nothing), ``covered``
-    a rule another rule covers (:func:`prune_specialisations`: a generated rule that a builtin rule is at one
-    rank, a builtin rule that is another with its constants named)."""
+    """The pruning of a whole rule set (generated and builtin rules together): the kept indices and the number left
+    after each step. ``swap_only`` drops a rule whose source and target are one graph up to the operand order of
+    commutative ops (``x + y -> y + x``: the matchers bind either order, so it rewrites nothing); ``covered`` a
+    rule another rule covers (:func:`prune_specialisations`; here: a generated rule that a builtin rule is at
+    one rank, or a builtin rule another builtin rule covers)."""
     keep = [i for i, r in enumerate(rules) if not is_trivial(r)]
     counts = {"swap_only": len(keep)}
     keep = [keep[j] for j in prune_specialisations([rules[i] for i in keep])]
