@@ -13,6 +13,14 @@ saturation extracts its graph from the e-graph and returns no trace, so only TAS
   python benchmarks/rule_sets.py --old OLD --new NEW --models resnet50 inceptionv3 --methods greedy taso
   python benchmarks/rule_sets.py --old OLD --models bert --methods --env-step --pairs 10
 
+--reach: "no lost reach", per model: every graph the old set makes in one rewrite (matched as the matcher did
+before it bound commutative ops in either order: each pattern node reads its inputs in the pattern's order), the
+new set makes in at most one rewrite (the current matcher), compared up to the operand order of commutative ops
+(a hash of the graph that sorts their operands' hashes). Printed per model: distinct one-step results of each set
+(up to that order), how many of the old set's the new set lacks; last line: reach_lost=N over all models.
+
+  python benchmarks/rule_sets.py --old OLD --methods --reach                # the 9 zoo models
+
 --env-step: the environment step time on bert (benchmarks/env_step.py's environment, random agent), old and new
 rules in interleaved pairs (the order alternating pair by pair), and the ratio new/old of the median step time
 with its 95% interval over the pairs (rlflow.evaluation.protocol.ratio_interval). Cost estimates are
@@ -34,10 +42,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import hashlib  # noqa: E402
+
 from rlflow.config import get, load_config  # noqa: E402
 from rlflow.cost import make_cost_model  # noqa: E402
 from rlflow.graph import load_onnx, zoo  # noqa: E402
+from rlflow.graph.ops import COMMUTATIVE  # noqa: E402
 from rlflow.rewrite import load_rules  # noqa: E402
+from rlflow.rewrite.matcher import MatchIndex, apply  # noqa: E402
 from rlflow.rewrite.rule import DEFAULT_RULES  # noqa: E402
 from rlflow.search.output import run_method  # noqa: E402
 from rlflow.stages.search_common import eqsat_settings  # noqa: E402
@@ -70,6 +82,69 @@ def search(method: str, graph, rules, config: dict, target: str, budget: int, li
 
 def pct(initial: float, final: float) -> float:
     return 100.0 * (1.0 - final / initial) if initial > 0 else 0.0
+
+
+def commutative_hash(g) -> str:
+    """Graph.structural_hash up to the operand order of commutative ops: their input hashes are sorted."""
+    vh: dict[str, bytes] = {"": b"none"}
+    for k, name in enumerate(g.inputs):
+        vh[name] = hashlib.blake2b(f"in{k}:{g.types[name]}".encode(), digest_size=16).digest()
+    for name, c in g.constants.items():
+        vh[name] = c.digest
+    for n in g.nodes:
+        ins = [vh[v] for v in n.inputs]
+        if n.op in COMMUTATIVE:
+            ins.sort()
+        base = hashlib.blake2b(n.op.encode() + n.attr_key().encode() + b"".join(ins), digest_size=16).digest()
+        for k, out in enumerate(n.outputs):
+            vh[out] = hashlib.blake2b(base + bytes([k]), digest_size=16).digest()
+    return hashlib.blake2b(b"".join(vh[v] for v in g.outputs), digest_size=16).hexdigest()
+
+
+def in_pattern_order(match, graph_nodes: dict) -> bool:
+    """Whether every matched node reads its inputs in its pattern node's order (the only matches the matcher
+    found before it bound commutative ops in either order)."""
+    bound = dict(match.bindings)
+    nodes = [graph_nodes[name] for name in match.nodes]
+    for pn, node in zip(match.rule.src, nodes):
+        for ref, val in zip(pn.inputs, node.inputs):
+            if ref.startswith("%"):
+                k, _, j = ref[1:].partition(".")
+                ref_val = nodes[int(k)].outputs[int(j or 0)]
+            else:
+                ref_val = bound[ref]
+            if ref_val != val:
+                return False
+    return True
+
+
+def one_step_results(graph, rules, ordered: bool) -> set[str]:
+    """The commutative hashes of every graph one rewrite of ``rules`` makes (``ordered``: only the matches in
+    pattern order)."""
+    index = MatchIndex(graph, rules)
+    by_name = {n.name: n for n in graph.nodes}
+    return {commutative_hash(apply(graph, m)) for ms in index.matches for m in ms
+            if not ordered or in_pattern_order(m, by_name)}
+
+
+def reach(models: list[str], old, new) -> None:
+    lost_total = 0
+    print(f"\n{'model':<12}{'nodes':>7}{'old results':>13}{'new results':>13}{'old not in new':>16}{'seconds':>9}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in models:
+            graph = load_graph(name, tmp)
+            t0 = time.perf_counter()
+            same = commutative_hash(graph)
+            r_old = one_step_results(graph, old, ordered=True) - {same}  # a swap: zero rewrites reach it
+            r_new = one_step_results(graph, new, ordered=False) - {same}
+            lost = len(r_old - r_new)
+            lost_total += lost
+            print(f"{name:<12}{len(graph.nodes):>7}{len(r_old):>13}{len(r_new):>13}{lost:>16}"
+                  f"{time.perf_counter() - t0:>9.0f}", flush=True)
+    print(f"\nreach: one-step rewrites of the old set ({len(old)} rules, matched in pattern order) that the new "
+          f"set ({len(new)} rules) does not make in at most one step, up to the operand order of commutative ops, "
+          f"on {len(models)} models: {lost_total}")
+    print(f"reach_lost={lost_total}")
 
 
 def env_step(args, config: dict) -> None:
@@ -125,6 +200,7 @@ def main() -> None:
     ap.add_argument("--taso-budget", type=int, default=None, help="default: the config's search.budget")
     ap.add_argument("--time-limit", type=float, default=None,
                     help="TASO and greedy time limit, s (default: the config's search.time_limit_s)")
+    ap.add_argument("--reach", action="store_true", help="also check that the new set loses no one-step rewrite")
     ap.add_argument("--env-step", action="store_true", help="also time the env step on bert, old vs new rules")
     ap.add_argument("--pairs", type=int, default=5, help="--env-step: interleaved pairs (>= 2)")
     ap.add_argument("--steps", type=int, default=200, help="--env-step: timed steps per run")
@@ -177,6 +253,8 @@ def main() -> None:
         print("\nrules of the new set (not in the old) that the new best graphs used (all methods, steps):")
         for line in used_lines:
             print(f"  {line}")
+    if args.reach:
+        reach(args.models, old, new)
     if args.env_step:
         env_step(args, config)
 

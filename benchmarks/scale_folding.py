@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 #: rule ids: each is applied at its first match until none is left, in this order
-ORDER = ("b-div-scalar-matmul-r", "b-div-scalar-head-split", "b-div-scalar-matmul-r", "b-mul-scalar-hoist-l",
+ORDER = ("b-div-scalar-matmul-r", "b-div-scalar-head-split", "b-div-scalar-matmul-r", "b-mul-scalar-hoist",
          "b-mul-scalar-across-matmul")
 
 

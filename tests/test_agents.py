@@ -184,14 +184,15 @@ def test_search_result_replays_the_run_up_to_its_best_step(setting):
 
 
 def test_an_episode_that_never_revisits_turns_down_the_step_back_and_counts_it(setting):
-    """add-commutativity at location 0, taken twice, gives the graph back. An agent that always wants it goes
-    back and forth; with ``no_revisit`` the step back is looked at, turned down (a counted interaction) and the
-    agent chooses again among the rest, so no graph repeats. An agent that keeps asking for a seen graph ends
-    the episode (NO-OP) after REVISIT_TRIES looks."""
+    """mul-associativity at location 0, taken twice, gives the graph back (the commutative matcher binds the
+    regrouped product at location 0 again, the other way round, and regroups it as it was). An agent that always
+    wants it goes back and forth; with ``no_revisit`` the step back is looked at, turned down (a counted
+    interaction) and the agent chooses again among the rest, so no graph repeats. An agent that keeps asking for a
+    seen graph ends the episode (NO-OP) after REVISIT_TRIES looks."""
     from rlflow.agents.real_env import REVISIT_TRIES, run_episode
 
     make, encoder, wm, rules = setting
-    k = next(i for i, r in enumerate(rules) if r.id == "b-add-comm")
+    k = next(i for i, r in enumerate(rules) if r.id == "b-mul-assoc")
 
     def choose(obs, xm, lm):  # (k, 0) while the masks allow it, else the first allowed action
         if lm[0, k, 0]:

@@ -433,7 +433,9 @@ def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
             if r["method"] == "eqsat":  # no sequence of rewrites: it extracts its graph from an e-graph
                 assert r["rules_applied"] == "" and t.rules_applied is None
             else:
-                assert int(r["rules_applied"]) == t.rules_applied == greedy_trace.rules_applied
+                # TASO may reach its graph by more rewrites than greedy's one: it tries every operand order of
+                # the commutative ops, so ties of cost come by other routes
+                assert int(r["rules_applied"]) == t.rules_applied >= greedy_trace.rules_applied
             assert float(r["optimisation_s"]) == pytest.approx(t.optimisation_s, rel=1e-5)
             rl = r["method"] in RL_METHODS
             assert (r["training_s"], r["real_interactions"]) == (("12.5", "107") if rl else ("", ""))

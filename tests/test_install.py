@@ -17,6 +17,7 @@ import onnx
 import pytest
 
 import onnx_models
+from rlflow.rewrite import load_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.install
@@ -42,7 +43,8 @@ def test_clean_venv_install_optimises_a_model_with_no_other_file(tmp_path):
 
     r = _run([venv / "bin/rlflow", "optimize", "model.onnx", "--out", "fast.onnx", "--set", "timing.budget_s=2",
               "--no-progress"], cwd=work)
-    assert "wrote fast.onnx" in r.stdout and "1225 of 1225 rules" in r.stdout  # the shipped rule set
+    n = len(load_rules())  # the shipped rule set, read from this checkout
+    assert "wrote fast.onnx" in r.stdout and f"{n} of {n} rules" in r.stdout
 
     script = ("import rlflow\n"
               "fast = rlflow.optimize('model.onnx', target='sim-h100')\n"

@@ -278,3 +278,58 @@ def test_incremental_index_sees_matches_a_removed_path_unblocks():
         [[(m.nodes, m.bindings) for m in ms] for ms in scratch.matches]
     assert any({"p", "q"} <= set(m.nodes) for m in idx.matches[1])
     assert outputs_equal(g, idx.graph)
+
+
+# ============================================================================================ commutative ops
+ADD_RELU = rule_from_json({
+    "id": "add-relu", "name": "x + relu(y) -> relu(y) + x", "origin": "builtin",
+    "src": [node("Relu", ["y"]), node("Add", ["x", "%0"])],
+    "dst": [node("Relu", ["y"]), node("Mul", ["%0", "x"])],  # not equal: only the bindings are looked at
+    "outputs": [["%1", "%1"]], "verified": V})
+
+ADD_ANY = rule_from_json({
+    "id": "add-any", "name": "x + y -> relu(x) + y", "origin": "builtin",
+    "src": [node("Add", ["x", "y"])], "dst": [node("Relu", ["x"]), node("Add", ["%0", "y"])],
+    "outputs": [["%0", "%1"]], "verified": V})
+
+
+def add_graph(relu_first: bool, same: bool = False):
+    b = GraphBuilder("add")
+    a, c = b.input("a", (2, 3)), b.input("b", (2, 3))
+    r = b.op("Relu", [c], name="r")
+    return b.build([b.op("Add", [a, a] if same else [r, a] if relu_first else [a, r], name="s")])
+
+
+@pytest.mark.parametrize("relu_first", [False, True])
+def test_a_commutative_pattern_node_matches_either_operand_order(relu_first):
+    """Add(x, relu(y)) matches Add(relu(b), a) as it matches Add(a, relu(b)): one match, the same bindings, so
+    no rule that swaps operands has to fire first."""
+    g = add_graph(relu_first)
+    ms = find_matches(g, ADD_RELU)
+    assert [(m.nodes, m.bindings) for m in ms] == [(("r", "s"), (("x", "a"), ("y", "b")))]
+    h = apply(g, ms[0])
+    h.validate()
+    assert h.op_counts() == {"Relu": 1, "Mul": 1}
+    assert MatchIndex(g, [ADD_RELU]).matches == [ms]
+
+
+def test_commutative_matches_are_listed_once_and_in_one_order():
+    """Add(a, b) binds Add(x, y) both ways (two matches, two rewrites); Add(a, a) binds it once. The order is
+    the same on every run and in the incremental index."""
+    b = GraphBuilder("two")
+    x, y = b.input("a", (2, 3)), b.input("b", (2, 3))
+    two = b.build([b.op("Add", [x, y], name="s")])
+    ms = find_matches(two, ADD_ANY)
+    assert [m.bindings for m in ms] == [(("x", "a"), ("y", "b")), (("x", "b"), ("y", "a"))]
+    assert [m.bindings for m in find_matches(two, ADD_ANY)] == [m.bindings for m in ms]
+    assert len({apply(two, m).structural_hash() for m in ms}) == 2  # relu(a) + b and relu(b) + a
+    same = add_graph(False, same=True)
+    assert [m.bindings for m in find_matches(same, ADD_ANY)] == [(("x", "a"), ("y", "a"))]
+    # the incremental index after a rewrite finds what matching from scratch finds
+    g = add_graph(True)
+    idx = MatchIndex(g, [ADD_RELU, ADD_ANY])
+    after = idx.apply(1, 0)
+    scratch = MatchIndex(after.graph, [ADD_RELU, ADD_ANY])
+    assert [[(m.nodes, m.bindings) for m in ms] for ms in after.matches] == \
+        [[(m.nodes, m.bindings) for m in ms] for ms in scratch.matches]
+    assert after.matches[0] and after.matches[1]

@@ -66,11 +66,16 @@ def trained(tmp_path_factory, root):
           "--curve", str(d / "wm/loss.csv"), "--logs", str(d / "wm/live"), "--no-progress"])
     # on tiny data the world model learns no location masks (held-out recall 0), so the dream offers only the NO-OP
     # and the controller's heads stay as initialised: its real episodes are samples of them, and 8 of them (the
-    # first greedy) find tiny bert's improving rewrites where 2 may not; the same for the model-free agent, whose
-    # tiny.yaml budget (2 updates of 8 steps) leaves it near its initial policy among 120 rules
-    _run(_agent_args(root, d, "controller", d / "ctl", "--set", "controller.eval_episodes=8"))
-    _run(_agent_args(root, d, "model_free", d / "mf", "--set", "model_free.eval_episodes=8"))
+    # first greedy) find tiny bert's improving rewrite where 2 may not; the same for the model-free agent, whose
+    # tiny.yaml budget (2 updates of 8 steps) leaves it near its initial policy among 112 rules: 16 episodes, since
+    # one (rule, location) of its 36 lowers the cost (add-associativity at the embeddings' sum)
+    for stage, out in (("controller", "ctl"), ("model_free", "mf")):
+        _run(_agent_args(root, d, stage, d / out, "--set", f"{stage}.eval_episodes={EVAL_EPISODES[out]}"))
     return d
+
+
+#: the fixture's controller.eval_episodes and model_free.eval_episodes, by checkpoint folder
+EVAL_EPISODES = {"ctl": 8, "mf": 16}
 
 
 def _tsv(path: Path) -> list[dict]:
@@ -301,7 +306,7 @@ def test_agent_checkpoint_is_self_contained(trained, name, method):
     assert {"policy", "encoder", "rules", "env", "config"} <= set(data)
     assert ("world_model" in data) == (method == "rlflow")
     assert data["rules"] == rules_fingerprint(load_rules(trained / "rules.json"))
-    episodes = 8  # the fixture's controller.eval_episodes and model_free.eval_episodes
+    episodes = EVAL_EPISODES[name.split("/")[0]]
     n = len(load_rules(trained / "rules.json"))  # the tiny config's generated rules plus every builtin rule
     assert data["rules"]["count"] == n and data["env"] == {"max_steps": 5, "max_locations": 200, "episodes": episodes,
                                                     "no_revisit": False}
@@ -336,9 +341,10 @@ def test_optimize_with_an_agent_repeats_the_stages_run(trained, which, ckpt, tmp
         assert onnx.load(out).SerializeToString() == onnx.load(d / which / "model.onnx").SerializeToString()
 
 
-def _forced_agent(trained, tmp_path, favour: str | None) -> Path:
+def _forced_agent(trained, tmp_path, favour: str | None, location: int | None = None) -> Path:
     """The model-free checkpoint with its rule head overridden: always the rule named ``favour`` where it
-    matches (the NO-OP never before the horizon), or (None) the NO-OP right away."""
+    matches (the NO-OP never before the horizon), or (None) the NO-OP right away; with ``location``, its
+    location head too: always that location where it is valid."""
     from rlflow.rewrite.rule import load_rules
 
     data = torch.load(trained / "mf/model_free.pt", weights_only=True)
@@ -353,6 +359,10 @@ def _forced_agent(trained, tmp_path, favour: str | None) -> Path:
         names = [r.name for r in load_rules(trained / "rules.json")]
         bias[names.index(favour)] = 100.0
     sd["xfer_head.bias"].copy_(bias)
+    if location is not None:
+        sd["loc_head.2.weight"].zero_()
+        sd["loc_head.2.bias"].zero_()
+        sd["loc_head.2.bias"][location] = 100.0
     path = tmp_path / f"forced-{favour}.pt"
     torch.save(data, path)
     return path
@@ -362,16 +372,19 @@ def test_an_agent_that_applies_rewrites_writes_them_all_in_order(trained, tmp_pa
     from rlflow.cost import AnalyticCost
     from rlflow.graph import load_onnx
 
-    agent = _forced_agent(trained, tmp_path, "matmul-merge")
+    # add-associativity at location 0, (e0 + e1) + e2 -> e0 + (e1 + e2) on tiny bert's three embeddings, puts two
+    # constants side by side: the one rewrite that lowers its analytic cost in one step
+    fav = "add-associativity"
+    agent = _forced_agent(trained, tmp_path, fav, location=0)
     out, trace = tmp_path / "opt.onnx", tmp_path / "trace.json"
     assert main(["optimize", str(trained / "bert.onnx"), "--out", str(out), "--method", "rlflow", "--agent", str(agent),
                  "--rules", str(trained / "rules.json"), "--cost-model", "analytic", "--trace", str(trace),
                  "--no-progress", "--no-speed-check"]) == 0
     doc = json.loads(trace.read_text())
     names = [s["rule_name"] for s in doc["steps"]]
-    assert doc["rules_applied"] == len(names) >= 1 and names[0] == "matmul-merge"
-    k = names.count("matmul-merge")
-    assert names[:k] == ["matmul-merge"] * k  # while it matches, the favoured rule is taken
+    assert doc["rules_applied"] == len(names) >= 1 and names[0] == fav
+    k = names.count(fav)
+    assert names[:k] == [fav] * k  # while it matches, the favoured rule is taken
     costs = [doc["initial"]["runtime_ms"]] + [s["cost_ms"] for s in doc["steps"]]
     assert costs[-1] < costs[0] and doc["speedup"] > 1
     assert doc["final"]["runtime_ms"] == pytest.approx(AnalyticCost("cpu").graph_metrics(load_onnx(out)).runtime_ms)
@@ -388,8 +401,8 @@ def test_an_agent_that_finds_nothing_writes_the_original(trained, tmp_path):
                  "--no-progress", "--no-speed-check"]) == 0
     doc = json.loads(trace.read_text())
     assert doc["steps"] == [] and doc["rules_applied"] == 0 and doc["stop_reason"] == "noop"
-    # one real step (the NO-OP) in each of the 8 episodes (the fixture's model_free.eval_episodes)
-    assert doc["expansions"] == 8 and doc["speedup"] == 1.0 and doc["final"] == doc["initial"]
+    # one real step (the NO-OP) in each of the model-free agent's episodes
+    assert doc["expansions"] == EVAL_EPISODES["mf"] and doc["speedup"] == 1.0 and doc["final"] == doc["initial"]
     assert load_onnx(out).structural_hash() == load_onnx(trained / "bert.onnx").structural_hash()
 
 
@@ -407,7 +420,7 @@ def test_optimize_runs_an_agent_on_another_model(trained, ckpt, tmp_path, capsys
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["out"] == str(out) and doc["max_rel_diff"] <= 1e-4 and out.is_file()
-    episodes = 8  # the fixture's controller.eval_episodes and model_free.eval_episodes
+    episodes = EVAL_EPISODES[ckpt.split("/")[0]]
     assert doc["final"]["runtime_ms"] <= doc["initial"]["runtime_ms"] and 1 <= doc["expansions"] <= 5 * episodes
     assert doc["stats"]["episodes"] == episodes
 
@@ -427,13 +440,16 @@ def _rules_variant(trained, tmp_path, how: str) -> Path:
                                   "fewer_rules", "reordered_rules", "no_agent", "agent_with_taso",
                                   "agent_with_greedy", "search_option"])
 def test_optimize_rlflow_errors_are_one_line_and_write_nothing(trained, tmp_path, capsys, case):
+    from rlflow.rewrite.rule import load_rules
+
     d = trained
     agent, rules = d / "ctl/controller.pt", d / "rules.json"
+    n_rules = len(load_rules(rules))
     method, extra = "rlflow", []
     want = {"missing": "no such checkpoint", "corrupt": "not a readable checkpoint",
             "truncated": "not a readable checkpoint", "encoder": "an encoder checkpoint",
             "world_model": "a world-model checkpoint", "partial": "partial checkpoint",
-            "old": "older rlflow", "fewer_rules": "trained with 120 rules", "reordered_rules": "other rules",
+            "old": "older rlflow", "fewer_rules": f"trained with {n_rules} rules", "reordered_rules": "other rules",
             "no_agent": "needs --agent", "agent_with_taso": "--agent", "agent_with_greedy": "--agent",
             "search_option": "--budget"}[case]
     if case == "missing":
@@ -472,7 +488,7 @@ def test_optimize_rlflow_errors_are_one_line_and_write_nothing(trained, tmp_path
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("rlflow: error: ") and want in err, err
     if case == "fewer_rules":
-        assert "has 119" in err
+        assert f"has {n_rules - 1}" in err
     assert not out.exists() and not trace.exists()
 
 

@@ -233,6 +233,16 @@ def test_shipped_rule_set_is_a_fresh_generation(fresh_rules_file):
     assert len(load_rules()) == len(json.loads(shipped)["rules"]) > 1000
 
 
+def test_shipped_rule_set_has_no_rule_that_only_swaps_operands_nor_a_covered_rule():
+    """The matchers bind a commutative op's operands in either order: no shipped rule only swaps them
+    (``x + y -> y + x``), mirrors another's operand order, or is covered by another (prune_final keeps all)."""
+    from rlflow.rewrite.prune import is_trivial, prune_final
+
+    rules = load_rules()
+    assert not [r.id for r in rules if is_trivial(r)]
+    assert prune_final(rules)[0] == list(range(len(rules)))
+
+
 def test_gzipped_rules_file_that_is_not_gzip_is_one_line(tmp_path):
     bad = tmp_path / "rules.json.gz"
     bad.write_text("{}")

@@ -26,7 +26,7 @@ from rlflow.cost.metrics import QUANTUM_MS, Metrics, quantize
 from rlflow.errors import RLFlowError
 from rlflow.graph.exported import as_exported, preactivation
 from rlflow.graph.ir import Graph, Node, TensorType
-from rlflow.graph.ops import OPS, node_bytes, node_flops
+from rlflow.graph.ops import COMMUTATIVE, OPS, node_bytes, node_flops
 
 COSTS_FORMAT = "rlflow.costs/1"
 
@@ -39,15 +39,12 @@ DEFAULT_PEAKS = {
 NodeCost = tuple[float, float, float, float]  # runtime_ms, flops, bytes, launches
 
 
-#: ops whose operands can be swapped: their signature lists input types sorted, so ``Add(b, x)`` after a
-#: commutativity rewrite is the measured ``Add(x, b)``, not an estimate (which a search would exploit)
-COMMUTATIVE = frozenset({"Add", "Mul"})
 
 
 def signature(node: Node, in_types: Iterable[TensorType]) -> str:
     """What an op's runtime depends on: op, attributes and input types (not names, not weight values)."""
     types = [str(t) for t in in_types]
-    if node.op in COMMUTATIVE:
+    if node.op in COMMUTATIVE:  # listed sorted: ``Add(b, x)`` is the measured ``Add(x, b)``, not an estimate
         types.sort()
     return f"{node.op_type_name()}{node.attr_key()}({', '.join(types)})"
 

@@ -46,9 +46,10 @@ import numpy as np
 
 from rlflow.cost.calibration import Calibration
 from rlflow.cost.ort_session import profiled_runs as _profiled_runs, session as _session
-from rlflow.cost.model import COMMUTATIVE, NodeCost, CostModel, signature
+from rlflow.cost.model import NodeCost, CostModel, signature
 from rlflow.graph.exported import as_exported, preactivation
 from rlflow.graph.ir import Constant, Graph, Node
+from rlflow.graph.ops import COMMUTATIVE
 
 
 

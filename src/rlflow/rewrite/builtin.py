@@ -22,13 +22,12 @@ The rules (``b-conv-bias-*`` is the same rule for a Conv with a bias input):
 - ``b-conv[-bias]-sum-concat[-relu]``: conv(x1, w1) + conv(x2, w2) [then Relu] -> one conv over Concat(x1, x2)
   and Concat(w1, w2) [with fused ReLU]; ``b-conv[-bias]-group-merge``: two convs on different inputs -> one grouped
   conv (twice the groups) over the concatenated inputs and kernels, and a Split;
-- ``b-matmul-merge``: x @ w0, x @ w1 -> Split(x @ Concat(w0, w1)); ``b-matmul-add-gemm[-l]``: MatMul + Add -> Gemm;
-- ``b-add-const-chain[-l]``, ``b-mul-const-chain[-l]``, ``b-add-const-pair``, ``b-add/mul-comm``,
-  ``b-add/mul-assoc``: element-wise chains (below);
+- ``b-matmul-merge``: x @ w0, x @ w1 -> Split(x @ Concat(w0, w1)); ``b-matmul-add-gemm``: MatMul + Add -> Gemm;
+- ``b-add/mul-assoc``, ``b-add-const-pair``: element-wise chains (below);
 - ``b-avgpool-conv-3x3`` / ``-2x2`` (``-nopad``): AveragePool -> depthwise Conv with a constant pooling kernel;
 - ``b-{mul,div}-scalar-*``: a one-element scale (attention's, GELU's) moved to a weight, one step at a time, also
   through a merged MatMul's Split (``-split-weight-*``, ``-split2-weight-*``);
-- bias fusion, only with config ``rules.bias_fusion: true`` (:func:`bias_fusion_rules`): ``b-matmul-add-gemm-3d[-l]``:
+- bias fusion, only with config ``rules.bias_fusion: true`` (:func:`bias_fusion_rules`): ``b-matmul-add-gemm-3d``:
   MatMul + Add -> Gemm for 3-D activations, flattened to 2-D around it; ``b-split-add-merge``: Split(y)[j] + c_j
   -> Split(y + Concat(c0, c1)), which brings merged Q/K/V's biases in front of the Split, to the Gemm. Off by
   default: on vit they double every method's simulated gain, but the agents' route then needs ~156 rewrites, more
@@ -53,16 +52,14 @@ shape inference (or change an output type) for every binding where it would comp
 - Gemm's own shape inference requires 2-D operands, and a bias that would broadcast the output to a larger shape
   changes the output type, so the match is rejected.
 
-**Element-wise chains.** ``Add(Add(x, c0), c1) -> Add(x, Add(c0, c1))`` (and the same with ``c0`` on the left,
-and for Mul) puts the two constants side by side, so the search's constant folding turns two runtime additions
-into one; ``Add(Add(x, c0), Add(y, c1)) -> Add(Add(x, y), Add(c0, c1))`` does the same for two branches that each
-add a constant before they meet (e.g. two biases before a residual sum): three runtime Adds become two.
-Broadcasting is associative and commutative, so the targets infer the same shape as the sources whenever the
-sources are valid. Plain commutativity and associativity of Add and Mul (``x + y -> y + x``,
-``(x + y) + z -> x + (y + z)``) are here too: the generator never emits commutativity (each side is the other up
-to a renaming of variables, which it prunes as a duplicate) and emits associativity only at its symbolic ranks
-(a generated rule binds only the ranks it was verified at); the matcher takes operands in order, so these are
-what lets a search bring operands of any rank into the order another rule's pattern expects.
+**Element-wise chains.** Associativity of Add and Mul, ``(x + y) + z -> x + (y + z)`` at any rank (the generator
+emits it only at its symbolic ranks: a generated rule binds only the ranks it was verified at), puts two constants
+side by side (``(x + c0) + c1 -> x + (c0 + c1)``), so the search's constant folding turns two runtime additions into
+one; ``Add(Add(x, c0), Add(y, c1)) -> Add(Add(x, y), Add(c0, c1))`` does the same for two branches that each add a
+constant before they meet (e.g. two biases before a residual sum): three runtime Adds become two. Broadcasting is
+associative and commutative, so the targets infer the same shape as the sources whenever the sources are valid. No
+rule here swaps operands or mirrors another's operand order: the matcher binds a commutative op's operands in
+either order.
 
 Verification: :func:`verified_builtin_rules` (what the generate_rules stage calls) fills each rule's
 ``verified`` record with :func:`rlflow.rewrite.verify.verify` (every example must fit and agree in float64, plus
@@ -402,36 +399,31 @@ def _avgpool_conv() -> list:
 
 
 def _gemm() -> list:
-    """MatMul(x, w) + b -> Gemm(x, w, b) for 2-D x and w, b broadcastable to the output (either Add order)."""
-    out = []
+    """MatMul(x, w) + b -> Gemm(x, w, b) for 2-D x and w, b broadcastable to the output (either Add order: the
+    matcher binds a commutative op's operands in either order)."""
     gemm = _n("Gemm", ["x", "w", "b"], alpha=1.0, beta=1.0, transA=0, transB=0)
-    for rid, add in (("b-matmul-add-gemm", ["%0", "b"]), ("b-matmul-add-gemm-l", ["b", "%0"])):
-        ex = [_ex(None, x=[3, 4], w=[4, 5], b=[5]), _ex(None, x=[2, 3], w=[3, 4], b=[2, 1]),
-              _ex(None, x=[2, 3], w=[3, 4], b=[2, 4]), _ex(None, x=[1, 3], w=[3, 2], b=[])]
-        out.append(_rule(rid, "matmul-add-gemm", [_n("MatMul", ["x", "w"]), _n("Add", add)], [gemm],
-                         [["%1", "%0"]], examples=ex))
-    return out
+    ex = [_ex(None, x=[3, 4], w=[4, 5], b=[5]), _ex(None, x=[2, 3], w=[3, 4], b=[2, 1]),
+          _ex(None, x=[2, 3], w=[3, 4], b=[2, 4]), _ex(None, x=[1, 3], w=[3, 2], b=[])]
+    return [_rule("b-matmul-add-gemm", "matmul-add-gemm", [_n("MatMul", ["x", "w"]), _n("Add", ["%0", "b"])], [gemm],
+                  [["%1", "%0"]], examples=ex)]
 
 
 def _gemm_3d() -> list:
-    """``b-matmul-add-gemm-3d[-l]``: MatMul(x, w) + b -> Gemm for a 3-D x of shape (B, M, K) (a transformer's
+    """``b-matmul-add-gemm-3d``: MatMul(x, w) + b -> Gemm for a 3-D x of shape (B, M, K) (a transformer's
     batch x sequence x hidden activations), flattened to (B*M, K) around the Gemm and its (B*M, N) product
     reshaped back to (B, M, N). The Reshapes only re-view the data. Only 3-D x fits: the first Reshape reads
     axis 2 and keeps the element count only when x has no further axis (or a further axis of 1, where the
     product's type differs and the match is rejected); Gemm demands a 2-D w; and a bias that broadcasts per
     batch element or grows the output ((B, M, N), or (M, N) with B > 1) is not broadcastable to Gemm's
     (B*M, N), so it is rejected."""
-    out = []
     dim = lambda ref, axis: {"dim": [ref, axis]}  # noqa: E731
     flat = _n("Reshape", ["x"], shape=[{"prod": [dim("x", 0), dim("x", 1)]}, dim("x", 2)])
     gemm3 = _n("Gemm", ["%0", "w", "b"], alpha=1.0, beta=1.0, transA=0, transB=0)
     back = _n("Reshape", ["%1"], shape=[dim("x", 0), dim("x", 1), dim("w", 1)])
-    for rid, add in (("b-matmul-add-gemm-3d", ["%0", "b"]), ("b-matmul-add-gemm-3d-l", ["b", "%0"])):
-        ex = [_ex(None, x=[1, 3, 4], w=[4, 5], b=[5]), _ex(None, x=[2, 3, 4], w=[4, 2], b=[1, 2]),
-              _ex(None, x=[1, 3, 2], w=[2, 4], b=[3, 4]), _ex(None, x=[2, 2, 3], w=[3, 2], b=[])]
-        out.append(_rule(rid, "matmul-add-gemm", [_n("MatMul", ["x", "w"]), _n("Add", add)], [flat, gemm3, back],
-                         [["%1", "%2"]], examples=ex))
-    return out
+    ex = [_ex(None, x=[1, 3, 4], w=[4, 5], b=[5]), _ex(None, x=[2, 3, 4], w=[4, 2], b=[1, 2]),
+          _ex(None, x=[1, 3, 2], w=[2, 4], b=[3, 4]), _ex(None, x=[2, 2, 3], w=[3, 2], b=[])]
+    return [_rule("b-matmul-add-gemm-3d", "matmul-add-gemm", [_n("MatMul", ["x", "w"]), _n("Add", ["%0", "b"])],
+                  [flat, gemm3, back], [["%1", "%2"]], examples=ex)]
 
 
 def _split_add_merge() -> list:
@@ -456,27 +448,13 @@ def _split_add_merge() -> list:
 
 def _elementwise_chains() -> list:
     out = []
-    ex3 = [_ex(None, x=[2, 3, 4], c0=[4], c1=[3, 1]), _ex(None, x=[5], c0=[], c1=[5]),
-           _ex(None, x=[2, 1, 4], c0=[1, 3, 1], c1=[2, 3, 4])]
+    ex3 = [_ex(None, x=[2, 3, 4], y=[4], z=[3, 1]), _ex(None, x=[5], y=[], z=[5]),
+           _ex(None, x=[2, 1, 4], y=[1, 3, 1], z=[2, 3, 4])]
     for op in ("Add", "Mul"):
         lo = op.lower()
-        out.append(_rule(f"b-{lo}-const-chain", f"{lo}-const-fold",
-                         [_n(op, ["x", "c0"]), _n(op, ["%0", "c1"])],
-                         [_n(op, ["c0", "c1"]), _n(op, ["x", "%0"])], [["%1", "%1"]], const=["c0", "c1"],
-                         examples=ex3))
-        out.append(_rule(f"b-{lo}-const-chain-l", f"{lo}-const-fold",
-                         [_n(op, ["c0", "x"]), _n(op, ["%0", "c1"])],
-                         [_n(op, ["c0", "c1"]), _n(op, ["x", "%0"])], [["%1", "%1"]], const=["c0", "c1"],
-                         examples=[{"vars": {k: e["vars"][k] for k in ("c0", "x", "c1")}, "params": {}} for e in ex3]))
-    ex2 = [_ex(None, x=[2, 3], y=[2, 3]), _ex(None, x=[2, 1, 4], y=[3, 1]), _ex(None, x=[], y=[4])]
-    for op in ("Add", "Mul"):
-        lo = op.lower()
-        out.append(_rule(f"b-{lo}-comm", f"{lo}-commutativity", [_n(op, ["x", "y"])], [_n(op, ["y", "x"])],
-                         [["%0", "%0"]], examples=ex2))
         out.append(_rule(f"b-{lo}-assoc", f"{lo}-associativity", [_n(op, ["x", "y"]), _n(op, ["%0", "z"])],
                          [_n(op, ["y", "z"]), _n(op, ["x", "%0"])], [["%1", "%1"]],
-                         examples=[{"vars": {"x": e["vars"]["x"], "y": e["vars"]["c0"], "z": e["vars"]["c1"]},
-                                    "params": {}} for e in ex3]))
+                         examples=ex3))
     out.append(_rule("b-add-const-pair", "add-const-pair-fold",
                      [_n("Add", ["x", "c0"]), _n("Add", ["y", "c1"]), _n("Add", ["%0", "%1"])],
                      [_n("Add", ["x", "y"]), _n("Add", ["c0", "c1"]), _n("Add", ["%0", "%1"])],
@@ -511,7 +489,7 @@ def _scalar_scale() -> list:
     - ``b-{op}-scalar-add-const``: (t + c) op s -> (t op S) + (c op S), c constant (folded);
     - ``b-{op}-scalar-head-split``: the last three at once, Transpose(Reshape(t + c)) op s -> Transpose(Reshape(
       (t op S) + (c op S))): a biased projection split into attention heads, which the scale crosses as a unit;
-    - ``b-mul-scalar-hoist`` / ``-l``: x * (y * s) / x * (s * y) -> (x * y) * S (GELU's x * (0.5 * t)).
+    - ``b-mul-scalar-hoist``: x * (y * s) -> (x * y) * S (GELU's x * (0.5 * t)).
 
     Each step but the last keeps the number of launches (the last folds the scale into a weight). Q/K/V's MatMul
     merge hides K's weight behind a Split: :func:`_scalar_split_weight` folds the scale from there."""
@@ -559,10 +537,9 @@ def _scalar_scale() -> list:
                                    _ex({"shape": [2, 3], "perm": [1, 0]}, t=[6], c=[], s=[1]),
                                    _ex({"shape": [2, 2, 3], "perm": [0, 2, 1]}, t=[2, 6], c=[2, 6], s=[])]))
     ex_h = [_ex(None, x=[2, 3], y=[2, 3], s=[]), _ex(None, x=[3, 1], y=[4], s=[1]), _ex(None, x=[], y=[2, 2], s=[])]
-    for rid, inner in (("b-mul-scalar-hoist", ["y", "s"]), ("b-mul-scalar-hoist-l", ["s", "y"])):
-        out.append(_rule(rid, "mul-scalar-hoist", [_n("Mul", inner), _n("Mul", ["x", "%0"])],
-                         [scal, _n("Mul", ["x", "y"]), _n("Mul", ["%1", "%0"])], [["%1", "%2"]], const=["s"],
-                         examples=ex_h))
+    out.append(_rule("b-mul-scalar-hoist", "mul-scalar-hoist", [_n("Mul", ["y", "s"]), _n("Mul", ["x", "%0"])],
+                     [scal, _n("Mul", ["x", "y"]), _n("Mul", ["%1", "%0"])], [["%1", "%2"]], const=["s"],
+                     examples=ex_h))
     return out
 
 
@@ -713,7 +690,7 @@ def fused_kernel_rules() -> list[tuple[Rule, list[Example]]]:
 
 def bias_fusion_rules() -> list[tuple[Rule, list[Example]]]:
     """The bias-fusion family (config ``rules.bias_fusion``, off by default): ``b-split-add-merge`` and
-    ``b-matmul-add-gemm-3d[-l]``, which fold a transformer's projection biases into its (merged) GEMMs."""
+    ``b-matmul-add-gemm-3d``, which fold a transformer's projection biases into its (merged) GEMMs."""
     return _split_add_merge() + _gemm_3d()
 
 

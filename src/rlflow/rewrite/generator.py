@@ -63,6 +63,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from rlflow.graph.ops import COMMUTATIVE
 from rlflow.rewrite.rule import VARIABLE_KINDS, expr_refs
 
 # ================================================================================================ configuration
@@ -71,7 +72,6 @@ KIND_ORDER = {k: i for i, k in enumerate(VARIABLE_KINDS)}
 #: operator templates (``Conv`` and ``ConvRelu`` are the IR op Conv with activation none / relu)
 TEMPLATES = ("MatMul", "Add", "Mul", "Conv", "ConvRelu", "AveragePool", "MaxPool", "Relu", "Concat", "Split",
              "Transpose", "ScalarMul", "Enlarge")
-COMMUTATIVE = frozenset({"Add", "Mul"})
 #: Concat / Split axes by rank: TASO's 0 and 1 for 2-D and 4-D; a 3-D (batch, sequence, hidden) value also
 #: on its hidden axis, where merged transformer MatMuls are split
 CONCAT_AXES = {2: (0, 1), 3: (0, 1, 2), 4: (0, 1)}
@@ -779,6 +779,11 @@ class Generated:
     stats: dict
 
 
+def rule_id(n: int, total: int, prefix: str = "g") -> str:
+    """The id of the ``n``-th (from 0) of ``total`` generated rules: ``g0001``... (at least four digits)."""
+    return f"{prefix}{n + 1:0{max(4, len(str(total)))}d}"
+
+
 def _bar(progress_factory, desc: str, total: int | None):
     if progress_factory is None:
         return None
@@ -846,18 +851,17 @@ def generate(cfg: GeneratorConfig, trials: int = 5, max_dim: int = 4, verify_see
     seconds["verify"] = time.perf_counter() - t2
 
     t3 = time.perf_counter()
-    ver_rules = [rules[i] for i, _ in verified]
+    ver_rules = [replace(rules[i], verified=rec) for i, rec in verified]  # with the ranks they were verified at
     keep2 = prune_specialisations(ver_rules, variable_class)
     counts_after = dict(counts)
     counts_after["specialisation"] = len(keep2)
     seconds["prune"] += time.perf_counter() - t3
 
     out = []
-    width = max(4, len(str(len(keep2))))
     for n, j in enumerate(keep2):
         i, rec = verified[j]
         raw = rules[i].to_json()
-        raw["id"] = f"{id_prefix}{n + 1:0{width}d}"
+        raw["id"] = rule_id(n, len(keep2), id_prefix)
         raw["verified"] = rec
         out.append(raw)
     stats = {

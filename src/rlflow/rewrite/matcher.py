@@ -6,6 +6,9 @@ One generic engine serves every rule:
   matched nodes in the graph's topological order). A match binds every source pattern node to a distinct graph
   node and every variable to a graph value, such that ops, input wiring, literal attributes, parameters
   (equal wherever used), shape expressions and ``constraints.const`` hold, and:
+    * a pattern node of a commutative op (``OpDef.commutative``: Add, Mul) reads its two inputs in either order:
+      ``Add(x, relu(y))`` matches ``Add(relu(b), a)``, so no rule that only swaps operands is needed; a node
+      whose two inputs are one value is bound once, and a match is listed once however it was found;
     * every value a matched node produces that is read outside the match (or is a graph output) is mapped by
       the rule, and no variable is produced by a matched node;
     * applying it cannot create a cycle (no variable depends on a matched node through outside nodes);
@@ -29,7 +32,7 @@ from typing import Any, Iterable, Sequence
 from rlflow.errors import RLFlowError
 from rlflow.graph.fold import static_values
 from rlflow.graph.ir import Constant, Graph, Node, TensorType, _canonical
-from rlflow.graph.ops import infer_types
+from rlflow.graph.ops import COMMUTATIVE, infer_types
 from rlflow.rewrite.rule import Rule, attr_equal, broadcasts, constant_array, eval_attr, is_param
 
 _REF = re.compile(r"%(\d+)(?:\.(\d+))?$")
@@ -73,6 +76,8 @@ class _Compiled:
         self.expr_attrs = [{a: v for a, v in pn.attrs.items() if isinstance(v, dict) or _has_expr(v)}
                            for pn in rule.src]
         self.ops = {pn.op for pn in rule.src}
+        #: per pattern node: does it read its two inputs in either order
+        self.comm = [pn.op in COMMUTATIVE and len(pn.inputs) == 2 for pn in rule.src]
         self.orders = [self._order(s) for s in range(self.n)]
         mapped = set()
         for s, _ in rule.outputs:
@@ -108,6 +113,14 @@ class _Compiled:
 
 def _has_expr(v: Any) -> bool:
     return isinstance(v, dict) or (isinstance(v, tuple) and any(_has_expr(x) for x in v))
+
+
+def _input_orders(c: _Compiled, k: int, inputs: tuple) -> tuple[tuple, ...]:
+    """The orders in which a node with ``inputs`` may bind pattern node ``k``'s inputs: as they are, and swapped
+    for a commutative pattern node with two different inputs."""
+    if c.comm[k] and len(inputs) == 2 and inputs[0] != inputs[1]:
+        return inputs, (inputs[1], inputs[0])
+    return (inputs,)
 
 
 _CACHE: dict[int, _Compiled] = {}
@@ -167,18 +180,20 @@ def _search(view: _View, c: _Compiled, starts: Iterable[tuple[int, Iterable[Node
         return
     src = c.src
     bound: list[Node | None] = [None] * c.n
+    ins: list[tuple] = [()] * c.n  # the bound nodes' inputs, in pattern order (a commutative node's may be swapped)
     used: set[str] = set()
     vars_: dict[str, str] = {}
     params: dict[str, Any] = {}
 
-    def fits(k: int, node: Node) -> list | None:
-        """Check node for pattern node k; returns the undo list (new var/param bindings) or None."""
+    def fits(k: int, node: Node, inputs: tuple) -> list | None:
+        """Check node, reading ``inputs`` in that order, for pattern node k; returns the undo list (new var/param
+        bindings) or None."""
         if node.name in used or not _node_fits(c, k, node):
             return None
         attrs = node.attrs
         new_vars, new_params = [], []
         for pos, ref in enumerate(c.ins[k]):
-            val = node.inputs[pos]
+            val = inputs[pos]
             if ref[0] == "var":
                 have = vars_.get(ref[1])
                 if have is None:
@@ -196,7 +211,7 @@ def _search(view: _View, c: _Compiled, starts: Iterable[tuple[int, Iterable[Node
                     break
         else:
             for u, pos, o in c.users[k]:  # bound users must read this node's output
-                if bound[u] is not None and bound[u].inputs[pos] != node.outputs[o]:
+                if bound[u] is not None and ins[u][pos] != node.outputs[o]:
                     break
             else:
                 for a, p in c.param_attrs[k].items():
@@ -217,13 +232,17 @@ def _search(view: _View, c: _Compiled, starts: Iterable[tuple[int, Iterable[Node
     def candidates(k: int) -> Iterable[Node]:
         for u, pos, o in c.users[k]:  # k produces an input of a bound node: one candidate
             if bound[u] is not None:
-                n = view.producer.get(bound[u].inputs[pos])
-                return [n] if n is not None and o < len(n.outputs) and n.outputs[o] == bound[u].inputs[pos] else []
-        for pos, ref in enumerate(c.ins[k]):  # k reads a bound value: its consumers
+                n = view.producer.get(ins[u][pos])
+                return [n] if n is not None and o < len(n.outputs) and n.outputs[o] == ins[u][pos] else []
+        for pos, ref in enumerate(c.ins[k]):  # k reads a bound value: its consumers (that read it there)
             val = vars_.get(ref[1]) if ref[0] == "var" else (
                 bound[ref[1]].outputs[ref[2]] if bound[ref[1]] is not None else None)
             if val is not None:
-                return [n for n in view.consumers.get(val, ()) if pos < len(n.inputs) and n.inputs[pos] == val]
+                # each reader once, in order (Add(v, v) is listed twice among v's consumers)
+                readers = {n.name: n for n in view.consumers.get(val, ())}.values()
+                if c.comm[k]:
+                    return [n for n in readers if len(n.inputs) == 2]
+                return [n for n in readers if pos < len(n.inputs) and n.inputs[pos] == val]
         return view.by_op.get(src[k].op, ())
 
     def rec(order: list[int], i: int, start_nodes: Iterable[Node]) -> None:
@@ -234,18 +253,19 @@ def _search(view: _View, c: _Compiled, starts: Iterable[tuple[int, Iterable[Node
             return
         k = order[i]
         for node in (start_nodes if i == 0 else candidates(k)):
-            undo = fits(k, node)
-            if undo is None:
-                continue
-            bound[k] = node
-            used.add(node.name)
-            rec(order, i + 1, start_nodes)
-            bound[k] = None
-            used.discard(node.name)
-            for v in undo[0]:
-                del vars_[v]
-            for p in undo[1]:
-                del params[p]
+            for inputs in _input_orders(c, k, node.inputs):
+                undo = fits(k, node, inputs)
+                if undo is None:
+                    continue
+                bound[k], ins[k] = node, inputs
+                used.add(node.name)
+                rec(order, i + 1, start_nodes)
+                bound[k] = None
+                used.discard(node.name)
+                for v in undo[0]:
+                    del vars_[v]
+                for p in undo[1]:
+                    del params[p]
 
     for start, start_nodes in starts:
         rec(c.orders[start], 0, start_nodes)
@@ -538,7 +558,7 @@ class MatchIndex:
         matches = list(self.matches)
         if rs.compiled[rule_index].cuts:
             # a removed path may have been what ruled out a multi-node match far from the rewrite (its nodes
-            # reached each other only through it): those rules are matched again from scratch (43 of the 1,259
+            # reached each other only through it): those rules are matched again from scratch (43 of the 1,229
             # default rules cut paths; they are rarely chosen)
             for k, c in enumerate(rs.compiled):
                 if c.n > 1:
@@ -628,18 +648,26 @@ def _fits_alone(c: _Compiled, k: int, node: Node, ranks: tuple[int, ...], makers
     ranks of the values its variables would bind (a generated rule binds only the ranks it was verified at), and
     one hop out: an input the pattern takes from pattern node ``j`` must come from a node of
     ``j``'s op (that output of it), and an output the pattern feeds to pattern node ``u`` must be read by a
-    node of ``u``'s op at that input. ``makers``: per input, the producer's (op, output index) or None;
+    node of ``u``'s op at that input (at either input for a commutative ``u``; a commutative ``k`` passes if
+    either order of its inputs does). ``makers``: per input, the producer's (op, output index) or None;
     ``readers``: per output, the (op, input position) of its readers. A node that fails here fits nowhere as
     pattern node ``k``; one that passes may still fail on bindings."""
     if not _node_fits(c, k, node):
         return False
-    for pos, ref in enumerate(c.ins[k]):
-        if ref[0] == "var":
-            if c.var_ranks and ranks[pos] not in c.var_ranks.get(ref[1], ()):
+
+    def inputs_fit(order: tuple[int, ...]) -> bool:
+        for pos, ref in zip(order, c.ins[k]):
+            if ref[0] == "var":
+                if c.var_ranks and ranks[pos] not in c.var_ranks.get(ref[1], ()):
+                    return False
+            elif makers[pos] != (c.src[ref[1]].op, ref[2]):
                 return False
-        elif makers[pos] != (c.src[ref[1]].op, ref[2]):
-            return False
-    return all((c.src[u].op, pos) in readers[o] for u, pos, o in c.users[k])
+        return True
+
+    if not any(inputs_fit(order) for order in _input_orders(c, k, tuple(range(len(node.inputs))))):
+        return False
+    return all(any((c.src[u].op, p) in readers[o] for p in ((0, 1) if c.comm[u] else (pos,)))
+               for u, pos, o in c.users[k])
 
 
 def _region(view: _View, old: _View, removed: set[str], added: list[str]) -> set[str]:

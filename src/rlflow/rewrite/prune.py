@@ -15,9 +15,15 @@ In order (each step keeps a count, see :func:`prune`):
 5. ``decomposable`` (not in TASO's list; same spirit): a two-output substitution whose outputs share no op on
    either side is two independent one-output substitutions side by side.
 
-After verification, :func:`prune_specialisations` drops a rule that is another verified rule with some
-variables identified (``concat(concat(x, y), x)`` when ``concat(concat(x, y), z)`` is there): the matcher may
-bind two variables to one value, so the general rule already applies wherever the special one does.
+Every step compares the inputs of a commutative op (``OpDef.commutative``: Add, Mul) as a multiset: the rewrite
+matcher and eqsat's e-matcher bind either operand order, so a rule and its mirror image are one substitution.
+
+After verification, :func:`prune_specialisations` drops a rule another verified rule covers: the other applies
+wherever it does with the same result, being more general (variables identified, ``concat(concat(x, y), x)`` when
+``concat(concat(x, y), z)`` is there: the matcher may bind two variables to one value; variables constrained to
+weights; see the function). :func:`prune_final` prunes the whole rule set, builtin rules included: rules that
+only swap operands of commutative ops, and rules another covers (a builtin rule covers the generated rules that
+are itself at one rank).
 
 Canonical forms are strings, so every decision is deterministic (no per-process hash seed).
 """
@@ -28,9 +34,9 @@ import itertools
 import json
 from typing import Any, Callable, Mapping, Sequence
 
+from rlflow.graph.ops import COMMUTATIVE
 from rlflow.rewrite.rule import PatternNode, Rule
 
-COMMUTATIVE = frozenset({"Add", "Mul"})
 STEPS = ("trivial", "renaming", "common_subgraph", "common_supergraph", "decomposable")
 
 #: (source value hashes, target value hashes): reference (``%k.j`` or variable) -> hash on the fingerprint data
@@ -234,34 +240,91 @@ def substitute(rule: Rule, m: Mapping[str, str]) -> Rule:
                 tuple((s, m.get(d, d)) for s, d in rule.outputs), constraints, rule.verified)
 
 
+def binding_kinds(rule: Rule, const: frozenset[str] | None = None, any_rank: bool | None = None,
+                  kind_of: Callable[[str], str] = _default_kind) -> Callable[[str], str]:
+    """What each variable of ``rule`` may bind, as a kind for :func:`renaming_key`: a weight (in ``const``, by
+    default ``constraints.const``) or any value, at the rank a generated rule was verified at (``verified.ranks``:
+    the matcher binds only those; ``kind_of`` for a rule not verified yet) or at any rank (``any_rank``, by default
+    for a builtin rule: written and verified for every rank)."""
+    const = rule.const_vars if const is None else const
+    any_rank = rule.origin != "generated" if any_rank is None else any_rank
+    ranks = rule.verified.get("ranks") or {}
+
+    def kind(v: str) -> str:
+        rank = "*" if any_rank else str(ranks[v]) if v in ranks else kind_of(v)
+        return ("const" if v in const else "value") + rank
+
+    return kind
+
+
 def specialisations(rule: Rule, kind_of: Callable[[str], str] = _default_kind, depth: int = 2) -> set[tuple[str, str]]:
-    """Renaming keys of the rules made from ``rule`` by identifying two (then, with depth 2, three or two pairs
-    of) variables of the same kind."""
+    """Renaming keys (in :func:`binding_kinds`) of the rules made from ``rule`` by identifying two (then, with
+    depth 2, three or two pairs of) variables that may bind values of one rank (the one left is a weight if
+    either was)."""
     out: set[tuple[str, str]] = set()
     frontier = [rule]
     for _ in range(depth):
         nxt = []
         for r in frontier:
+            rank = binding_kinds(r, const=frozenset(), kind_of=kind_of)  # the kinds without the weight constraint
             for u, v in itertools.combinations(r.variables, 2):
-                if kind_of(u) == kind_of(v):
-                    s = substitute(r, {v: u})
-                    out.add(renaming_key(s, kind_of))
+                if rank(u) == rank(v):
+                    s = substitute(r, {u: v} if v in r.const_vars else {v: u})
+                    out.add(renaming_key(s, binding_kinds(s, kind_of=kind_of)))
                     nxt.append(s)
         frontier = nxt
     return out
 
 
 def prune_specialisations(rules: Sequence[Rule], kind_of: Callable[[str], str] = _default_kind) -> list[int]:
-    """Indices of the rules that are not a specialisation of another rule of ``rules`` (the same substitution
-    with some variables identified: the general rule matches wherever it does, since variables may bind the
-    same value). A general rule with the ``no_broadcast`` constraint covers only special rules that have it too
-    (one without it also matches where an Add broadcasts)."""
-    special: set[tuple[str, str]] = set()
-    special_nb: set[tuple[str, str]] = set()       # specialisations of rules with no_broadcast
-    for r in rules:
-        (special_nb if r.no_broadcast else special).update(specialisations(r, kind_of))
-    return [i for i, r in enumerate(rules)
-            if (key := renaming_key(r, kind_of)) not in special and not (r.no_broadcast and key in special_nb)]
+    """Indices (in input order) of the rules no other rule of ``rules`` covers. Rule ``g`` covers rule ``r`` when
+    ``g`` matches wherever ``r`` does and rewrites the match the same way, which the matcher guarantees when ``r``
+    is ``g`` up to renaming and the operand order of commutative ops (the matcher binds either order) with
+
+    - some variables identified (``concat(concat(x, y), x)`` when ``concat(concat(x, y), z)`` is there: variables
+      may bind one value; up to two identifications, see :func:`specialisations`);
+    - some variables constrained to weights (``constraints.const``: ``g`` binds weights too);
+    - the ``no_broadcast`` constraint (``g`` has it only if ``r`` does);
+    - ``g`` a builtin rule (any rank) and ``r`` a generated one (the ranks it was verified at).
+
+    Of rules that cover each other (one substitution twice) the first is kept. ``kind_of`` gives the rank class of
+    a variable of a rule not verified yet (no ``verified.ranks``)."""
+    own: dict[tuple, int] = {}  # (renaming key, no_broadcast, any rank) -> the first rule with that key
+    special: set[tuple] = set()  # the same of the rules' specialisations
+    for i, g in enumerate(rules):
+        any_rank = g.origin != "generated"
+        own.setdefault((renaming_key(g, binding_kinds(g, kind_of=kind_of)), g.no_broadcast, any_rank), i)
+        special.update((key, g.no_broadcast, any_rank) for key in specialisations(g, kind_of))
+    keep = []
+    for i, r in enumerate(rules):
+        own_any_rank = r.origin != "generated"
+        const = sorted(r.const_vars)
+        covered = False
+        for n in range(len(const) + 1):
+            for freed in itertools.combinations(const, n):
+                for any_rank in (True,) if own_any_rank else (False, True):
+                    key = renaming_key(r, binding_kinds(r, r.const_vars - set(freed), any_rank, kind_of))
+                    for nb in (False, True) if r.no_broadcast else (False,):
+                        j = own.get((key, nb, any_rank))
+                        # the same key without any relaxation: the same substitution, kept once (the first)
+                        same = not freed and any_rank == own_any_rank and nb == r.no_broadcast
+                        covered |= (key, nb, any_rank) in special or j is not None and (j < i if same else j != i)
+        if not covered:
+            keep.append(i)
+    return keep
+
+
+def prune_final(rules: Sequence[Rule]) -> tuple[list[int], dict[str, int]]:
+    """The pruning of a whole rule set (generated and builtin rules together): the kept indices and the number left
+    after each step. ``swap_only`` drops a rule whose source and target are one graph up to the operand order of
+    commutative ops (``x + y -> y + x``: the matchers bind either order, so it rewrites nothing); ``covered`` a
+    rule another rule covers (:func:`prune_specialisations`; here: a generated rule that a builtin rule is at
+    one rank, or a builtin rule another builtin rule covers)."""
+    keep = [i for i, r in enumerate(rules) if not is_trivial(r)]
+    counts = {"swap_only": len(keep)}
+    keep = [keep[j] for j in prune_specialisations([rules[i] for i in keep])]
+    counts["covered"] = len(keep)
+    return keep, counts
 
 
 def prune(rules: Sequence[Rule], values: Sequence[Values | None] | None = None,

@@ -1,5 +1,7 @@
 """Generate and verify the rule set (pipeline stage ``generate_rules``): TASO's substitution generator over small
-symbolic graphs, numeric verification in float64 at several shapes, TASO's pruning, plus the builtin rules.
+symbolic graphs, numeric verification in float64 at several shapes, TASO's pruning, plus the builtin rules, then
+the pruning of the whole set (rlflow.rewrite.prune.prune_final: rules that only swap operands of commutative ops,
+rules another rule covers).
 
 Reads these config keys: rules.max_ops, rules.max_outputs, rules.max_elements, rules.ops, rules.variables,
 rules.seed (generation and verification), rules.trials, rules.max_dim, rules.builtin, rules.bias_fusion and rules.fused_kernels.
@@ -20,6 +22,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 
 from rlflow.config import get, load_config
 from rlflow.errors import RLFlowError
@@ -58,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     stats_path = args.out.with_name("stats.json")
 
     from rlflow.atomic import atomic_path
-    from rlflow.rewrite.generator import GeneratorConfig, generate
+    from rlflow.rewrite.generator import GeneratorConfig, generate, rule_id
+    from rlflow.rewrite.prune import prune_final
     from rlflow.rewrite.rule import rule_from_json, rules_document
 
     verified_builtin_rules = _builtin_verifier() if rc["builtin"] else None  # before minutes of generation
@@ -79,13 +83,22 @@ def run(args: argparse.Namespace) -> int:
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise RLFlowError(f"rule id '{dup}' is used by a generated and a builtin rule")
+    t2 = time.perf_counter()
+    keep, final_steps = prune_final(rules)
+    rules = [rules[i] for i in keep]
+    t_final = time.perf_counter() - t2
+    generated = [r for r in rules if r.origin == "generated"]  # numbered again: g0001... without gaps
+    new_id = {r.id: rule_id(n, len(generated)) for n, r in enumerate(generated)}
+    rules = [replace(r, id=new_id.get(r.id, r.id)) for r in rules]
     params = {**cfg.to_json(), "trials": rc["trials"], "max_dim": rc["max_dim"], "builtin": rc["builtin"],
               **({"bias_fusion": True} if rc["builtin"] and rc["bias_fusion"] else {}),
               **({"fused_kernels": True} if rc["builtin"] and rc["fused_kernels"] else {}),
               "method": "TASO enumeration + int64 fingerprint; random-float64 verification"}
     doc = rules_document(rules, params)
-    stats = {"format": STATS_FORMAT, **res.stats, "builtin_rules": len(builtins), "final_rules": len(rules)}
-    stats["seconds"] = {**res.stats["seconds"], "builtin": round(t_builtin, 2),
+    stats = {"format": STATS_FORMAT, **res.stats, "builtin_rules": len(builtins),
+             "after_each_final_pruning_step": {"generated_and_builtin": len(res.rules) + len(builtins), **final_steps},
+             "final_rules": len(rules), "final_generated_rules": len(generated)}
+    stats["seconds"] = {**res.stats["seconds"], "builtin": round(t_builtin, 2), "final_prune": round(t_final, 2),
                         "total": round(time.perf_counter() - t0, 2)}
     with atomic_path(args.out) as tmp_rules, atomic_path(stats_path) as tmp_stats:  # both appear, or neither
         tmp_rules.write_text(json.dumps(doc, indent=1) + "\n")
@@ -94,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     special = steps.pop("specialisation")
     print(f"generate_rules: {stats['graphs_enumerated']} graphs enumerated, {stats['candidates']} candidates -> "
           f"{list(steps.values())[-1]} after pruning ({', '.join(f'{k} {v}' for k, v in steps.items())}) -> "
-          f"{stats['verified']} verified -> {special} after specialisation; + {len(builtins)} builtin = "
-          f"{len(rules)} rules in {stats['seconds']['total']:.1f} s -> {args.out}", flush=True)
+          f"{stats['verified']} verified -> {special} after specialisation; + {len(builtins)} builtin -> "
+          f"{', '.join(f'{k} {v}' for k, v in final_steps.items())} = {len(rules)} rules in "
+          f"{stats['seconds']['total']:.1f} s -> {args.out}", flush=True)
     return 0

@@ -25,8 +25,8 @@ from rlflow.graph.ops import attention, conv, elementwise, linear, movement, nor
 from rlflow.graph.ops.core import OnnxNode, OpDef, ShapeError, Unsupported, broadcast
 from rlflow.graph.types import TensorType
 
-__all__ = ["ELEMENTWISE", "ONNX_IMPORTS", "OPS", "OnnxNode", "OpDef", "ShapeError", "Unsupported", "broadcast",
-           "graph_bytes", "graph_flops", "infer_types", "node_bytes", "node_flops"]
+__all__ = ["COMMUTATIVE", "ELEMENTWISE", "ONNX_IMPORTS", "OPS", "OnnxNode", "OpDef", "ShapeError", "Unsupported",
+           "broadcast", "graph_bytes", "graph_flops", "infer_types", "node_bytes", "node_flops"]
 
 #: IR op name -> its OpDef
 OPS: dict[str, OpDef] = {d.name: d for family in (elementwise, linear, conv, norm, movement, attention) for d in family.DEFS}
@@ -36,6 +36,9 @@ ONNX_IMPORTS: dict[str, OpDef] = {t: d for d in OPS.values() if d.from_onnx is n
 
 #: element-wise ops (one output element per input element; used by the cost model and later by fusion rules)
 ELEMENTWISE = frozenset(name for name, d in OPS.items() if d.elementwise)
+
+#: binary ops whose two inputs can be swapped (``OpDef.commutative``: Add, Mul)
+COMMUTATIVE = frozenset(name for name, d in OPS.items() if d.commutative)
 
 
 def infer_types(node, in_types: Sequence[TensorType]) -> list[TensorType]:

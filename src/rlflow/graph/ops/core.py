@@ -11,7 +11,9 @@ An OpDef holds every facet of one IR op; the rest of the package reaches the op 
   (Reshape, Flatten, Identity) that moves no bytes; ``elementwise``: one output element per input element;
   ``broadcasting``: a binary element-wise op whose inputs broadcast against each other (numpy/ONNX rules); a rule
   with the ``no_broadcast`` constraint binds such ops only where both inputs have one shape
-  (:mod:`rlflow.rewrite.rule`);
+  (:mod:`rlflow.rewrite.rule`); ``commutative``: a binary op whose two inputs can be swapped (Add, Mul): the
+  rewrite matcher and eqsat's e-matcher match its pattern nodes in either operand order, rule pruning compares
+  its operands as a multiset, and cost signatures list them in a canonical order;
 - ``onnx_type``: the ONNX op type the op counts as in op counts (default: its own name);
 - ``from_onnx``: ONNX import, ``(OnnxNode) -> (IR op, IR inputs, normalised attrs)``, raising :class:`Unsupported`
   to keep the node opaque (None: never imported, TASO's helpers); ``onnx_types``: the ONNX op types it reads
@@ -102,6 +104,7 @@ class OpDef:
     view: bool = False
     elementwise: bool = False
     broadcasting: bool = False
+    commutative: bool = False
     onnx_type: str = ""
     from_onnx: FromOnnx | None = import_plain
     onnx_types: tuple[str, ...] = ()

@@ -24,9 +24,10 @@ def _import_same_types(n: OnnxNode):
     return import_plain(n)
 
 
-def _binary(name, torch_fn, tf_fn, jax_fn, positive=()):
+def _binary(name, torch_fn, tf_fn, jax_fn, positive=(), commutative=False):
     return OpDef(name=name, attrs=(), infer=_binary_infer, compute=lambda xs, a: [torch_fn(xs[0], xs[1])],
-                 flops=flops_per_out(1), elementwise=True, broadcasting=True, from_onnx=_import_same_types,
+                 flops=flops_per_out(1), elementwise=True, broadcasting=True, commutative=commutative,
+                 from_onnx=_import_same_types,
                  tf=lambda tf, xs, a, c: [tf_fn(tf, xs[0], xs[1])], tf_layout="any", positive_inputs=positive,
                  jax=lambda J, xs, a, c: [jax_fn(J, xs[0], xs[1])])
 
@@ -96,9 +97,9 @@ def _jax_gelu(J, xs, a, c):
 
 
 DEFS = [
-    _binary("Add", lambda x, y: x + y, lambda tf, x, y: x + y, lambda J, x, y: x + y),
+    _binary("Add", lambda x, y: x + y, lambda tf, x, y: x + y, lambda J, x, y: x + y, commutative=True),
     _binary("Sub", lambda x, y: x - y, lambda tf, x, y: x - y, lambda J, x, y: x - y),
-    _binary("Mul", lambda x, y: x * y, lambda tf, x, y: x * y, lambda J, x, y: x * y),
+    _binary("Mul", lambda x, y: x * y, lambda tf, x, y: x * y, lambda J, x, y: x * y, commutative=True),
     _binary("Div", lambda x, y: x / y, lambda tf, x, y: x / y, lambda J, x, y: x / y, positive=(1,)),
     _binary("Pow", lambda x, y: torch_().pow(x, y), lambda tf, x, y: tf.pow(x, y), lambda J, x, y: J.jnp.power(x, y),
             positive=(0,)),

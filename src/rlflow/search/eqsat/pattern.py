@@ -7,9 +7,11 @@ variables (a rule whose roots share no variable, such as two independent Relus b
 the runner: its matches are the cross product of the e-nodes of its ops; see :attr:`Pattern.joined`). A match is
 checked exactly as the graph matcher checks one (literal attributes, parameters, shape expressions, ``const``
 variables, a generated rule's verified ranks, ``no_broadcast``, and the target's shape inference giving each
-mapped value the source value's type); its target is then added and each mapped source class merged with its
-target class. Which rules are matched when, and what is applied, is the runner's business
-(:mod:`rlflow.search.eqsat.runner`).
+mapped value the source value's type). As in the graph matcher, a pattern node of a commutative op
+(``OpDef.commutative``: Add, Mul) reads its two child classes in either order, and an op instance whose two
+children are one class is bound once, so no binding is found twice. Its target is then added and each mapped
+source class merged with its target class. Which rules are matched when, and what is applied, is the runner's
+business (:mod:`rlflow.search.eqsat.runner`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from rlflow.graph.ir import Constant
+from rlflow.graph.ops import COMMUTATIVE
 from rlflow.rewrite.matcher import _target_types
 from rlflow.rewrite.rule import Rule, attr_equal, constant_array, eval_attr, is_param
 from rlflow.search.eqsat.egraph import CONST, INPUT, EGraph, Key, _Filtered
@@ -60,6 +63,7 @@ class Pattern:
                 joined |= g
             rest = [g for g in rest if not g & joined]
         self.joined = not rest
+        self.comm = [pn.op in COMMUTATIVE and len(pn.inputs) == 2 for pn in rule.src]
         self.literal = [{a: v for a, v in pn.attrs.items() if not is_param(v) and not _has_expr(v)}
                         for pn in rule.src]
         self.param = [{a: v[1:] for a, v in pn.attrs.items() if is_param(v)} for pn in rule.src]
@@ -94,6 +98,8 @@ class Binding:
     nodes: dict[int, tuple]          # pattern node -> instance (op, akey, n, kids)
     vars: dict[str, int]             # variable -> class
     params: dict[str, Any]
+    kids: dict[int, tuple]           # pattern node -> its instance's kids in pattern order (a commutative op's
+                                     # may be swapped)
 
     def key(self, rule_id: str) -> tuple:
         """The match's identity: a match is applied once, however often it is found again."""
@@ -153,7 +159,20 @@ def find_bindings(eg: EGraph, ix: Index, p: Pattern, first: dict[str, dict[str, 
             ok = p.literal_ok[(k, akey)] = all(attr_equal(attrs[a], v) for a, v in p.literal[k].items())
         return ok
 
-    def fit(k: int, inst: tuple, st: Binding) -> Binding | None:
+    def orders(k: int, kids: tuple) -> tuple[tuple, ...]:
+        """The orders in which an instance with ``kids`` may bind pattern node ``k``'s inputs."""
+        if p.comm[k] and len(kids) == 2 and kids[0] != kids[1]:
+            return kids, (kids[1], kids[0])
+        return (kids,)
+
+    def fits(k: int, inst: tuple, st: Binding) -> Iterator[Binding]:
+        """``st`` with pattern node ``k`` bound to ``inst``, for each order of its kids that fits."""
+        for kids in orders(k, inst[3]):
+            s2 = fit(k, inst, kids, st)
+            if s2 is not None:
+                yield s2
+
+    def fit(k: int, inst: tuple, kids: tuple, st: Binding) -> Binding | None:
         pn = src[k]
         if inst[0] != pn.op or inst[2] != pn.n_outputs or len(inst[3]) != len(pn.inputs) or inst in st.nodes.values():
             return None
@@ -169,7 +188,7 @@ def find_bindings(eg: EGraph, ix: Index, p: Pattern, first: dict[str, dict[str, 
                 params = dict(params) if params is st.params else params
                 params[name] = attrs[a]
         vars_ = st.vars
-        for ref, c in zip(p.ins[k], inst[3]):
+        for ref, c in zip(p.ins[k], kids):
             if ref[0] != "var":
                 continue
             have = vars_.get(ref[1])
@@ -181,11 +200,11 @@ def find_bindings(eg: EGraph, ix: Index, p: Pattern, first: dict[str, dict[str, 
                 vars_[ref[1]] = c
             elif have != c:
                 return None
-        return Binding({**st.nodes, k: inst}, vars_, params)
+        return Binding({**st.nodes, k: inst}, vars_, params, {**st.kids, k: kids})
 
     def below(k: int, st: Binding) -> Iterator[Binding]:
         """Match the pattern nodes that node k (bound) reads."""
-        todo = [(ref, c) for ref, c in zip(p.ins[k], st.nodes[k][3]) if ref[0] == "node"]
+        todo = [(ref, c) for ref, c in zip(p.ins[k], st.kids[k]) if ref[0] == "node"]
         yield from chain(todo, 0, st)
 
     def chain(todo: list, i: int, st: Binding) -> Iterator[Binding]:
@@ -200,8 +219,7 @@ def find_bindings(eg: EGraph, ix: Index, p: Pattern, first: dict[str, dict[str, 
         for key in ix.in_class.get(c, ()):
             if key[0] != src[m].op or key[3] != j:
                 continue
-            s2 = fit(m, (key[0], key[1], key[2], key[4]), st)
-            if s2 is not None:
+            for s2 in fits(m, (key[0], key[1], key[2], key[4]), st):
                 for s3 in below(m, s2):
                     yield from chain(todo, i + 1, s3)
 
@@ -213,19 +231,23 @@ def find_bindings(eg: EGraph, ix: Index, p: Pattern, first: dict[str, dict[str, 
         cands = None
         for pos, ref in enumerate(p.ins[k]):  # a variable already bound: only the instances that read it there
             if ref[0] == "var" and ref[1] in st.vars:
-                cands = ix.uses.get((src[k].op, pos, st.vars[ref[1]]), ())
+                c = st.vars[ref[1]]
+                if p.comm[k]:  # at either input, each instance once
+                    op = src[k].op
+                    cands = list(dict.fromkeys([*ix.uses.get((op, 0, c), ()), *ix.uses.get((op, 1, c), ())]))
+                else:
+                    cands = ix.uses.get((src[k].op, pos, c), ())
                 break
         if cands is None:  # every instance of the op whose literal attributes match
             op = src[k].op
             groups = (first if i == 0 and first is not None else ix.by_op).get(op, {})
             cands = [inst for akey, group in groups.items() if literal_ok(k, op, akey) for inst in group]
         for inst in cands:
-            s2 = fit(k, inst, st)
-            if s2 is not None:
+            for s2 in fits(k, inst, st):
                 for s3 in below(k, s2):
                     yield from roots(i + 1, s3)
 
-    yield from roots(0, Binding({}, {}, {}))
+    yield from roots(0, Binding({}, {}, {}, {}))
 
 
 def check(eg: EGraph, ix: Index, p: Pattern, st: Binding) -> tuple[dict, dict] | None:
