@@ -42,12 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import hashlib  # noqa: E402
 
 from rlflow.config import get, load_config  # noqa: E402
 from rlflow.cost import make_cost_model  # noqa: E402
 from rlflow.graph import load_onnx, zoo  # noqa: E402
-from rlflow.graph.ops import COMMUTATIVE  # noqa: E402
 from rlflow.rewrite import load_rules  # noqa: E402
 from rlflow.rewrite.matcher import MatchIndex, apply  # noqa: E402
 from rlflow.rewrite.rule import DEFAULT_RULES  # noqa: E402
@@ -85,20 +83,8 @@ def pct(initial: float, final: float) -> float:
 
 
 def commutative_hash(g) -> str:
-    """Graph.structural_hash up to the operand order of commutative ops: their input hashes are sorted."""
-    vh: dict[str, bytes] = {"": b"none"}
-    for k, name in enumerate(g.inputs):
-        vh[name] = hashlib.blake2b(f"in{k}:{g.types[name]}".encode(), digest_size=16).digest()
-    for name, c in g.constants.items():
-        vh[name] = c.digest
-    for n in g.nodes:
-        ins = [vh[v] for v in n.inputs]
-        if n.op in COMMUTATIVE:
-            ins.sort()
-        base = hashlib.blake2b(n.op.encode() + n.attr_key().encode() + b"".join(ins), digest_size=16).digest()
-        for k, out in enumerate(n.outputs):
-            vh[out] = hashlib.blake2b(base + bytes([k]), digest_size=16).digest()
-    return hashlib.blake2b(b"".join(vh[v] for v in g.outputs), digest_size=16).hexdigest()
+    """Graph.structural_hash up to the operand order of commutative ops."""
+    return g.structural_hash(operand_order=False)
 
 
 def in_pattern_order(match, graph_nodes: dict) -> bool:

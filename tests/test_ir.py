@@ -178,6 +178,18 @@ def test_export_import_is_identity(tmp_path_factory, g):
     assert graph_flops(g2) == graph_flops(g)
 
 
+def test_hash_up_to_operand_order_sorts_only_commutative_ops():
+    def graph(op: str, swap: bool) -> Graph:
+        b = GraphBuilder("g")
+        x, y = b.input("x", (2, 3)), b.input("y", (2, 3))
+        r = b.op("Relu", [y])
+        return b.build([b.op(op, [r, x] if swap else [x, r])])
+
+    for op, commutative in (("Add", True), ("Mul", True), ("Sub", False)):
+        a, b = graph(op, False), graph(op, True)
+        assert a.structural_hash() != b.structural_hash()
+        assert (a.structural_hash(operand_order=False) == b.structural_hash(operand_order=False)) == commutative, op
+
 @FAST
 @given(random_graphs(), st.randoms(use_true_random=False))
 def test_hash_ignores_names_but_not_computation(g, rnd):

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from rlflow.errors import RLFlowError
-from rlflow.graph.ops import OPS, infer_types
+from rlflow.graph.ops import COMMUTATIVE, OPS, infer_types
 from rlflow.graph.types import TensorType
 
 
@@ -188,11 +188,12 @@ class Graph:
         g.nodes = [self.nodes[i] for i in order]
         return g
 
-    def structural_hash(self) -> str:
+    def structural_hash(self, operand_order: bool = True) -> str:
         """A canonical hash of the computation: equal graphs hash equal whatever their node and value names.
 
         Inputs are identified by position and type, constants by content, nodes by op, attributes and the hashes
-        of their inputs; the graph hash covers the output hashes in order."""
+        of their inputs; the graph hash covers the output hashes in order. ``operand_order`` False: up to the
+        operand order of commutative ops (their input hashes sorted)."""
         vh: dict[str, bytes] = {"": b"none"}
         for k, name in enumerate(self.inputs):
             vh[name] = hashlib.blake2b(f"in{k}:{self.types[name]}".encode(), digest_size=16).digest()
@@ -202,8 +203,9 @@ class Graph:
             h = hashlib.blake2b(digest_size=16)
             h.update(n.op.encode())
             h.update(n.attr_key().encode())
-            for v in n.inputs:
-                h.update(vh[v])
+            ins = [vh[v] for v in n.inputs]
+            for d in (ins if operand_order or n.op not in COMMUTATIVE else sorted(ins)):
+                h.update(d)
             base = h.digest()
             for k, out in enumerate(n.outputs):
                 vh[out] = hashlib.blake2b(base + bytes([k]), digest_size=16).digest()
