@@ -498,8 +498,11 @@ def _claim_sentence(c: dict) -> str:
     """RLFlow's model-based claim, checked on this run's two agents, in one sentence."""
     gain, n = c["gain_pct"], c["interactions"]
     bound_gain, bound_n = paper.CLAIM_MIN_GAIN_SHARE, paper.CLAIM_MAX_INTERACTION_SHARE
-    short = [f"its improvement is below {bound_gain:.0%} of the model-free agent's"] * (not c["gain_holds"]) + \
-        [f"it used more than {bound_n:.0%} of the model-free agent's real interactions"] * (not c["interactions_hold"])
+    short = []
+    if not c["gain_holds"]:
+        short.append(f"its improvement is below {bound_gain:.0%} of the model-free agent's")
+    if not c["interactions_hold"]:
+        short.append(f"it used more than {bound_n:.0%} of the model-free agent's real interactions")
     verdict = "The claim holds in this run." if not short else "This run falls short: " + " and ".join(short) + "."
     return (f"RLFlow's claim (the controller trained in the dream reaches at least {bound_gain:.0%} of the model-free "
             f"agent's improvement with at most {bound_n:.0%} of its real interactions), on this run: the controller "
