@@ -5,6 +5,8 @@
 #            profile (tests/test_cluster_slurm.py, docs/cluster.md): installs the executor plugin
 #            (envs/requirements-cluster.txt) and, where missing, Debian's SLURM packages (it skips without root
 #            or apt-get). Not part of `make test`.
+# make gpu-wheels  download into .whl/ (git-ignored, ~42 MiB) the wheels the lent GPU machine's image lacks, from
+#            envs/gpu-check-wheels.txt: install there with pip install --no-index --no-deps --target DIR .whl/*.whl
 #
 # Setup: python3 -m venv .venv, then torch==2.13.0 FIRST in its own pip call (an unpinned torch, or one pulled
 # in by another package, would be the multi-GB CUDA build), then the requirements, then rlflow itself without
@@ -23,7 +25,7 @@ STAMP  := $(VENV)/.rlflow-installed
 # themselves are named by path too, because make 4.3 looks commands up on its own, unmodified PATH.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run test test-install test-cluster setup lint dvc-yaml default-rules clean
+.PHONY: run test test-install test-cluster setup lint dvc-yaml default-rules clean gpu-wheels
 
 run: $(STAMP)
 	$(BIN)/snakemake --cores all
@@ -62,6 +64,19 @@ dvc-yaml: $(STAMP)
 default-rules: $(STAMP)
 	$(BIN)/rlflow generate-rules --config config.yaml --out build/default-rules/rules.json
 	gzip -9 -n -c build/default-rules/rules.json > src/rlflow/rewrite/data/default_rules.json.gz
+
+# fill .whl/ with the py3.12 manylinux x86_64 wheels the lent GPU machine lacks (envs/gpu-check-wheels.txt; sdist-only pins are built)
+GPU_WHEEL_PLATFORMS := manylinux_2_34_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_26_x86_64 \
+	manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64
+gpu-wheels:
+	rm -rf .whl && mkdir .whl  # fresh each time: one version of each pin, nothing stale
+	set -e; for pin in $$(sed -e 's/#.*//' envs/gpu-check-wheels.txt); do \
+	  $(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	    $(addprefix --platform ,$(GPU_WHEEL_PLATFORMS)) -d .whl "$$pin" \
+	  || { echo "gpu-wheels: no wheel of $$pin on the index (the ERROR above): building a py3-none-any one"; \
+	       $(PYTHON) -m pip wheel --quiet --no-deps --no-binary="$${pin%%==*}" -w .whl "$$pin"; }; \
+	done
+	@ls .whl/*.whl | wc -l; du -sh .whl
 
 # remove pipeline outputs and snakemake's bookkeeping (not the DVC cache or remote)
 clean:
