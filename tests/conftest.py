@@ -89,6 +89,14 @@ SLOW_FILES_FIRST = ("test_pipeline_e2e.py", "test_pipeline_own_model.py", "test_
 def pytest_collection_modifyitems(config, items):
     order = {name: k for k, name in enumerate(SLOW_FILES_FIRST)}
     items.sort(key=lambda item: order.get(item.path.name, len(order)))  # stable: each file keeps its order
+    if any(item.get_closest_marker("gpu") for item in items):
+        import torch
+
+        if not torch.cuda.is_available():
+            skip = pytest.mark.skip(reason="needs a CUDA GPU (benchmarks/gpu_check.sh runs these on one)")
+            for item in items:
+                if item.get_closest_marker("gpu"):
+                    item.add_marker(skip)
     for marker, (option, reason) in OPT_IN.items():
         if config.getoption(option):
             continue

@@ -217,7 +217,7 @@ def test_cli_cost_errors(tiny_onnx, capsys, args, message):
     assert message in err and err.count("\n") == 1
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_cli_cost_cuda_target_on_a_gpu(tiny_onnx, capsys):
     """On a GPU box the cuda target times every op with CUDA events and says so."""
     assert main(["cost", str(tiny_onnx), "--target", "cuda", "--json"]) == 0

@@ -120,12 +120,9 @@ def test_cpu_targets_gate_on_their_own_backend(problem, tmp_path, monkeypatch):
     assert runners == [("torch", "cpu")]
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("target", ["cuda", "sim-h100", "auto"])
 def test_gpu_targets_on_a_gpu_box_gate_on_torch_cuda(target, monkeypatch):
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     from rlflow.stages.search_common import never_slower_check
 
     runners = []

@@ -49,6 +49,7 @@ import numpy as np
 
 from rlflow.errors import RLFlowError
 from rlflow.evaluation.protocol import AA, Estimate, Protocol, aa_copy, compare
+from rlflow.graph.exec.numerics import strict_fp32
 from rlflow.graph.ir import Graph
 
 
@@ -170,7 +171,8 @@ def first_run(graph: Graph, backend: str, device: str, feeds: dict, fresh=None) 
     runner = new_runner(graph, backend, device, fresh)
     if mem:
         mem[1]()
-    outputs = runner(feeds)
+    with strict_fp32():  # the outputs are checked at evaluate.tolerance: no TF32 on a GPU
+        outputs = runner(feeds)
     peak = int(mem[2]() - base) if mem else None
     return runner, outputs, peak
 

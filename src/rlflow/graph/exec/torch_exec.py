@@ -51,16 +51,18 @@ class TorchRunner:
         self.fns = [(_OpaqueNode(graph, n) if n.op == "Opaque" else _bind(OPS[n.op].compute, n.attrs))
                     for n in graph.nodes]
 
-    def run_tensors(self, feeds: dict):
-        """feeds: name -> torch tensor on the device; returns output tensors."""
+    def run_tensors(self, feeds: dict, around=None):
+        """feeds: name -> torch tensor on the device; returns output tensors. ``around(i, call)``, if given, runs
+        node ``i`` as ``call()`` and returns its outputs (a profiler wraps each node so)."""
         import torch
 
         env = dict(self.consts)
         env.update(feeds)
         with torch.inference_mode():
-            for n, fn, rel in zip(self.graph.nodes, self.fns, self.release):
+            for i, (n, fn, rel) in enumerate(zip(self.graph.nodes, self.fns, self.release)):
                 try:
-                    outs = fn([env[v] for v in n.inputs if v])
+                    xs = [env[v] for v in n.inputs if v]
+                    outs = fn(xs) if around is None else around(i, lambda: fn(xs))
                 except Exception as e:  # noqa: BLE001 -- torch's and onnxruntime's errors, named by node
                     from rlflow.graph.exec.errors import NodeRunError, error_message
 

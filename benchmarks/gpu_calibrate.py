@@ -1,0 +1,155 @@
+"""Measure what a calibrated GPU target learns from: whole-model runs of the zoo, the held-out exports and searched
+graphs on the GPU, taken apart per node (:mod:`rlflow.cost.gpu_profile`), written as one calibration file.
+
+Two steps, since the lent GPU machine has no network and paper-size weights do not travel:
+
+  python benchmarks/gpu_calibrate.py --pack cal_pack        # here: export, search, write weightless copies
+  python benchmarks/gpu_calibrate.py --from cal_pack --out calibration/h200.json    # on the GPU box
+
+``--pack`` writes, per zoo model at paper size, ``original.onnx`` and the graphs two searches on the simulated H100
+find (``eqsat``, ``greedy``; :func:`rlflow.api.optimize` without the never-slower check), and per held-out
+transformers export (tests/hf_exports.py: BERT, ViT, GPT-2 at two sizes) the export itself, all weightless
+(benchmarks/sim_vs_real.py's packing: large float tensors emptied, refilled with seeded values on reading).
+
+``--from`` profiles every graph on the device (``profile_graph``: end-to-end runs, per-node host and kernel times)
+and, for each searched graph, compares it with its original end to end under the measurement protocol
+(``--sessions``, ``--budget``): the verdicts a calibrated target's estimates must agree with in sign. Last line:
+``<n> graphs profiled in <s> s; <k> comparisons``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks"), str(ROOT / "tests")]
+
+ZOO = ("bert", "vit", "gpt2", "taso-bert", "resnet18", "resnet50", "resnext50", "squeezenet", "inceptionv3")
+SEARCHES = ("eqsat", "greedy")
+
+
+def make_pack(out: Path, models: list[str], heldout: bool, exported: Path | None) -> None:
+    import onnx
+
+    from rlflow.api import optimize
+    from sim_vs_real import _strip
+
+    for model in models:
+        (out / model).mkdir(parents=True, exist_ok=True)
+        src = exported / f"{model}.onnx" if exported else None
+        if src is None or not src.is_file():
+            from rlflow.cli import main as cli
+
+            src = out / f"{model}.full.onnx"
+            cli(["export-model", "--config", str(ROOT / "config.yaml"), "--model", model, "--out", str(src)])
+        onnx.save(_strip(onnx.load(str(src))), str(out / model / "original.onnx"))
+        for method in SEARCHES:
+            t0 = time.perf_counter()
+            found = optimize(str(src), method=method, target="sim-h100", speed_check=False,
+                             config=str(ROOT / "config.yaml"))
+            onnx.save(_strip(found), str(out / model / f"{method}.onnx"))
+            print(f"packed {model}/{method} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        if src.parent == out:
+            src.unlink()
+    if heldout:
+        from hf_exports import FAMILIES, SIZES, export
+
+        for family in FAMILIES:
+            for size in SIZES[family]:
+                d = out / f"hf-{family}-{size}"
+                d.mkdir(parents=True, exist_ok=True)
+                with tempfile.TemporaryDirectory() as tmp:
+                    export(family, size, Path(tmp) / "m.onnx")
+                    onnx.save(_strip(onnx.load(str(Path(tmp) / "m.onnx"))), str(d / "original.onnx"))
+                print(f"packed hf-{family}-{size}", flush=True)
+
+
+def measure(pack: Path, out: Path, sessions: int, budget: float, runs: int, only: list[str] | None) -> int:
+    from rlflow.config import load_config
+    from rlflow.cost import make_cost_model
+    from rlflow.cost.gpu_profile import PROFILE_FORMAT, profile_graph
+    from rlflow.cost.model import describe_hardware
+    from rlflow.evaluation import protocol as proto
+    from rlflow.graph import load_onnx
+    from rlflow.graph.exec import get_runner, make_inputs
+    from rlflow.graph.fold import fold_constants
+    from sim_vs_real import unpack
+
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sim = make_cost_model(load_config([ROOT / "config.yaml"]), "cpu", kind="sim-h100")
+    protocol = proto.Protocol(sessions=sessions, budget_s=budget, seed=0)
+    doc = {"format": PROFILE_FORMAT, "device": device, "hardware": describe_hardware(device),
+           "torch": torch.__version__, "cuda": torch.version.cuda, "protocol": protocol.describe(),
+           "graphs": {}, "comparisons": {}}
+    print(f"device {device}: {doc['hardware']}; torch {torch.__version__}; {protocol.describe()}", flush=True)
+    t_all = time.perf_counter()
+    folders = sorted(d for d in pack.iterdir() if (d / "original.onnx").is_file())
+    if only:
+        folders = [d for d in folders if d.name in only]
+    with tempfile.TemporaryDirectory(prefix="gpu-cal-") as tmp:
+        for d in folders:
+            graphs = {}
+            for f in sorted(d.glob("*.onnx"), key=lambda f: (f.stem != "original", f.stem)):
+                graphs[f.stem] = fold_constants(load_onnx(unpack(f, Path(tmp), 0)))
+            for name, g in graphs.items():
+                t0 = time.perf_counter()
+                rec = profile_graph(g, device, runs=runs)
+                rec["sim_h100_ms"] = sim.graph_metrics(g).runtime_ms
+                doc["graphs"][f"{d.name}/{name}"] = rec
+                host = sum(n["host_us"] for n in rec["nodes"]) / 1e3
+                dev = sum(n["device_us"] for n in rec["nodes"]) / 1e3
+                print(f"{d.name}/{name}: {len(g.nodes)} nodes, e2e {statistics.median(rec['e2e_ms']):.3f} ms, "
+                      f"host {host:.3f} ms, kernels {dev:.3f} ms, GPU busy "
+                      f"{statistics.median(rec['gpu_busy_ms'] or [0]):.3f} of span "
+                      f"{statistics.median(rec['gpu_span_ms'] or [0]):.3f} ms ({time.perf_counter() - t0:.1f} s)",
+                      flush=True)
+            searched = [n for n in graphs if n != "original"]
+            if searched and sessions > 0:
+                timed = [("original", graphs["original"])] + [(n, graphs[n]) for n in searched]
+                timed.append((proto.AA, proto.aa_copy(graphs["original"])))
+                cmp = proto.compare(timed, make_inputs(graphs["original"], 0), protocol,
+                                    lambda g: get_runner(g, "torch", device))
+                for n, _ in timed[1:]:
+                    e = cmp[n]
+                    doc["comparisons"][f"{d.name}/{n}"] = {"ratio": e.ratio, "ci": [e.ci_low, e.ci_high],
+                                                           "verdict": e.verdict, "latency_ms": e.latency_ms}
+                    print(f"  {d.name}/{n} vs original, torch end to end: {e.ratio:.3f} [{e.ci_low:.3f}, "
+                          f"{e.ci_high:.3f}] {e.verdict}", flush=True)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(doc))  # after every model: a run cut short keeps what it measured
+    print(f"{len(doc['graphs'])} graphs profiled in {time.perf_counter() - t_all:.0f} s; "
+          f"{len(doc['comparisons'])} comparisons")
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pack", type=Path, metavar="DIR", help="write the weightless graphs to DIR and stop")
+    p.add_argument("--models", nargs="+", default=list(ZOO), help="zoo models to pack (default: all nine)")
+    p.add_argument("--exported", type=Path, help="a folder of already exported <model>.onnx files (paper size)")
+    p.add_argument("--no-heldout", action="store_true", help="pack no held-out transformers exports")
+    p.add_argument("--from", dest="packed", type=Path, metavar="DIR", help="profile the graphs of a --pack folder")
+    p.add_argument("--only", nargs="+", help="profile only these folders of the pack")
+    p.add_argument("--out", type=Path, default=Path("calibration.json"))
+    p.add_argument("--runs", type=int, default=20, help="end-to-end and host-timed runs per graph (default: 20)")
+    p.add_argument("--sessions", type=int, default=4, help="protocol sessions per comparison (0: none; default 4)")
+    p.add_argument("--budget", type=float, default=1.0, help="seconds of timing per comparison (default: 1)")
+    a = p.parse_args()
+    if a.pack:
+        make_pack(a.pack, a.models, not a.no_heldout, a.exported)
+        return 0
+    if not a.packed:
+        p.error("give --pack DIR (here) or --from DIR (on the GPU box)")
+    return measure(a.packed, a.out, a.sessions, a.budget, a.runs, a.only)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The backends and the whole-model profile on a CUDA GPU (marked ``gpu``: skipped without one, run by
+benchmarks/gpu_check.sh), and the CPU halves of the same: the TF32 switch and the profile's record."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rlflow.graph import load_onnx
+from rlflow.graph.exec import get_runner, make_inputs, max_rel_diff
+from rlflow.graph.exec.numerics import strict_fp32
+from rlflow.graph.fold import fold_constants
+
+
+def test_strict_fp32_turns_tf32_off_and_restores_it():
+    flags = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = [f.allow_tf32 for f in flags]
+    try:
+        for f in flags:
+            f.allow_tf32 = True
+        with strict_fp32():
+            assert [f.allow_tf32 for f in flags] == [False, False]
+        assert [f.allow_tf32 for f in flags] == [True, True]
+        with pytest.raises(ValueError), strict_fp32():
+            raise ValueError("restored on errors too")
+        assert [f.allow_tf32 for f in flags] == [True, True]
+    finally:
+        for f, b in zip(flags, before):
+            f.allow_tf32 = b
+
+
+def test_profile_graph_records_every_node_on_the_cpu(tiny_zoo):
+    from rlflow.cost.gpu_profile import profile_graph
+
+    g = fold_constants(load_onnx(tiny_zoo["bert"]))
+    rec = profile_graph(g, "cpu", runs=3, profiled=1, warmup=1)
+    assert rec["device"] == "cpu" and len(rec["e2e_ms"]) == 3 and all(t > 0 for t in rec["e2e_ms"])
+    assert [n["op"] for n in rec["nodes"]] == [n.op for n in g.nodes]
+    assert all(n["host_us"] > 0 and n["device_us"] == 0 and n["kernels"] == 0 for n in rec["nodes"])
+    assert sum(n["flops"] for n in rec["nodes"] if n["op"] == "MatMul") > 0
+
+
+def test_busy_is_the_union_of_intervals():
+    from rlflow.cost.gpu_profile import _busy
+
+    assert _busy([(5.0, 7.0), (0.0, 2.0), (1.0, 3.0)]) == (5.0, 7.0)
+    assert _busy([]) == (0.0, 0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["bert", "resnet18", "inceptionv3"])
+def test_torch_on_cuda_computes_what_onnxruntime_does(tiny_zoo, model):
+    """The torch backend on the GPU, with TF32 off, within evaluate's default tolerance of onnxruntime (CPU)."""
+    g = load_onnx(tiny_zoo[model])
+    feeds = make_inputs(g, 0)
+    want = get_runner(g, "ort", "cpu")(feeds)
+    with strict_fp32():
+        got = get_runner(g, "torch", "cuda")(feeds)
+    assert max_rel_diff(want, got) <= 1e-4
+
+
+@pytest.mark.gpu
+def test_cudnn_convolution_in_tf32_needs_the_switch():
+    """What the switch is for: a convolution on the GPU is float32-accurate inside strict_fp32."""
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.standard_normal((1, 64, 32, 32)).astype(np.float32))
+    w = torch.from_numpy(rng.standard_normal((64, 64, 3, 3)).astype(np.float32))
+    ref = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
+    with strict_fp32():
+        y = torch.nn.functional.conv2d(x.cuda(), w.cuda(), padding=1).cpu().double()
+    assert float((y - ref).abs().max() / ref.abs().max()) < 1e-5
+
+
+@pytest.mark.gpu
+def test_profile_graph_on_cuda_sees_the_kernels(tiny_zoo):
+    from rlflow.cost.gpu_profile import profile_graph
+
+    g = fold_constants(load_onnx(tiny_zoo["bert"]))
+    rec = profile_graph(g, "cuda", runs=5, profiled=2, warmup=2)
+    matmuls = [n for n in rec["nodes"] if n["op"] == "MatMul"]
+    assert matmuls and all(n["kernels"] >= 1 and n["device_us"] > 0 for n in matmuls)
+    assert all(0 < b <= s for b, s in zip(rec["gpu_busy_ms"], rec["gpu_span_ms"]))
+
+
+@pytest.mark.gpu
+def test_evaluate_records_the_device_each_backend_ran_on(tiny_zoo):
+    from rlflow.evaluation.runs import first_run, runner_device
+
+    g = load_onnx(tiny_zoo["bert"])
+    runner, outputs, peak = first_run(g, "torch", "cuda", make_inputs(g, 0))
+    assert runner_device(runner) == "cuda" and peak and peak > 0
