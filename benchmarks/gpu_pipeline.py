@@ -1,0 +1,149 @@
+"""The pipeline on a GPU box, as its users run it: the tiny config with ``device: cuda`` through Snakemake (rule
+all) and the same through ``dvc repro``, side by side in two fresh repositories; and ``evaluate`` on paper-size
+BERT (the original and the graphs eqsat and greedy find for the simulated H100) with torch on the GPU.
+
+  python benchmarks/gpu_pipeline.py --parts pipeline evaluate --out gpu_pipeline.json [--cores 16]
+
+Per part: the exit code, the wall time, the last lines of its output; ``evaluate``: every row of evaluation.csv
+(method, backend, the device it ran on, latency, ratio, interval, verdict, output difference). Needs snakemake,
+dvc and git on the PATH (benchmarks/gpu_check.sh installs the first two from make gpu-wheels' folder) and an
+``rlflow`` command (this script puts one, running src/, first on the PATH of what it starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def _env(bindir: Path) -> dict:
+    """PATH with an ``rlflow`` that runs this checkout's src/ (no install needed), PYTHONPATH with src/."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    shim = bindir / "rlflow"
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m rlflow.cli \"$@\"\n")
+    shim.chmod(0o755)
+    env = dict(os.environ)
+    env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def _repo(dest: Path, cfg: dict) -> None:
+    """A pipeline repository as a user has one: the workflow, dvc.yaml and DVC config, ``cfg``, a git repo."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("Snakefile", "dvc.yaml", ".gitignore"):
+        shutil.copy2(ROOT / name, dest / name)
+    for name in ("workflow", "src", "envs", "models"):
+        shutil.copytree(ROOT / name, dest / name, symlinks=True, ignore=ignore, dirs_exist_ok=True)
+    shutil.copytree(ROOT / ".dvc", dest / ".dvc", ignore=shutil.ignore_patterns("cache", "tmp", "config.local"))
+    os.symlink(os.readlink(ROOT / "profiles"), dest / "profiles")
+    (dest / "tests" / "configs").mkdir(parents=True)
+    shutil.copy2(ROOT / "tests/configs/tiny.yaml", dest / "tests/configs/tiny.yaml")
+    (dest / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
+
+
+def _tail(text: str, n: int = 15) -> list[str]:
+    return text.strip().splitlines()[-n:]
+
+
+def pipeline(work: Path, env: dict, cores: int) -> dict:
+    """Snakemake rule all and dvc repro of the tiny config with device: cuda, side by side."""
+    from rlflow.config import load_config
+
+    cfg = load_config([ROOT / "config.yaml", ROOT / "tests/configs/tiny.yaml"])
+    cfg["device"] = "cuda"
+    cfg["sweeps"] = {"temperatures": [0.5], "rewards": ["delta"]}
+    runs = {"snakemake": ["snakemake", "--cores", str(cores)], "dvc_repro": ["dvc", "repro"]}
+    procs = {}
+    for name, cmd in runs.items():
+        d = work / name
+        d.mkdir()
+        _repo(d, cfg)
+        procs[name] = (subprocess.Popen(cmd, cwd=d, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True), time.perf_counter(), d)
+    out = {}
+    for name, (p, t0, d) in procs.items():
+        text, _ = p.communicate()
+        out[name] = {"command": " ".join(runs[name]), "exit_code": p.returncode,
+                     "seconds": round(time.perf_counter() - t0, 1), "tail": _tail(text)}
+        rows = d / "results/bert/evaluation.csv"
+        if rows.is_file():
+            out[name]["evaluation"] = _rows(rows)
+        print(f"pipeline {name}: exit {p.returncode} in {out[name]['seconds']} s", flush=True)
+        (work / f"{name}.log").write_text(text)
+    return out
+
+
+def _rows(path: Path) -> list[dict]:
+    keep = ("method", "backend", "device", "status", "latency_ms", "ratio", "ci_low", "ci_high", "verdict",
+            "max_rel_diff", "peak_memory_bytes", "too_noisy")
+    with open(path) as f:
+        return [{k: r.get(k) for k in keep if k in r} for r in csv.DictReader(f)]
+
+
+def evaluate_bert(work: Path, env: dict, budget: float) -> dict:
+    """Paper-size BERT: export, eqsat and greedy for the simulated H100, then evaluate with ort and torch on cuda."""
+    cfg = str(ROOT / "config.yaml")
+    steps = [("export", ["rlflow", "export-model", "--config", cfg, "--model", "bert", "--out", "bert.onnx"])]
+    for m in ("eqsat", "greedy"):
+        steps.append((m, ["rlflow", "optimize", "bert.onnx", "--method", m, "--target", "sim-h100", "--config", cfg,
+                          "--no-speed-check", "--no-progress", "--trace", f"{m}.json", "--out", f"{m}.onnx"]))
+    steps.append(("evaluate", ["rlflow", "evaluate", "--config", cfg, "--set", "device=cuda",
+                               "--set", "evaluate.backends=[ort, torch]", "--set", f"timing.budget_s={budget}",
+                               "--model", "bert", "--onnx", "bert.onnx", "--eqsat", "eqsat.onnx",
+                               "--eqsat-trace", "eqsat.json", "--greedy", "greedy.onnx", "--greedy-trace",
+                               "greedy.json", "--out", "evaluation.csv", "--metrics", "metrics.json",
+                               "--headline", "headline.json", "--no-progress"]))
+    out: dict = {"steps": {}}
+    for name, cmd in steps:
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+        out["steps"][name] = {"exit_code": r.returncode, "seconds": round(time.perf_counter() - t0, 1),
+                              "tail": _tail(r.stdout + r.stderr, 25)}
+        print(f"evaluate-bert {name}: exit {r.returncode} in {out['steps'][name]['seconds']} s", flush=True)
+        if r.returncode:
+            break
+    if (work / "evaluation.csv").is_file():
+        out["evaluation"] = _rows(work / "evaluation.csv")
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parts", nargs="+", choices=("pipeline", "evaluate"), default=["pipeline", "evaluate"])
+    p.add_argument("--out", type=Path, default=Path("gpu_pipeline.json"))
+    p.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="snakemake --cores (default: all)")
+    p.add_argument("--budget", type=float, default=5.0, help="evaluate's timing.budget_s (default: 5)")
+    p.add_argument("--keep", type=Path, help="work in this folder (kept) instead of a temporary one")
+    a = p.parse_args()
+    work = a.keep or Path(tempfile.mkdtemp(prefix="gpu-pipeline-"))
+    work.mkdir(parents=True, exist_ok=True)
+    env = _env(work / "bin")
+    doc: dict = {}
+    if "pipeline" in a.parts:
+        doc["pipeline"] = pipeline(work, env, a.cores)
+    if "evaluate" in a.parts:
+        (work / "evaluate").mkdir(exist_ok=True)
+        doc["evaluate_bert"] = evaluate_bert(work / "evaluate", env, a.budget)
+    a.out.write_text(json.dumps(doc, indent=1))
+    codes = [r["exit_code"] for r in doc.get("pipeline", {}).values()]
+    codes += [s["exit_code"] for s in doc.get("evaluate_bert", {}).get("steps", {}).values()]
+    return int(any(codes))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
