@@ -70,7 +70,8 @@ def make_pack(out: Path, models: list[str], heldout: bool, exported: Path | None
                 print(f"packed hf-{family}-{size}", flush=True)
 
 
-def measure(pack: Path, out: Path, sessions: int, budget: float, runs: int, only: list[str] | None) -> int:
+def measure(pack: Path, out: Path, sessions: int, budget: float, runs: int, only: list[str] | None,
+            limit: float | None = None) -> int:
     from rlflow.config import load_config
     from rlflow.cost import make_cost_model
     from rlflow.cost.gpu_profile import PROFILE_FORMAT, profile_graph
@@ -96,12 +97,16 @@ def measure(pack: Path, out: Path, sessions: int, budget: float, runs: int, only
         folders = [d for d in folders if d.name in only]
     with tempfile.TemporaryDirectory(prefix="gpu-cal-") as tmp:
         for d in folders:
+            if limit is not None and time.perf_counter() - t_all > limit:
+                print(f"time limit ({limit:.0f} s): {', '.join(f.name for f in folders[folders.index(d):])} not "
+                      f"profiled", flush=True)
+                break
             graphs = {}
             for f in sorted(d.glob("*.onnx"), key=lambda f: (f.stem != "original", f.stem)):
                 graphs[f.stem] = fold_constants(load_onnx(unpack(f, Path(tmp), 0)))
             for name, g in graphs.items():
                 t0 = time.perf_counter()
-                rec = profile_graph(g, device, runs=runs)
+                rec = profile_graph(g, device, runs=runs, profiled=2)
                 rec["sim_h100_ms"] = sim.graph_metrics(g).runtime_ms
                 doc["graphs"][f"{d.name}/{name}"] = rec
                 host = sum(n["host_us"] for n in rec["nodes"]) / 1e3
@@ -140,6 +145,7 @@ def main() -> int:
     p.add_argument("--only", nargs="+", help="profile only these folders of the pack")
     p.add_argument("--out", type=Path, default=Path("calibration.json"))
     p.add_argument("--runs", type=int, default=20, help="end-to-end and host-timed runs per graph (default: 20)")
+    p.add_argument("--limit", type=float, help="seconds after which no further model is started")
     p.add_argument("--sessions", type=int, default=4, help="protocol sessions per comparison (0: none; default 4)")
     p.add_argument("--budget", type=float, default=1.0, help="seconds of timing per comparison (default: 1)")
     a = p.parse_args()
@@ -148,7 +154,7 @@ def main() -> int:
         return 0
     if not a.packed:
         p.error("give --pack DIR (here) or --from DIR (on the GPU box)")
-    return measure(a.packed, a.out, a.sessions, a.budget, a.runs, a.only)
+    return measure(a.packed, a.out, a.sessions, a.budget, a.runs, a.only, a.limit)
 
 
 if __name__ == "__main__":

@@ -60,30 +60,45 @@ def _tail(text: str, n: int = 15) -> list[str]:
     return text.strip().splitlines()[-n:]
 
 
-def pipeline(work: Path, env: dict, cores: int) -> dict:
-    """Snakemake rule all and dvc repro of the tiny config with device: cuda, side by side."""
+def pipeline(work: Path, env: dict, cores: int, limit: float, device: str = "cuda") -> dict:
+    """Two fresh repositories, side by side, the tiny config with device: cuda (backends ort and torch: the GPU
+    image has no TensorFlow): ``snakemake`` (rule all), then ``dvc status`` and ``dvc repro`` there (the run's
+    onsuccess records it in dvc.lock: nothing to rerun); and a fresh ``dvc repro`` (DVC runs the stages one at a
+    time) stopped after ``limit`` seconds, with the stages it finished by then."""
     from rlflow.config import load_config
 
     cfg = load_config([ROOT / "config.yaml", ROOT / "tests/configs/tiny.yaml"])
-    cfg["device"] = "cuda"
+    cfg["device"] = device
+    cfg["evaluate"]["backends"] = ["ort", "torch"]
     cfg["sweeps"] = {"temperatures": [0.5], "rewards": ["delta"]}
-    runs = {"snakemake": ["snakemake", "--cores", str(cores)], "dvc_repro": ["dvc", "repro"]}
+    runs = {"snakemake": [["snakemake", "--cores", str(cores)], ["dvc", "status"], ["dvc", "repro"]],
+            "dvc_repro": [["dvc", "repro"]]}
     procs = {}
-    for name, cmd in runs.items():
+    for name, cmds in runs.items():
         d = work / name
         d.mkdir()
         _repo(d, cfg)
-        procs[name] = (subprocess.Popen(cmd, cwd=d, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True), time.perf_counter(), d)
+        script = " && ".join(" ".join(c) for c in cmds)
+        procs[name] = (subprocess.Popen(["bash", "-c", script], cwd=d, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, start_new_session=True),
+                       time.perf_counter(), d, script)
     out = {}
-    for name, (p, t0, d) in procs.items():
-        text, _ = p.communicate()
-        out[name] = {"command": " ".join(runs[name]), "exit_code": p.returncode,
-                     "seconds": round(time.perf_counter() - t0, 1), "tail": _tail(text)}
+    for name, (p, t0, d, script) in procs.items():
+        try:
+            text, _ = p.communicate(timeout=max(1.0, limit - (time.perf_counter() - t0)))
+            code = p.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            text, _ = p.communicate()
+            code = None
+        out[name] = {"command": script, "exit_code": code, "seconds": round(time.perf_counter() - t0, 1),
+                     "stopped_at_limit": code is None, "tail": _tail(text)}
+        out[name]["stages_done"] = text.count("\nRunning stage") if name == "dvc_repro" else None
         rows = d / "results/bert/evaluation.csv"
         if rows.is_file():
             out[name]["evaluation"] = _rows(rows)
-        print(f"pipeline {name}: exit {p.returncode} in {out[name]['seconds']} s", flush=True)
+        print(f"pipeline {name}: exit {code} in {out[name]['seconds']} s"
+              + (" (stopped at the limit)" if code is None else ""), flush=True)
         (work / f"{name}.log").write_text(text)
     return out
 
@@ -127,6 +142,9 @@ def main() -> int:
     p.add_argument("--parts", nargs="+", choices=("pipeline", "evaluate"), default=["pipeline", "evaluate"])
     p.add_argument("--out", type=Path, default=Path("gpu_pipeline.json"))
     p.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="snakemake --cores (default: all)")
+    p.add_argument("--device", default="cuda", help="the pipeline part's config device (default: cuda)")
+    p.add_argument("--limit", type=float, default=240.0,
+                   help="seconds after which the pipeline part's runs are stopped (default: 240)")
     p.add_argument("--budget", type=float, default=5.0, help="evaluate's timing.budget_s (default: 5)")
     p.add_argument("--keep", type=Path, help="work in this folder (kept) instead of a temporary one")
     a = p.parse_args()
@@ -135,12 +153,12 @@ def main() -> int:
     env = _env(work / "bin")
     doc: dict = {}
     if "pipeline" in a.parts:
-        doc["pipeline"] = pipeline(work, env, a.cores)
+        doc["pipeline"] = pipeline(work, env, a.cores, a.limit, a.device)
     if "evaluate" in a.parts:
         (work / "evaluate").mkdir(exist_ok=True)
         doc["evaluate_bert"] = evaluate_bert(work / "evaluate", env, a.budget)
     a.out.write_text(json.dumps(doc, indent=1))
-    codes = [r["exit_code"] for r in doc.get("pipeline", {}).values()]
+    codes = [r["exit_code"] for r in doc.get("pipeline", {}).values() if not r["stopped_at_limit"]]
     codes += [s["exit_code"] for s in doc.get("evaluate_bert", {}).get("steps", {}).values()]
     return int(any(codes))
 
