@@ -101,16 +101,20 @@ fi
 
 # ---- timing-sensitive parts, one at a time
 has calibrate && part calibrate "$PY" benchmarks/gpu_calibrate.py --from .gpu/cal_pack --out "$OUTDIR/calibration.json" \
-  --runs 10 --sessions 4 --budget 1 --limit 170
+  --runs 10 --sessions 4 --budget 1 --limit 150
 has agents && part agents "$PY" benchmarks/agent_device.py --devices cuda,cpu --updates 2 --limit 80 \
   --out "$OUTDIR/agent_device.json"
 
 # ---- the pipeline, evaluate and the tests side by side
 PIDS=()
-if has pipeline || has evaluate; then
-  P=(); has pipeline && P+=(pipeline); has evaluate && P+=(evaluate)
-  part pipeline "$PY" benchmarks/gpu_pipeline.py --parts "${P[@]}" --limit 240 --budget 3 \
-    --out "$OUTDIR/gpu_pipeline.json" --keep /tmp/gpu-pipeline &
+if has pipeline; then
+  part pipeline "$PY" benchmarks/gpu_pipeline.py --parts pipeline --limit 180 --out "$OUTDIR/gpu_pipeline.json" \
+    --keep /tmp/gpu-pipeline &
+  PIDS+=($!)
+fi
+if has evaluate; then
+  part evaluate "$PY" benchmarks/gpu_pipeline.py --parts evaluate --budget 3 --out "$OUTDIR/gpu_evaluate.json" \
+    --keep /tmp/gpu-evaluate &
   PIDS+=($!)
 fi
 if has tests; then
