@@ -242,7 +242,7 @@ def main() -> int:
             # its share of the time left: no new update starts after share - 10 s (startup); killed (partial
             # result kept) when it would leave the later configurations under 12 s each
             share, hard = left / (len(configs) - i), max(left - 12 * (len(configs) - i - 1), 5)
-            env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
             env.pop("OMP_NUM_THREADS", None)
             if threads != "default":
                 env["OMP_NUM_THREADS"] = threads
