@@ -95,6 +95,8 @@ class Measurement:
     device: str = ""
     """Where the runner actually ran (``cpu`` | ``cuda``): a CPU-only build (tensorflow-cpu, onnxruntime without
     the CUDA provider) runs on the CPU whatever was asked; empty until a runner was built."""
+    device_note: str = ""
+    """Why the runner ran elsewhere than the configured device (``no CUDA provider in this onnxruntime``)."""
     median_ms: float | None = None
     iqr_ms: float | None = None
     peak_memory_bytes: int | None = None
@@ -153,24 +155,30 @@ def _gpu_memory(backend: str):
     return None  # onnxruntime does not report its arena's peak
 
 
-def runner_device(runner) -> str:
-    """``cuda`` if the runner runs on the GPU, else ``cpu`` (the executors' own attributes)."""
-    session = getattr(runner, "session", None)  # onnxruntime
-    if session is not None:
-        return "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
-    dev = getattr(runner, "device", "cpu")  # torch.device, or TensorFlow's "/GPU:0" | "/CPU:0"
-    return "cuda" if str(getattr(dev, "type", dev)).lower().lstrip("/").startswith(("cuda", "gpu")) else "cpu"
+def runner_device(runner) -> tuple[str, str]:
+    """(where the runner runs, ``cpu`` | ``cuda``; why that is not the device asked, or empty): the executors'
+    own record (``ran_on``, ``device_note``)."""
+    return runner.ran_on, runner.device_note
 
 
 def first_run(graph: Graph, backend: str, device: str, feeds: dict, fresh=None) -> tuple[object, list, int | None]:
     """Build ``backend``'s runner for ``graph`` (through ``fresh``, a :class:`rlflow.graph.exec.FreshRunners`, when
-    given) and run it once: (runner, outputs, peak bytes or None)."""
+    given) and run it once: (runner, outputs, peak bytes or None). TensorFlow runs this check without TF32
+    (:func:`rlflow.graph.exec.tf_exec.exact_float32`)."""
+    from contextlib import nullcontext
+
     mem = _gpu_memory(backend) if device == "cuda" else None
     base = mem[0]() if mem else 0
     runner = new_runner(graph, backend, device, fresh)
     if mem:
         mem[1]()
-    outputs = runner(feeds)
+    exact = nullcontext()
+    if backend in ("tf", "tf-xla") and device == "cuda":
+        from rlflow.graph.exec.tf_exec import exact_float32
+
+        exact = exact_float32()
+    with exact:
+        outputs = runner(feeds)
     peak = int(mem[2]() - base) if mem else None
     return runner, outputs, peak
 
@@ -313,6 +321,8 @@ class _BackendRun:
         self.base_diff: float | None = None
         self.comparisons = 0
         self.too_noisy = False
+        self.said_device = False
+        """The warning that the backend runs on another device than asked was logged."""
         from rlflow.graph.exec import FreshRunners
 
         self.fresh = FreshRunners(backend, device)
@@ -346,8 +356,12 @@ class _BackendRun:
             m.status, m.reason = "unsupported", entry[1]
             self.log(f"evaluate: {self.backend} cannot run the {method} graph: {m.reason} (row status 'unsupported')")
             return
-        outputs, peak, m.device = entry
+        outputs, peak, (m.device, m.device_note) = entry
         m.peak_memory_bytes = peak if m.device == self.device else None  # a GPU allocator says nothing of a CPU run
+        if m.device != self.device and not self.said_device:
+            self.said_device = True
+            self.log(f"evaluate: warning: {self.backend} runs on {m.device}, not {self.device}: "
+                     f"{m.device_note or 'the backend chose so'} (its rows say device {m.device})")
         diff = max_rel_diff(self.reference, outputs)
         m.max_rel_diff = diff = float("inf") if diff != diff else diff
         if method == self.orig_name:

@@ -30,6 +30,7 @@ import os
 import re
 import sys
 import tempfile
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -72,7 +73,27 @@ def _tf():
             if kept:
                 sys.stderr.write(kept.decode(errors="replace"))
                 sys.stderr.flush()
+    for gpu in tf.config.list_physical_devices("GPU"):
+        # memory growth: TF takes GPU memory as it needs it, not all of it at the first run, so torch and
+        # onnxruntime runs of the same process still find memory on the GPU
+        tf.config.experimental.set_memory_growth(gpu, True)
     return tf
+
+
+@contextmanager
+def exact_float32():
+    """Inside this block TensorFlow's float32 matmuls and convolutions on a GPU are exact float32, not TF32 (its
+    default on Ampere and later GPUs): what the output checks compare. Timings keep TF's default."""
+    tf = _tf()
+    if not tf.config.list_physical_devices("GPU"):
+        yield
+        return
+    before = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    try:
+        yield
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(before)
 
 
 # ====================================================================================== the lowering context
@@ -163,8 +184,14 @@ class TFRunner:
         tf = self.tf = _tf()
         opaque = graph.opaque_nodes()
         self.graph, self.xla = graph, xla
-        gpu = str(device).startswith("cuda") and bool(tf.config.list_physical_devices("GPU"))
+        sees_gpu = bool(tf.config.list_physical_devices("GPU"))
+        gpu = str(device).startswith("cuda") and sees_gpu
         self.device = "/GPU:0" if gpu else "/CPU:0"
+        self.ran_on = "cuda" if gpu else "cpu"
+        """Where the function runs: ``cuda`` | ``cpu``."""
+        self.device_note = (f"TensorFlow {tf.__version__} sees no GPU (a CPU build, or no CUDA libraries)"
+                            if str(device).startswith("cuda") and not gpu else "")
+        """Why the function runs elsewhere than ``device`` asked; empty when it runs there."""
         self._opaque = {}
         if opaque:
             from rlflow.graph.exec.torch_exec import _OpaqueNode
