@@ -330,7 +330,7 @@ class _BackendRun:
 
     def check(self, method: str, graph: Graph) -> None:
         """Build and run the graph once (or reuse an equal graph's check) and compare its outputs."""
-        from rlflow.graph.exec import max_rel_diff
+        from rlflow.graph.exec import max_rel_diff, output_tolerance
 
         m = self.results[(method, self.backend)] = Measurement(method, self.backend, "ok")
         h = self.hashes[method]
@@ -362,22 +362,27 @@ class _BackendRun:
             self.said_device = True
             self.log(f"evaluate: warning: {self.backend} runs on {m.device}, not {self.device}: "
                      f"{m.device_note or 'the backend chose so'} (its rows say device {m.device})")
-        diff = max_rel_diff(self.reference, outputs)
-        m.max_rel_diff = diff = float("inf") if diff != diff else diff
+        diffs = [max_rel_diff([a], [b]) for a, b in zip(self.reference, outputs)]
+        diffs = [float("inf") if d != d else d for d in diffs]
+        tols = [output_tolerance(graph.types[v].dtype, self.tolerance) for v in graph.outputs]
+        m.max_rel_diff = diff = max(diffs, default=0.0)
         if method == self.orig_name:
             self.base_diff = diff
-        if not diff <= self.tolerance:
+        over = [k for k, (d, t) in enumerate(zip(diffs, tols)) if not d <= t]
+        if over:
+            tol = tols[over[0]]
             if method not in (self.orig_name, AA):
                 also = (f"; the original on {self.backend} differs by {self.base_diff:.3g}"
                         if self.base_diff is not None else "")
                 raise OutputMismatch(
                     f"{method} on {self.backend}: the optimised graph's outputs differ from the original's on "
-                    f"onnxruntime by {diff:.3g} (max relative difference; evaluate.tolerance {self.tolerance:g}, "
+                    f"onnxruntime by {diff:.3g} (max relative difference; tolerance {tol:g} for "
+                    f"{graph.types[graph.outputs[over[0]]].dtype}, evaluate.tolerance {self.tolerance:g}; "
                     f"inputs seed {self.seed}{also}); nothing written")
             m.status = "mismatch"
             if method == self.orig_name:
                 self.log(f"evaluate: warning: the original graph on {self.backend} differs from onnxruntime by "
-                         f"{diff:.3g} (tolerance {self.tolerance:g}); its row has status 'mismatch'")
+                         f"{diff:.3g} (tolerance {tol:g}); its row has status 'mismatch'")
 
     def compare(self, graphs: Sequence[tuple[str, Graph]], protocol: Protocol, clock: Callable[[], float]) -> int:
         """The protocol's comparisons of every runnable graph with the original; the number of graphs timed."""
