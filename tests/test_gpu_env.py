@@ -139,3 +139,48 @@ def test_evaluate_rows_on_a_gpu_run_name_the_device_and_why(monkeypatch):
     rows = make_rows("m", "cuda", res, nodes={"original": 2, "greedy": 2},
                      activation_bytes={"original": 0, "greedy": 0}, traces={})
     assert [(r["device"], "no CUDA provider" in r["device_note"]) for r in rows] == [("cpu", True)] * 2
+
+
+# ------------------------------------------------------------------ TensorFlow on a GPU, simulated
+class _FakeTF:
+    """The part of TensorFlow's config API the tf backend touches, on a box with one GPU."""
+
+    def __init__(self):
+        self.tf32, self.growth = True, []
+        exp = type("exp", (), {})()
+        exp.set_memory_growth = lambda gpu, on: self.growth.append((gpu, on))
+        exp.tensor_float_32_execution_enabled = lambda: self.tf32
+        exp.enable_tensor_float_32_execution = lambda on: setattr(self, "tf32", on)
+        self.config = type("config", (), {})()
+        self.config.list_physical_devices = lambda kind: ["GPU:0"] if kind == "GPU" else []
+        self.config.experimental = exp
+
+
+def test_tf_memory_growth_is_set_once_per_process(monkeypatch):
+    import rlflow.graph.exec.tf_exec as tf_exec
+
+    monkeypatch.setattr(tf_exec, "_GROWING", False)
+    fake = _FakeTF()
+    assert tf_exec._grow_memory(fake) is fake and tf_exec._grow_memory(fake) is fake
+    assert fake.growth == [("GPU:0", True)]
+
+
+def test_tf_output_check_runs_without_tf32_and_timings_keep_it(monkeypatch):
+    """evaluate's first run (the output check) of a tf runner on cuda sees TF32 off; it is on again after."""
+    import rlflow.evaluation.runs as runs
+    import rlflow.graph.exec.tf_exec as tf_exec
+
+    fake = _FakeTF()
+    monkeypatch.setattr(tf_exec, "_tf", lambda: fake)
+    seen = []
+
+    def runner(feeds):
+        seen.append(fake.tf32)
+        return [np.zeros(1)]
+
+    monkeypatch.setattr(runs, "_gpu_memory", lambda backend: None)
+    monkeypatch.setattr(runs, "new_runner", lambda g, backend, device, fresh=None: runner)
+    for backend in ("tf", "tf-xla", "ort"):
+        runs.first_run(_graph(), backend, "cuda", {})
+    runs.first_run(_graph(), "tf", "cpu", {})
+    assert seen == [False, False, True, True] and fake.tf32

@@ -53,12 +53,12 @@ def _tf():
     """Import TensorFlow quietly: TF_CPP_MIN_LOG_LEVEL=2 (unless set) hides its C++ info and warning logs; the
     info lines it writes while loading are dropped too. Everything else it writes (errors) still reaches stderr."""
     if "tensorflow" in sys.modules:
-        return sys.modules["tensorflow"]
+        return _grow_memory(sys.modules["tensorflow"])
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if os.environ["TF_CPP_MIN_LOG_LEVEL"] in ("", "0"):
         import tensorflow as tf
 
-        return tf
+        return _grow_memory(tf)
     with tempfile.TemporaryFile() as log:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -73,10 +73,24 @@ def _tf():
             if kept:
                 sys.stderr.write(kept.decode(errors="replace"))
                 sys.stderr.flush()
-    for gpu in tf.config.list_physical_devices("GPU"):
-        # memory growth: TF takes GPU memory as it needs it, not all of it at the first run, so torch and
-        # onnxruntime runs of the same process still find memory on the GPU
-        tf.config.experimental.set_memory_growth(gpu, True)
+    return _grow_memory(tf)
+
+
+_GROWING = False
+
+
+def _grow_memory(tf):
+    """Memory growth on each GPU TensorFlow sees (once): TF then takes GPU memory as it needs it, not all of it
+    at its first run, so the torch and onnxruntime runs of the same process still find memory there. It can only
+    be set before TF has used a GPU; after that TF keeps what it has (and says so in a RuntimeError, ignored)."""
+    global _GROWING
+    if not _GROWING:
+        _GROWING = True
+        for gpu in tf.config.list_physical_devices("GPU"):
+            try:
+                tf.config.experimental.set_memory_growth(gpu, True)
+            except RuntimeError:
+                pass
     return tf
 
 
