@@ -184,3 +184,25 @@ def test_tf_output_check_runs_without_tf32_and_timings_keep_it(monkeypatch):
         runs.first_run(_graph(), backend, "cuda", {})
     runs.first_run(_graph(), "tf", "cpu", {})
     assert seen == [False, False, True, True] and fake.tf32
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_executor_on_a_gpu_runs_there_or_says_why(backend):
+    """On a GPU box: torch runs on cuda; onnxruntime and TensorFlow run there where their build can (else their
+    note says why); jax says it runs on XLA CPU. Outputs match the CPU run of the same backend."""
+    g = _graph()
+    feeds = make_inputs(g)
+    runner = get_runner(g, backend, "cuda")
+    assert (runner.ran_on == "cuda") == (runner.device_note == ""), runner.device_note
+    if backend == "torch":
+        assert runner.ran_on == "cuda"
+    if backend == "ort":
+        import onnxruntime as ort
+
+        has = "CUDAExecutionProvider" in ort.get_available_providers()
+        assert runner.ran_on == ("cuda" if has else "cpu") and runner.providers[0] == (
+            "CUDAExecutionProvider" if has else "CPUExecutionProvider")
+    from rlflow.graph.exec import max_rel_diff
+
+    assert max_rel_diff(get_runner(g, backend, "cpu")(feeds), runner(feeds)) <= 1e-2  # TF32 where it is on
