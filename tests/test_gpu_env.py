@@ -206,3 +206,21 @@ def test_each_executor_on_a_gpu_runs_there_or_says_why(backend):
     from rlflow.graph.exec import max_rel_diff
 
     assert max_rel_diff(get_runner(g, backend, "cpu")(feeds), runner(feeds)) <= 1e-2  # TF32 where it is on
+
+
+def test_the_never_slower_check_names_where_its_runners_ran():
+    """The gate's trace record says where the backend ran and why not on the asked device (here: onnxruntime's CPU
+    build asked for cuda); on the asked device the line stays as it was."""
+    import onnxruntime as ort
+
+    from rlflow.evaluation.protocol import Protocol, speed_check
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider")
+    g = _graph()
+    p = Protocol(sessions=2, warmup=1, budget_s=2.0, min_rounds=3, max_rounds=3)
+    rec = speed_check(g, g.copy(), "ort", "cuda", make_inputs(g), p)
+    assert rec["device"] == "cpu" and "no CUDA provider in this onnxruntime" in rec["device_note"]
+    assert rec["line"].endswith("on ort (on cpu: " + rec["device_note"] + ")")
+    here = speed_check(g, g.copy(), "ort", "cpu", make_inputs(g), p)
+    assert (here["device"], here["device_note"]) == ("cpu", "") and here["line"].endswith(" on ort")

@@ -99,10 +99,10 @@ from rlflow.evaluation.protocol import AA, REFERENCE
 from rlflow.evaluation.runs import Measurement
 from rlflow.evaluation.traces import TraceSummary
 
-COLUMNS = ("model", "method", "backend", "device", "device_note", "latency_ms_median", "latency_ms_iqr", "ratio", "ci_low", "ci_high",
-           "verdict", "detectable_effect", "sessions", "runs", "too_noisy", "roofline_ms", "headroom", "peak_memory_mb",
-           "activation_memory_mb", "nodes", "cost_ms", "flops", "bytes", "launches", "optimisation_s", "training_s",
-           "real_interactions",
+COLUMNS = ("model", "method", "backend", "device", "device_note", "latency_ms_median", "latency_ms_iqr", "ratio",
+           "ci_low", "ci_high", "verdict", "detectable_effect", "sessions", "runs", "too_noisy", "roofline_ms",
+           "headroom", "peak_memory_mb", "activation_memory_mb", "nodes", "cost_ms", "flops", "bytes", "launches",
+           "optimisation_s", "training_s", "real_interactions",
            "rules_applied", "speed_check", "max_rel_diff", "status", "same_as_original")
 #: columns holding whole numbers (written in full)
 INT_COLUMNS = ("sessions", "runs", "nodes", "flops", "bytes", "launches", "real_interactions", "rules_applied")
