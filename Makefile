@@ -25,7 +25,7 @@ STAMP  := $(VENV)/.rlflow-installed
 # themselves are named by path too, because make 4.3 looks commands up on its own, unmodified PATH.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: run test test-install test-cluster setup lint dvc-yaml default-rules clean gpu-wheels
+.PHONY: run test test-install test-cluster setup setup-gpu setup-tf-gpu lint dvc-yaml default-rules clean gpu-wheels
 
 run: $(STAMP)
 	$(BIN)/snakemake --cores all
@@ -50,6 +50,32 @@ $(STAMP): pyproject.toml setup.py envs/requirements.txt envs/requirements-test.t
 	$(BIN)/python -m pip install -r envs/requirements.txt -r envs/requirements-test.txt
 	$(BIN)/python -m pip install --no-deps -e .
 	touch $@
+
+# The GPU box (docs/gpu.md): .venv with PyPI's torch==2.13.0 (the CUDA 13 build; a CPU build already there is
+# replaced) and envs/requirements-gpu.txt (onnxruntime-gpu, jax with CUDA 13; the CPU onnxruntime is removed
+# first: both install the module onnxruntime). Then `make run` as usual. It marks the CPU setup done too.
+setup-gpu: $(VENV)/.rlflow-installed-gpu
+
+$(VENV)/.rlflow-installed-gpu: pyproject.toml setup.py envs/requirements-gpu.txt envs/requirements-test.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -c 'import sys, torch; sys.exit(torch.version.cuda is None)' || \
+		$(BIN)/python -m pip install --force-reinstall torch==2.13.0
+	$(BIN)/python -m pip uninstall -y onnxruntime
+	$(BIN)/python -m pip install -r envs/requirements-gpu.txt -r envs/requirements-test.txt
+	$(BIN)/python -m pip install --no-deps -e .
+	touch $(STAMP) $@
+
+# TensorFlow on the GPU, in an env of its own (no TensorFlow release uses torch 2.13's CUDA 13):
+# .venv-tf with torch's CPU build and envs/requirements-tensorflow-gpu.txt; run with `make run VENV=.venv-tf`
+setup-tf-gpu: .venv-tf/.rlflow-installed-tf-gpu
+
+.venv-tf/.rlflow-installed-tf-gpu: pyproject.toml setup.py envs/requirements-tensorflow-gpu.txt envs/requirements-test.txt
+	test -x .venv-tf/bin/python || $(PYTHON) -m venv .venv-tf
+	.venv-tf/bin/python -m pip install torch==2.13.0 --index-url $(or $(TORCH_INDEX),https://download.pytorch.org/whl/cpu)
+	.venv-tf/bin/python -m pip install -r envs/requirements-tensorflow-gpu.txt -r envs/requirements-test.txt
+	.venv-tf/bin/python -m pip install --no-deps -e .
+	touch .venv-tf/.rlflow-installed $@
 
 # snakemake's linter (also a test)
 lint: $(STAMP)

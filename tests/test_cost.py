@@ -282,3 +282,19 @@ def test_commutative_ops_share_a_signature():
     mm = Node("m", "MatMul", ("x", "y"), ("z",))
     a2, b2 = TensorType((2, 3), "float32"), TensorType((3, 2), "float32")
     assert signature(mm, [a2, b2]) != signature(mm, [b2, a2])
+
+
+def test_measure_costs_analytic_target_on_a_gpu_box(tiny_zoo, rules_file, tmp_path, capsys, monkeypatch):
+    """cost.target analytic with device cuda: the cache measure_costs writes is read back on the run's device
+    (it was written as 'cpu' and refused as 'measured on cpu, but the device is cuda')."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the GPU box, simulated
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Simulated GPU")
+    out = tmp_path / "costs" / "auto" / "bert.json"
+    args = ["measure-costs", "--model", "bert", "--onnx", str(tiny_zoo["bert"]), "--rules", str(rules_file),
+            "--out", str(out), "--no-progress", "--set", "device=auto", "--set", "cost.target=analytic"]
+    assert main(args) == 0, capsys.readouterr().err
+    data = json.loads(out.read_text())
+    assert data["device"] == "cuda" and data["platform"]["device"] == "cuda"
+    assert data["hardware"] == "Simulated GPU"
+    config = {"device": "auto", "cost": {"target": "analytic"}}
+    assert make_cost_model(config, "cuda", out).device == "cuda"  # what the stages that score graphs do

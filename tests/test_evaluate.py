@@ -128,6 +128,7 @@ class _FakeRunner:
 
     def __init__(self, name: str, log: list, value: float, clock: _Clock | None = None, ms: float = 1.0):
         self.name, self.log, self.value, self.clock, self.ms = name, log, value, clock, ms
+        self.ran_on, self.device_note = "cpu", ""
 
     def __call__(self, feeds):
         self.log.append(self.name)

@@ -304,26 +304,36 @@ def speed_check(original, optimised, backend: str, device: str, feeds: dict, pro
                 make_runner: Callable[[Any], Runner] | None = None, *,
                 clock: Callable[[], float] = time.perf_counter) -> dict:
     """``rlflow optimize``'s and the pipeline's "never slower" check: ``optimised`` against ``original`` on
-    ``backend``, under ``protocol``. Returns the trace record: ``{"backend", "ratio", "ci_low", "ci_high",
-    "verdict", "detectable", "kept": "optimised" | "original", "line"}``; the optimised graph is kept only when
-    the verdict is ``faster``."""
+    ``backend``, under ``protocol``. Returns the trace record: ``{"backend", "device" (where its runners ran),
+    "device_note" (why that is not ``device``, or empty), "ratio", "ci_low", "ci_high", "verdict", "detectable",
+    "kept": "optimised" | "original", "line"}``; the optimised graph is kept only when the verdict is ``faster``."""
     own = make_runner is None
     make_runner = make_runner or backend_runner(backend, device)
+    ran = []  # (where, why) of the runners built: the executors' record (ran_on, device_note)
+
+    def built(graph):
+        runner = make_runner(graph)
+        ran.append((getattr(runner, "ran_on", device), getattr(runner, "device_note", "")))
+        return runner
+
     try:
-        est = compare([("original", original), ("optimised", optimised)], feeds, protocol, make_runner,
+        est = compare([("original", original), ("optimised", optimised)], feeds, protocol, built,
                       clock=clock)["optimised"]
     finally:
         if own:
             _close(make_runner)
+    ran_on, note = ran[0] if ran else (device, "")
+    where = backend if ran_on == device else f"{backend} (on {ran_on}: {note or 'the backend chose so'})"
     kept = "optimised" if est.verdict == FASTER else "original"
     if kept == "optimised":
-        line = f"speed check: faster, ratio {est.interval()} on {backend}"
+        line = f"speed check: faster, ratio {est.interval()} on {where}"
     else:
         why = "slower" if est.verdict == SLOWER else "no significant speedup"
-        line = f"kept the original: {why}, ratio {est.interval()} on {backend}"
-    return {"backend": backend, "ratio": est.ratio, "ci_low": est.ci_low, "ci_high": est.ci_high,
-            "verdict": est.verdict, "detectable": est.detectable, "sessions": protocol.sessions, "runs": est.runs,
-            "budget_s": protocol.budget_s, "kept": kept, "line": line}
+        line = f"kept the original: {why}, ratio {est.interval()} on {where}"
+    return {"backend": backend, "device": ran_on, "device_note": note, "ratio": est.ratio, "ci_low": est.ci_low,
+            "ci_high": est.ci_high, "verdict": est.verdict, "detectable": est.detectable,
+            "sessions": protocol.sessions, "runs": est.runs, "budget_s": protocol.budget_s, "kept": kept,
+            "line": line}
 
 
 def never_slower(protocol: Protocol, backend: str, device: str, seed: int = 0,

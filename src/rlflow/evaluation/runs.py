@@ -96,6 +96,8 @@ class Measurement:
     device: str = ""
     """Where the runner actually ran (``cpu`` | ``cuda``): a CPU-only build (tensorflow-cpu, onnxruntime without
     the CUDA provider) runs on the CPU whatever was asked; empty until a runner was built."""
+    device_note: str = ""
+    """Why the runner ran elsewhere than the configured device (``no CUDA provider in this onnxruntime``)."""
     median_ms: float | None = None
     iqr_ms: float | None = None
     peak_memory_bytes: int | None = None
@@ -154,24 +156,27 @@ def _gpu_memory(backend: str):
     return None  # onnxruntime does not report its arena's peak
 
 
-def runner_device(runner) -> str:
-    """``cuda`` if the runner runs on the GPU, else ``cpu`` (the executors' own attributes)."""
-    session = getattr(runner, "session", None)  # onnxruntime
-    if session is not None:
-        return "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
-    dev = getattr(runner, "device", "cpu")  # torch.device, or TensorFlow's "/GPU:0" | "/CPU:0"
-    return "cuda" if str(getattr(dev, "type", dev)).lower().lstrip("/").startswith(("cuda", "gpu")) else "cpu"
+def runner_device(runner) -> tuple[str, str]:
+    """(where the runner runs, ``cpu`` | ``cuda``; why that is not the device asked, or empty): the executors'
+    own record (``ran_on``, ``device_note``)."""
+    return runner.ran_on, runner.device_note
 
 
 def first_run(graph: Graph, backend: str, device: str, feeds: dict, fresh=None) -> tuple[object, list, int | None]:
     """Build ``backend``'s runner for ``graph`` (through ``fresh``, a :class:`rlflow.graph.exec.FreshRunners`, when
-    given) and run it once: (runner, outputs, peak bytes or None)."""
+    given) and run it once: (runner, outputs, peak bytes or None). TensorFlow runs this check without TF32
+    (:func:`rlflow.graph.exec.tf_exec.exact_float32`)."""
     mem = _gpu_memory(backend) if device == "cuda" else None
     base = mem[0]() if mem else 0
     runner = new_runner(graph, backend, device, fresh)
     if mem:
         mem[1]()
-    with strict_fp32():  # the outputs are checked at evaluate.tolerance: no TF32 on a GPU
+    exact = strict_fp32()  # the outputs are checked at evaluate.tolerance: no TF32 on a GPU (torch; TensorFlow's own)
+    if backend in ("tf", "tf-xla") and device == "cuda":
+        from rlflow.graph.exec.tf_exec import exact_float32
+
+        exact = exact_float32()
+    with exact:
         outputs = runner(feeds)
     peak = int(mem[2]() - base) if mem else None
     return runner, outputs, peak
@@ -315,6 +320,8 @@ class _BackendRun:
         self.base_diff: float | None = None
         self.comparisons = 0
         self.too_noisy = False
+        self.said_device = False
+        """The warning that the backend runs on another device than asked was logged."""
         from rlflow.graph.exec import FreshRunners
 
         self.fresh = FreshRunners(backend, device)
@@ -322,7 +329,7 @@ class _BackendRun:
 
     def check(self, method: str, graph: Graph) -> None:
         """Build and run the graph once (or reuse an equal graph's check) and compare its outputs."""
-        from rlflow.graph.exec import max_rel_diff
+        from rlflow.graph.exec import max_rel_diff, output_tolerance
 
         m = self.results[(method, self.backend)] = Measurement(method, self.backend, "ok")
         h = self.hashes[method]
@@ -348,24 +355,33 @@ class _BackendRun:
             m.status, m.reason = "unsupported", entry[1]
             self.log(f"evaluate: {self.backend} cannot run the {method} graph: {m.reason} (row status 'unsupported')")
             return
-        outputs, peak, m.device = entry
+        outputs, peak, (m.device, m.device_note) = entry
         m.peak_memory_bytes = peak if m.device == self.device else None  # a GPU allocator says nothing of a CPU run
-        diff = max_rel_diff(self.reference, outputs)
-        m.max_rel_diff = diff = float("inf") if diff != diff else diff
+        if m.device != self.device and not self.said_device:
+            self.said_device = True
+            self.log(f"evaluate: warning: {self.backend} runs on {m.device}, not {self.device}: "
+                     f"{m.device_note or 'the backend chose so'} (its rows say device {m.device})")
+        diffs = [max_rel_diff([a], [b]) for a, b in zip(self.reference, outputs)]
+        diffs = [float("inf") if d != d else d for d in diffs]
+        tols = [output_tolerance(graph.types[v].dtype, self.tolerance) for v in graph.outputs]
+        m.max_rel_diff = diff = max(diffs, default=0.0)
         if method == self.orig_name:
             self.base_diff = diff
-        if not diff <= self.tolerance:
+        over = [k for k, (d, t) in enumerate(zip(diffs, tols)) if not d <= t]
+        if over:
+            tol = tols[over[0]]
             if method not in (self.orig_name, AA):
                 also = (f"; the original on {self.backend} differs by {self.base_diff:.3g}"
                         if self.base_diff is not None else "")
                 raise OutputMismatch(
                     f"{method} on {self.backend}: the optimised graph's outputs differ from the original's on "
-                    f"onnxruntime by {diff:.3g} (max relative difference; evaluate.tolerance {self.tolerance:g}, "
+                    f"onnxruntime by {diff:.3g} (max relative difference; tolerance {tol:g} for "
+                    f"{graph.types[graph.outputs[over[0]]].dtype}, evaluate.tolerance {self.tolerance:g}; "
                     f"inputs seed {self.seed}{also}); nothing written")
             m.status = "mismatch"
             if method == self.orig_name:
                 self.log(f"evaluate: warning: the original graph on {self.backend} differs from onnxruntime by "
-                         f"{diff:.3g} (tolerance {self.tolerance:g}); its row has status 'mismatch'")
+                         f"{diff:.3g} (tolerance {tol:g}); its row has status 'mismatch'")
 
     def compare(self, graphs: Sequence[tuple[str, Graph]], protocol: Protocol, clock: Callable[[], float]) -> int:
         """The protocol's comparisons of every runnable graph with the original; the number of graphs timed."""

@@ -9,6 +9,8 @@ model, method          the zoo model; ``original``, ``original-aa`` (the A/A con
                        imported again, timed as a graph of its own) or the method whose optimised graph ran
 backend, device        ``ort`` | ``torch`` | ``tf`` | ``tf-xla``; ``cpu`` | ``cuda``: where the runner actually
                        ran (a CPU-only build -- tensorflow-cpu -- runs on the CPU when the config says cuda)
+device_note            why the runner ran elsewhere than the configured device (``no CUDA provider in this
+                       onnxruntime``, ``TensorFlow ... sees no GPU``); else empty
 latency_ms_median      median wall-clock latency of one inference over all timed calls (ms); empty if not timed
 latency_ms_iqr         its interquartile range (ms)
 ratio                  latency / the original's on the same backend under the measurement protocol
@@ -97,10 +99,10 @@ from rlflow.evaluation.protocol import AA, REFERENCE
 from rlflow.evaluation.runs import Measurement
 from rlflow.evaluation.traces import TraceSummary
 
-COLUMNS = ("model", "method", "backend", "device", "latency_ms_median", "latency_ms_iqr", "ratio", "ci_low", "ci_high",
-           "verdict", "detectable_effect", "sessions", "runs", "too_noisy", "roofline_ms", "headroom", "peak_memory_mb",
-           "activation_memory_mb", "nodes", "cost_ms", "flops", "bytes", "launches", "optimisation_s", "training_s",
-           "real_interactions",
+COLUMNS = ("model", "method", "backend", "device", "device_note", "latency_ms_median", "latency_ms_iqr", "ratio",
+           "ci_low", "ci_high", "verdict", "detectable_effect", "sessions", "runs", "too_noisy", "roofline_ms",
+           "headroom", "peak_memory_mb", "activation_memory_mb", "nodes", "cost_ms", "flops", "bytes", "launches",
+           "optimisation_s", "training_s", "real_interactions",
            "rules_applied", "speed_check", "max_rel_diff", "status", "same_as_original")
 #: columns holding whole numbers (written in full)
 INT_COLUMNS = ("sessions", "runs", "nodes", "flops", "bytes", "launches", "real_interactions", "rules_applied")
@@ -138,6 +140,7 @@ def make_rows(model: str, device: str, measurements: Sequence[Measurement], *, n
         own = "original" if ms.method == AA else ms.method  # the A/A control is the original's graph
         rows.append({
             "model": model, "method": ms.method, "backend": ms.backend, "device": ms.device or device,
+            "device_note": ms.device_note or None,
             "latency_ms_median": ms.median_ms, "latency_ms_iqr": ms.iqr_ms,
             "ratio": ms.ratio, "ci_low": ms.ci_low, "ci_high": ms.ci_high, "verdict": ms.verdict or None,
             "detectable_effect": ms.detectable,

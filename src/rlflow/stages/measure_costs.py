@@ -113,7 +113,10 @@ def run(args: argparse.Namespace) -> int:
 
     platform = resolve_platform(p.config)
     print(f"measure_costs: platform {platform.describe()}", flush=True)
-    header = {"device": "cuda" if target == "cuda" else "cpu", "hardware": describe_hardware("cpu"),
+    # the device the cost model reads the cache on (rlflow.cost.targets.make_cost_model): the GPU for the cuda
+    # target, the run's device for analytic (cuda on a GPU box), else the CPU
+    device = platform.device if target in ("cuda", "analytic") else "cpu"
+    header = {"device": device, "hardware": describe_hardware(device),
               "target": target, "platform": platform.as_dict(), "calibration": calibration.to_json(cals)}
     if target not in MEASURED:
         write_cache(args.out, {**header, "ops": {}, "kernels": {}, "fusion": {}})

@@ -156,6 +156,18 @@ def max_rel_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     return worst
 
 
+#: the least tolerance an output check allows an output of a low-precision type (relative, as max_rel_diff): its
+#: rounding alone moves a rewritten graph's outputs by about this much (float16 keeps 11 significant bits,
+#: bfloat16 8)
+DTYPE_TOLERANCE = {"float16": 1e-2, "bfloat16": 5e-2}
+
+
+def output_tolerance(dtype: str, tol: float) -> float:
+    """The tolerance of an output check of an output of ``dtype``, given the configured ``tol`` (float32's):
+    ``tol``, or :data:`DTYPE_TOLERANCE`'s figure where that is larger."""
+    return max(tol, DTYPE_TOLERANCE.get(dtype, 0.0))
+
+
 # ------------------------------------------------------------------------------------ memory and run errors
 #: a run needing more than this much memory is announced with a one-line note on stderr (see check_memory)
 NOTE_BYTES = 1 << 30

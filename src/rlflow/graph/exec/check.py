@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlflow.errors import RLFlowError
-from rlflow.graph.exec import get_runner, make_inputs, max_rel_diff, run_model
+from rlflow.graph.exec import get_runner, make_inputs, max_rel_diff, output_tolerance, run_model
 from rlflow.graph.ir import Graph
 
 
@@ -16,7 +16,8 @@ def check_equal(original: Graph, optimised: Graph, seed: int = 0, tol: float = 1
                 what: str = "the original model") -> float:
     """Run both graphs under onnxruntime on the same random inputs (:func:`make_inputs` of ``original``, seed
     ``seed``) and return the largest relative output difference (:func:`max_rel_diff`). Raises RLFlowError,
-    naming the output that differs most, if it exceeds ``tol`` (or the graphs' interfaces differ), and naming
+    naming the output that differs most, if an output's exceeds ``tol`` (float32's; a float16 or bfloat16
+    output's is at least :data:`rlflow.graph.exec.DTYPE_TOLERANCE`'s) or the graphs' interfaces differ, and naming
     ``what`` (the user's file) and the node if onnxruntime cannot run the original."""
     if list(original.inputs) != list(optimised.inputs) or len(original.outputs) != len(optimised.outputs):
         raise RLFlowError(f"optimised graph '{optimised.name}' has inputs {list(optimised.inputs)} and "
@@ -30,12 +31,15 @@ def check_equal(original: Graph, optimised: Graph, seed: int = 0, tol: float = 1
     want = run_model(original, "ort", feeds, device, what=what)  # the user's model: one line
     got = get_runner(optimised, "ort", device)(feeds)
     diffs = [max_rel_diff([a], [b]) for a, b in zip(want, got)]
+    tols = [output_tolerance(original.types[v].dtype, tol) for v in original.outputs]
     worst = float("nan") if any(d != d for d in diffs) else max(diffs, default=0.0)
-    if not worst <= tol:  # also catches NaN
-        k = max(range(len(diffs)), key=lambda i: (diffs[i] != diffs[i], diffs[i]))
+    over = [k for k, (d, t) in enumerate(zip(diffs, tols)) if not d <= t]  # also catches NaN
+    if over:
+        k = max(over, key=lambda i: (diffs[i] != diffs[i], diffs[i] / tols[i]))
+        dtype = original.types[original.outputs[k]].dtype
         raise RLFlowError(f"the optimised graph's output '{original.outputs[k]}' differs from the original's "
                           f"{_how(want[k], got[k], diffs[k])} (max |difference| relative to the output's magnitude; "
-                          f"tolerance {tol:g}, onnxruntime, inputs seed {seed})")
+                          f"tolerance {tols[k]:g} for {dtype}, onnxruntime, inputs seed {seed})")
     return worst
 
 

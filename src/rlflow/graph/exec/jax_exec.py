@@ -108,12 +108,13 @@ def hlo_text(graph: Graph, weights: str = "constants") -> str:
 class JaxRunner:
     """``feeds -> outputs`` through ``jax.jit`` of the graph (XLA CPU; compiled once, at construction)."""
 
-    device = "cpu"
+    device = ran_on = "cpu"
 
     def __init__(self, graph: Graph, device: str = "cpu"):
         reason = unsupported_reason(graph)
         if reason:
             raise RLFlowError(reason)
+        self.device_note = "" if device == "cpu" else "the jax backend runs on XLA CPU only"
         jax, J = _jax()
         self.graph, self._jax = graph, jax
         self._fn = jax.jit(graph_function(graph, J)).lower(*_specs(jax, graph)).compile()

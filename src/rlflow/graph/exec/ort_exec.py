@@ -37,12 +37,20 @@ class OrtRunner:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if threads:
             opts.intra_op_num_threads = threads
-        providers = ["CPUExecutionProvider"]
-        if device == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
-            providers.insert(0, "CUDAExecutionProvider")
+        has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" and has_cuda \
+            else ["CPUExecutionProvider"]
         model = model_path if model_path is not None else to_onnx(graph).SerializeToString()
         self.session = ort.InferenceSession(model, opts, providers=providers)
         self.outputs = list(graph.outputs)
+        self.providers = self.session.get_providers()
+        """The providers the session actually has, first the one it runs on."""
+        self.ran_on = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"
+        """Where the session runs: ``cuda`` | ``cpu``."""
+        self.device_note = "" if self.ran_on == device else (
+            f"no CUDA provider in this onnxruntime ({ort.__version__}; onnxruntime-gpu has it)" if not has_cuda
+            else "onnxruntime could not start its CUDA provider")
+        """Why the session runs elsewhere than ``device`` asked; empty when it runs there."""
 
     def __call__(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return self.session.run(self.outputs, feeds)

@@ -30,6 +30,7 @@ import os
 import re
 import sys
 import tempfile
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -52,12 +53,12 @@ def _tf():
     """Import TensorFlow quietly: TF_CPP_MIN_LOG_LEVEL=2 (unless set) hides its C++ info and warning logs; the
     info lines it writes while loading are dropped too. Everything else it writes (errors) still reaches stderr."""
     if "tensorflow" in sys.modules:
-        return sys.modules["tensorflow"]
+        return _grow_memory(sys.modules["tensorflow"])
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if os.environ["TF_CPP_MIN_LOG_LEVEL"] in ("", "0"):
         import tensorflow as tf
 
-        return tf
+        return _grow_memory(tf)
     with tempfile.TemporaryFile() as log:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -72,7 +73,41 @@ def _tf():
             if kept:
                 sys.stderr.write(kept.decode(errors="replace"))
                 sys.stderr.flush()
+    return _grow_memory(tf)
+
+
+_GROWING = False
+
+
+def _grow_memory(tf):
+    """Memory growth on each GPU TensorFlow sees (once): TF then takes GPU memory as it needs it, not all of it
+    at its first run, so the torch and onnxruntime runs of the same process still find memory there. It can only
+    be set before TF has used a GPU; after that TF keeps what it has (and says so in a RuntimeError, ignored)."""
+    global _GROWING
+    if not _GROWING:
+        _GROWING = True
+        for gpu in tf.config.list_physical_devices("GPU"):
+            try:
+                tf.config.experimental.set_memory_growth(gpu, True)
+            except RuntimeError:
+                pass
     return tf
+
+
+@contextmanager
+def exact_float32():
+    """Inside this block TensorFlow's float32 matmuls and convolutions on a GPU are exact float32, not TF32 (its
+    default on Ampere and later GPUs): what the output checks compare. Timings keep TF's default."""
+    tf = _tf()
+    if not tf.config.list_physical_devices("GPU"):
+        yield
+        return
+    before = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    try:
+        yield
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(before)
 
 
 # ====================================================================================== the lowering context
@@ -163,8 +198,14 @@ class TFRunner:
         tf = self.tf = _tf()
         opaque = graph.opaque_nodes()
         self.graph, self.xla = graph, xla
-        gpu = str(device).startswith("cuda") and bool(tf.config.list_physical_devices("GPU"))
+        sees_gpu = bool(tf.config.list_physical_devices("GPU"))
+        gpu = str(device).startswith("cuda") and sees_gpu
         self.device = "/GPU:0" if gpu else "/CPU:0"
+        self.ran_on = "cuda" if gpu else "cpu"
+        """Where the function runs: ``cuda`` | ``cpu``."""
+        self.device_note = (f"TensorFlow {tf.__version__} sees no GPU (a CPU build, or no CUDA libraries)"
+                            if str(device).startswith("cuda") and not gpu else "")
+        """Why the function runs elsewhere than ``device`` asked; empty when it runs there."""
         self._opaque = {}
         if opaque:
             from rlflow.graph.exec.torch_exec import _OpaqueNode

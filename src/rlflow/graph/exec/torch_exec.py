@@ -40,6 +40,7 @@ class TorchRunner:
 
         self.graph = graph
         self.device = torch.device(device)
+        self.ran_on, self.device_note = self.device.type, ""  # torch runs where it is asked, or raises
         self.consts = {k: torch.from_numpy(np.array(c.array)).to(self.device) for k, c in graph.constants.items()}
         last_use: dict[str, int] = {}
         for i, n in enumerate(graph.nodes):
