@@ -231,7 +231,7 @@ def main() -> int:
             timed = [(EXPORTED, exported), *graphs, (proto.AA, proto.aa_copy(graphs[0][1]))]
             for backend in a.backends:
                 cmp = proto.compare(timed, feeds, protocol, lambda g, b=backend: get_runner(g, b, device))
-                ran_on = runner_device(get_runner(exported, backend, device))
+                ran_on = runner_device(get_runner(exported, backend, device))[0]
                 for n, _ in timed:
                     e = cmp[n]
                     rows.setdefault(n, {})[backend] = {"ran_on": ran_on, "latency_ms": e.latency_ms,
