@@ -135,7 +135,7 @@ def run_child(a) -> dict:
                                                      if "synchroniz" in str(msg) else shown(msg, *r, **k))
     rows, deadline = [], time.monotonic() + a.limit
     info = {"device": device, "threads": a.threads, "torch_threads": torch.get_num_threads(),
-            "default_threads": default_threads, "stage_threads": 1 if device == "cpu" else default_threads,
+            "default_threads": default_threads, "stage_threads": 1,  # rlflow.problem.single_cpu_thread, on every device
             "gpu": torch.cuda.get_device_name() if cuda else None, "torch": torch.__version__,
             "setup_s": setup_s, "nodes": len(problem.graph.nodes), "rules": len(problem.rules),
             "num_envs": section["num_envs"], "steps_per_update": section["steps_per_update"]}
@@ -242,7 +242,8 @@ def main() -> int:
             # its share of the time left: no new update starts after share - 10 s (startup); killed (partial
             # result kept) when it would leave the later configurations under 12 s each
             share, hard = left / (len(configs) - i), max(left - 12 * (len(configs) - i - 1), 5)
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])))
+            paths = [str(ROOT / "src"), os.environ.get("PYTHONPATH")]  # (the caller's: the GPU check's wheels)
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, paths)))
             env.pop("OMP_NUM_THREADS", None)
             if threads != "default":
                 env["OMP_NUM_THREADS"] = threads

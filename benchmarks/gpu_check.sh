@@ -102,13 +102,13 @@ fi
 # ---- timing-sensitive parts, one at a time
 has calibrate && part calibrate "$PY" benchmarks/gpu_calibrate.py --from .gpu/cal_pack --out "$OUTDIR/calibration.json" \
   --runs 10 --sessions 4 --budget 1 --limit 150
-has agents && part agents "$PY" benchmarks/agent_device.py --devices cuda,cpu --updates 2 --limit 80 \
+has agents && part agents "$PY" benchmarks/agent_device.py --devices cuda,cpu --updates 3 --limit 120 \
   --out "$OUTDIR/agent_device.json"
 
 # ---- the pipeline, evaluate and the tests side by side
 PIDS=()
 if has pipeline; then
-  part pipeline "$PY" benchmarks/gpu_pipeline.py --parts pipeline --limit 180 --out "$OUTDIR/gpu_pipeline.json" \
+  part pipeline "$PY" benchmarks/gpu_pipeline.py --parts pipeline --limit 300 --out "$OUTDIR/gpu_pipeline.json" \
     --keep /tmp/gpu-pipeline &
   PIDS+=($!)
 fi

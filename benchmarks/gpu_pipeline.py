@@ -16,6 +16,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -78,7 +79,7 @@ def pipeline(work: Path, env: dict, cores: int, limit: float, device: str = "cud
         d = work / name
         d.mkdir()
         _repo(d, cfg)
-        script = " && ".join(" ".join(c) for c in cmds)
+        script = "; ".join(f"{' '.join(c)}; echo \"@@ {' '.join(c)}: exit $?\"" for c in cmds)
         procs[name] = (subprocess.Popen(["bash", "-c", script], cwd=d, env=env, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, start_new_session=True),
                        time.perf_counter(), d, script)
@@ -91,13 +92,17 @@ def pipeline(work: Path, env: dict, cores: int, limit: float, device: str = "cud
             os.killpg(p.pid, 9)
             text, _ = p.communicate()
             code = None
-        out[name] = {"command": script, "exit_code": code, "seconds": round(time.perf_counter() - t0, 1),
-                     "stopped_at_limit": code is None, "tail": _tail(text)}
+        steps = dict(re.findall(r"^@@ (.+): exit (\d+)$", text, re.M))
+        out[name] = {"commands": {" ".join(c): (int(steps[" ".join(c)]) if " ".join(c) in steps else None)
+                                  for c in runs[name]},
+                     "seconds": round(time.perf_counter() - t0, 1), "stopped_at_limit": code is None,
+                     "tail": _tail(text)}
+        out[name]["exit_code"] = None if code is None else max((v or 0) for v in out[name]["commands"].values())
         out[name]["stages_done"] = text.count("\nRunning stage") if name == "dvc_repro" else None
         rows = d / "results/bert/evaluation.csv"
         if rows.is_file():
             out[name]["evaluation"] = _rows(rows)
-        print(f"pipeline {name}: exit {code} in {out[name]['seconds']} s"
+        print(f"pipeline {name}: {out[name]['commands']} in {out[name]['seconds']} s"
               + (" (stopped at the limit)" if code is None else ""), flush=True)
         (work / f"{name}.log").write_text(text)
     return out
@@ -143,8 +148,8 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("gpu_pipeline.json"))
     p.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="snakemake --cores (default: all)")
     p.add_argument("--device", default="cuda", help="the pipeline part's config device (default: cuda)")
-    p.add_argument("--limit", type=float, default=240.0,
-                   help="seconds after which the pipeline part's runs are stopped (default: 240)")
+    p.add_argument("--limit", type=float, default=420.0,
+                   help="seconds after which the pipeline part's runs are stopped (default: 420)")
     p.add_argument("--budget", type=float, default=5.0, help="evaluate's timing.budget_s (default: 5)")
     p.add_argument("--keep", type=Path, help="work in this folder (kept) instead of a temporary one")
     a = p.parse_args()

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     problem = load_problem(args)
-    single_cpu_thread(problem.device)
+    single_cpu_thread()
     config = problem.config
     seed, cfg = int(get(config, "seed")), dict(get(config, "encoder"))
     env = make_env(config, problem.graph, problem.rules, problem.cost, reward=False)

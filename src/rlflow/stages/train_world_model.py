@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     data = load_latents(args.latents)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    single_cpu_thread(device)
+    single_cpu_thread()
 
     t0 = time.perf_counter()
     ckpt = Checkpointer(args.out, fingerprint({"stage": "train-world-model", "seed": seed, "world_model": wm}, [args.latents]))
