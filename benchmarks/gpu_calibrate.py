@@ -88,6 +88,7 @@ def measure(pack: Path, out: Path, sessions: int, budget: float, runs: int, only
     sim = make_cost_model(load_config([ROOT / "config.yaml"]), "cpu", kind="sim-h100")
     protocol = proto.Protocol(sessions=sessions, budget_s=budget, seed=0)
     doc = {"format": PROFILE_FORMAT, "device": device, "hardware": describe_hardware(device),
+           "measured": time.strftime("%Y-%m-%d"),
            "torch": torch.__version__, "cuda": torch.version.cuda, "protocol": protocol.describe(),
            "graphs": {}, "comparisons": {}}
     print(f"device {device}: {doc['hardware']}; torch {torch.__version__}; {protocol.describe()}", flush=True)
@@ -135,6 +136,78 @@ def measure(pack: Path, out: Path, sessions: int, budget: float, runs: int, only
     return 0
 
 
+def fit_and_check(profile_path: Path, out: Path | None, gpu: str, holdout: list[str]) -> int:
+    """Fit a calibration file from a recorded profile and print how well it predicts: per graph the end-to-end
+    time beside the estimate (graphs whose name starts with a ``holdout`` prefix from a fit without them), and per
+    searched graph the protocol's verdict beside the calibrated, the spec-sheet sim-h100 and the kernels-only
+    ratios (the kernels' time summed: what timing each op alone on the GPU, the ``cuda`` target, sees)."""
+    from rlflow.config import load_config
+    from rlflow.cost import make_cost_model
+    from rlflow.cost.gpu_calibrated import CalibratedGpuCost, fit
+    from rlflow.graph import load_onnx
+    from rlflow.graph.fold import fold_constants
+    from sim_vs_real import unpack
+
+    import gzip
+
+    opener = gzip.open if profile_path.suffix == ".gz" else open
+    with opener(profile_path, "rt") as f:
+        profile = json.load(f)
+    full = fit(profile)
+    held = fit(profile, exclude=holdout) if holdout else full
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(full, indent=0) + "\n")
+        print(f"wrote {out}: {len(full['signatures'])} op signatures from {len(full['graphs'])} graphs "
+              f"({full['hardware']}, measured {full.get('measured')})")
+    pack = ROOT / ".gpu/cal_pack"  # the graphs the profile measured (--pack makes them again)
+    if not pack.is_dir():
+        raise SystemExit(f"gpu_calibrate: no {pack}: run --pack .gpu/cal_pack first (the graphs are estimated)")
+    sim = make_cost_model(load_config([ROOT / "config.yaml"]), "cpu", kind="sim-h100")
+    models = {"full": CalibratedGpuCost(gpu, full), "held": CalibratedGpuCost(gpu, held)}
+    est, errs = {}, {"zoo": [], "held out": []}
+    print(f"\n{'graph':26} {'nodes':>5} {'e2e ms':>8} {'estimate':>8} {'error':>7}  (estimate: calibrated {gpu.upper()})")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, rec in profile["graphs"].items():
+            folder, stem = name.split("/")
+            g = fold_constants(load_onnx(unpack(pack / folder / f"{stem}.onnx", Path(tmp), 0)))
+            out_of_fit = any(name.startswith(h) for h in holdout)
+            cal = models["held" if out_of_fit else "full"]
+            est[name] = (cal.graph_metrics(g).runtime_ms, sim.graph_metrics(g).runtime_ms,
+                         sum(n["device_us"] for n in rec["nodes"]) / 1e3)
+            e2e = statistics.median(rec["e2e_ms"])
+            err = (est[name][0] - e2e) / e2e
+            if stem == "original":
+                errs["held out" if out_of_fit else "zoo"].append(abs(err))
+            print(f"{name:26} {len(g.nodes):>5} {e2e:>8.3f} {est[name][0]:>8.3f} {100 * err:>6.1f}%"
+                  + ("  (held out)" if out_of_fit else ""))
+    for k, v in errs.items():
+        if v:
+            print(f"mean |estimate - e2e| / e2e over the {len(v)} {k} originals: {100 * statistics.mean(v):.1f}%")
+    print(f"\n{'searched graph':22} {'protocol ratio [95% CI]':>26} {'verdict':<26} {'calibrated':>10} "
+          f"{'sim-h100':>8} {'kernels':>8}")
+    agree = {"calibrated": 0, "sim-h100": 0, "kernels": 0}
+    dist = {"calibrated": [], "sim-h100": [], "kernels": []}
+    sig = 0
+    for name, c in profile.get("comparisons", {}).items():
+        if name.endswith("original-aa"):
+            continue
+        o = name.split("/")[0] + "/original"
+        ratios = dict(zip(agree, (est[name][i] / est[o][i] for i in range(3))))
+        for k, r in ratios.items():
+            dist[k].append(abs(r - c["ratio"]))
+        if c["verdict"] in ("faster", "slower"):
+            sig += 1
+            for k, r in ratios.items():
+                agree[k] += (r < 1) == (c["verdict"] == "faster")
+        print(f"{name:22} {c['ratio']:>8.3f} [{c['ci'][0]:.3f}, {c['ci'][1]:.3f}]   {c['verdict']:<26} "
+              + " ".join(f"{ratios[k]:>{w}.3f}" for k, w in zip(agree, (10, 8, 8))))
+    print(f"sign of the {sig} significant changes: " + ", ".join(f"{k} {v} of {sig}" for k, v in agree.items()))
+    print("mean |ratio - protocol ratio| over all searched graphs: "
+          + ", ".join(f"{k} {statistics.mean(v):.3f}" for k, v in dist.items()))
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pack", type=Path, metavar="DIR", help="write the weightless graphs to DIR and stop")
@@ -143,6 +216,11 @@ def main() -> int:
     p.add_argument("--no-heldout", action="store_true", help="pack no held-out transformers exports")
     p.add_argument("--from", dest="packed", type=Path, metavar="DIR", help="profile the graphs of a --pack folder")
     p.add_argument("--only", nargs="+", help="profile only these folders of the pack")
+    p.add_argument("--fit", type=Path, metavar="PROFILE",
+                   help="fit a calibration file (--out) from a recorded profile and print how well it predicts")
+    p.add_argument("--gpu", default="h200", help="the calibrated GPU's name for --fit (default: h200)")
+    p.add_argument("--holdout", nargs="*", default=["hf-"],
+                   help="with --fit: graphs (name prefixes) estimated from a fit without them (default: hf-)")
     p.add_argument("--out", type=Path, default=Path("calibration.json"))
     p.add_argument("--runs", type=int, default=20, help="end-to-end and host-timed runs per graph (default: 20)")
     p.add_argument("--limit", type=float, help="seconds after which no further model is started")
@@ -152,6 +230,8 @@ def main() -> int:
     if a.pack:
         make_pack(a.pack, a.models, not a.no_heldout, a.exported)
         return 0
+    if a.fit:
+        return fit_and_check(a.fit, a.out if a.out != Path("calibration.json") else None, a.gpu, a.holdout)
     if not a.packed:
         p.error("give --pack DIR (here) or --from DIR (on the GPU box)")
     return measure(a.packed, a.out, a.sessions, a.budget, a.runs, a.only, a.limit)

@@ -74,9 +74,13 @@ def test_resolved_values_are_never_auto_and_follow_the_machine(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the same config on a GPU box
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")  # (no calibration file)
     gpu_box = resolve_platform(config())
     assert (gpu_box.target, gpu_box.backend, gpu_box.device, gpu_box.verifiable) == ("cuda", "torch", "cuda", True)
     assert resolve_platform(config(), "sim-h100").backend == "torch"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")  # a GPU with a calibration file
+    h200 = resolve_platform(config())
+    assert (h200.target, h200.label, h200.backend, h200.verifiable) == ("sim-h200", "calibrated H200", "torch", True)
 
 
 # ------------------------------------------------------------------ the gate follows the platform

@@ -25,10 +25,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
+from rlflow.cost.gpu_calibrated import calibrated_gpus, gpu_of_device
 from rlflow.errors import RLFlowError
 
+#: GPUs calibrated from their own whole-model runs (rlflow/cost/gpus/<gpu>.json): targets ``sim-<gpu>``
+CALIBRATED = tuple(f"sim-{g}" for g in calibrated_gpus())
 #: targets with their own cost class
-TARGETS = ("ort-cpu", "torch-eager", "cuda", "sim-v100", "sim-a100", "sim-h100", "analytic")
+TARGETS = ("ort-cpu", "torch-eager", "cuda", "sim-v100", "sim-a100", "sim-h100", *CALIBRATED, "analytic")
 #: what ``cost.target`` may say: a target, or a rule that picks one on the machine
 CHOICES = ("auto", "machine", *TARGETS)
 #: the old ``cost.model`` values and the targets they became
@@ -51,10 +54,19 @@ def resolve_target(config: Mapping, target: str | None = None) -> str:
         raise RLFlowError(f"unknown cost target '{target}' (choose from {', '.join(CHOICES)}; the old "
                           "cost.model values: measured = torch-eager, analytic)")
     if target == "auto":
-        return "cuda" if has_gpu() else "sim-h100"
+        return gpu_target() if has_gpu() else "sim-h100"
     if target == "machine":
         return "cuda" if has_gpu() else "ort-cpu"
     return target
+
+
+def gpu_target() -> str:
+    """This GPU box's ``auto`` target: its GPU's calibrated target where a calibration file was measured on a GPU of
+    this name, else ``cuda``."""
+    import torch
+
+    gpu = gpu_of_device(torch.cuda.get_device_name())
+    return f"sim-{gpu}" if gpu else "cuda"
 
 
 #: what every figure of a target is called (the cost classes' ``label``)
@@ -94,6 +106,8 @@ class Platform:
 
 
 def target_label(target: str) -> str:
+    if target in CALIBRATED:
+        return f"calibrated {target[4:].upper()}"
     return f"simulated {target[4:].upper()}" if target.startswith("sim-") else LABELS[target]
 
 

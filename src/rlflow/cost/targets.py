@@ -5,8 +5,9 @@
 ``torch-eager``each op a torch eager call on the CPU, timed and cached (the old ``cost.model: measured``)
 ``cuda``       each op timed on the GPU with CUDA events, 8 warm-up and 32 timed runs (TASO's cost function)
 ``sim-v100``   a simulated GPU from its spec sheet (:mod:`rlflow.cost.simgpu`); also ``sim-a100``, ``sim-h100``
+``sim-h200``   a GPU calibrated from its own whole-model runs (:mod:`rlflow.cost.gpu_calibrated`)
 ``analytic``   the roofline per op of the device's calibration (else the config's ``cost.peak``)
-``auto``       the pipeline's default: ``cuda`` on a GPU box, else ``sim-h100`` (the papers' landscape)
+``auto``       the pipeline's default: on a GPU box its calibrated target (else ``cuda``), else ``sim-h100``
 ``machine``    the runtime of the machine: ``cuda`` on a GPU box, else ``ort-cpu`` (``rlflow optimize``)
 =============  =================================================================================================
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Mapping
 
 from rlflow.cost.model import AnalyticCost, CostModel, MeasuredCost, read_cache
-from rlflow.cost.platform import (CHOICES, OLD_MODELS, TARGETS, check_cache, has_gpu,  # noqa: F401
+from rlflow.cost.platform import (CALIBRATED, CHOICES, OLD_MODELS, TARGETS, check_cache, has_gpu,  # noqa: F401
                                   resolve_platform, resolve_target)
 from rlflow.errors import RLFlowError
 
@@ -47,6 +48,10 @@ def make_cost_model(config: Mapping, device: str, costs_path: str | Path | None 
         check_cache(costs_path, resolve_platform(config, target))
     cost = dict(config.get("cost") or {})
     warmup, repeats = cost.get("warmup", 8), cost.get("repeats", 32)
+    if target in CALIBRATED:
+        from rlflow.cost.gpu_calibrated import calibrated_cost
+
+        return calibrated_cost(target[4:])
     if target.startswith("sim-"):
         from rlflow.cost.simgpu import SimGpuCost
 

@@ -1,0 +1,118 @@
+"""Calibrated GPU targets (rlflow.cost.gpu_calibrated): fitting a calibration file from a recorded profile, its
+round trip, the estimate it gives, the shipped H200 file as target sim-h200, and auto on a GPU box."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlflow.cost import gpu_calibrated as gc
+from rlflow.cost.model import signature
+from rlflow.errors import RLFlowError
+from rlflow.graph import load_onnx
+from rlflow.graph.fold import fold_constants
+
+
+def _manual_ms(graph, doc) -> float:
+    total = 0.0
+    for n in graph.nodes:
+        hit = doc["signatures"][signature(n, [graph.types[v] for v in n.inputs if v])]
+        total += max(hit["host_us"], hit["device_us"]) + doc["loop_us"]
+    return total / 1e3
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_zoo):
+    """A profile recorded on the CPU (host times; no kernels) of tiny bert, as gpu_calibrate.py --from writes."""
+    from rlflow.cost.gpu_profile import profile_graph
+
+    g = fold_constants(load_onnx(tiny_zoo["bert"]))
+    return g, {"hardware": "test CPU", "graphs": {"bert/original": profile_graph(g, "cpu", runs=3, profiled=1)}}
+
+
+def test_fit_round_trips_and_estimates_the_profiled_graph(recorded, tmp_path):
+    g, profile = recorded
+    doc = gc.fit(profile)
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(doc))
+    assert gc.load(path) == doc
+    cost = gc.CalibratedGpuCost("test", gc.load(path))
+    assert cost.graph_metrics(g).runtime_ms == pytest.approx(_manual_ms(g, doc))
+    # one graph: its host scale is 1, so the table holds its own median host times
+    rec = profile["graphs"]["bert/original"]
+    first = rec["nodes"][0]
+    assert doc["signatures"][first["sig"]]["host_us"] == pytest.approx(first["host_us"], abs=1e-3)
+    assert doc["loop_us"] >= 0 and doc["graphs"] == ["bert/original"]
+
+
+def test_fit_leaves_out_the_held_out_graphs(recorded):
+    _, profile = recorded
+    two = {"hardware": "x", "graphs": {"a/original": profile["graphs"]["bert/original"],
+                                       "hf-b/original": profile["graphs"]["bert/original"]}}
+    assert gc.fit(two, exclude=["hf-"])["graphs"] == ["a/original"]
+    with pytest.raises(RLFlowError, match="no profiled graphs"):
+        gc.fit(two, exclude=["a/", "hf-"])
+
+
+def test_host_scales_find_the_slower_run():
+    node = lambda op, us: {"op": op, "host_us": us}  # noqa: E731
+    graphs = {"fast": {"nodes": [node("Add", 10), node("MatMul", 20)]},
+              "slow": {"nodes": [node("Add", 20), node("MatMul", 40)]},
+              "mid": {"nodes": [node("Add", 15), node("MatMul", 30)]}}
+    s = gc.host_scales(graphs)
+    assert s["mid"] == pytest.approx(1.0) and s["slow"] / s["fast"] == pytest.approx(2.0)
+
+
+def test_an_unmeasured_signature_takes_its_op_median_and_the_roofline(tiny_zoo):
+    g = fold_constants(load_onnx(tiny_zoo["bert"]))
+    doc = {"hardware": "x", "loop_us": 2.0, "default_host_us": 7.0, "op_host_us": {"MatMul": 30.0},
+           "device": {"launch_us": 1.0, "gemm_flops_per_us": 1e3, "bytes_per_us": 1e9}, "signatures": {}}
+    cost = gc.CalibratedGpuCost("x", doc)
+    mm = next(n for n in g.nodes if n.op == "MatMul")
+    add = next(n for n in g.nodes if n.op == "Add")
+    rt, flops, _, launches = cost.node_cost(mm, g.types)
+    assert launches == 1 and rt == pytest.approx((max(30.0, 1.0 + flops / 1e3) + 2.0) / 1e3)
+    assert cost.node_cost(add, g.types)[0] == pytest.approx((7.0 + 2.0) / 1e3)  # default host; bytes are fast
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("not json", "cannot read the GPU calibration"),
+    ('{"format": "other"}', "not a GPU calibration file"),
+    ('{"format": "rlflow.gpu-calibration/1", "hardware": "x"}', "without 'loop_us'"),
+])
+def test_a_bad_calibration_file_is_one_line(tmp_path, damage, message):
+    p = tmp_path / "bad.json"
+    p.write_text(damage)
+    with pytest.raises(RLFlowError, match=message) as e:
+        gc.load(p)
+    assert "\n" not in str(e.value)
+
+
+def test_sim_h200_is_the_shipped_h200_calibration(tiny_zoo):
+    from rlflow.config import load_config
+    from rlflow.cost import make_cost_model
+    from rlflow.cost.platform import resolve_platform
+
+    assert "h200" in gc.calibrated_gpus()
+    doc = gc.load(gc.calibration_path("h200"))
+    assert doc["hardware"] == "NVIDIA H200" and len(doc["signatures"]) > 100
+    cfg = load_config(None)
+    cost = make_cost_model(cfg, "cpu", kind="sim-h200")
+    assert cost.label == "calibrated H200" and cost.describe()["calibrated"]
+    g = fold_constants(load_onnx(tiny_zoo["bert"]))
+    assert cost.graph_metrics(g).runtime_ms > len(g.nodes) * doc["loop_us"] / 1e3
+    p = resolve_platform(cfg, "sim-h200")
+    assert (p.label, p.device) == ("calibrated H200", "cuda")
+
+
+@pytest.mark.parametrize("name, target", [("NVIDIA H200", "sim-h200"), ("NVIDIA H100 80GB HBM3", "cuda")])
+def test_auto_on_a_gpu_box_takes_its_gpus_calibrated_target(monkeypatch, name, target):
+    import torch
+
+    from rlflow.cost import platform
+
+    monkeypatch.setattr(platform, "has_gpu", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
+    assert platform.resolve_target({"cost": {"target": "auto"}}) == target
+    assert platform.resolve_target({"cost": {"target": "machine"}}) == "cuda"
