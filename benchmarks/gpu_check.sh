@@ -31,6 +31,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 PY="${PYTHON:-python3}"
+WHL="${GPU_CHECK_WHEELS:-.whl}"  # the wheel folder (make gpu-wheels)
 SITE="${GPU_CHECK_SITE:-/tmp/gpu-check-site}"
 mkdir -p "$OUTDIR"
 LOG="$OUTDIR/gpu_check.log"
@@ -54,7 +55,7 @@ part() {
 
 check_wheels() {  # every pin of envs/gpu-check-wheels.txt has exactly one wheel in .whl/, and nothing else is there
   "$PY" - <<'EOF'
-import re, sys
+import os, re, sys
 from pathlib import Path
 norm = lambda n: re.sub(r"[-_.]+", "_", n).lower()
 pins = {}
@@ -64,27 +65,28 @@ for line in Path("envs/gpu-check-wheels.txt").read_text().splitlines():
         name, version = line.split("==")
         pins[norm(name)] = version
 have = {}
-for w in Path(".whl").glob("*.whl"):
+for w in Path(os.environ.get("GPU_CHECK_WHEELS", ".whl")).glob("*.whl"):
     name, version = w.name.split("-")[:2]
     have.setdefault(norm(name), []).append(version)
 bad = [f"{n}=={v}: missing" for n, v in pins.items() if n not in have]
-bad += [f"{n}: {vs} in .whl/, pinned {pins.get(n)}" for n, vs in have.items() if vs != [pins.get(n)]]
+bad += [f"{n}: {vs} in the wheel folder, pinned {pins.get(n)}" for n, vs in have.items() if vs != [pins.get(n)]]
 if bad:
-    sys.exit("gpu_check: .whl/ does not match envs/gpu-check-wheels.txt (run make gpu-wheels): " + "; ".join(bad))
-print(f"gpu_check: .whl/ holds the {len(pins)} pinned wheels")
+    sys.exit("gpu_check: the wheel folder does not match envs/gpu-check-wheels.txt (run make gpu-wheels): "
+             + "; ".join(bad))
+print(f"gpu_check: the wheel folder holds the {len(pins)} pinned wheels")
 EOF
 }
 
 # ---- env
-if [ ! -d .whl ]; then echo "gpu_check: no .whl/ folder: run make gpu-wheels here first" >&2; exit 2; fi
-check_wheels | tee -a "$LOG" || exit 2
+if [ ! -d "$WHL" ]; then echo "gpu_check: no $WHL/ folder: run make gpu-wheels here first" >&2; exit 2; fi
+check_wheels 2>&1 | tee -a "$LOG"; [ "${PIPESTATUS[0]}" = 0 ] || exit 2
 if has calibrate && [ ! -d .gpu/cal_pack ]; then
   echo "gpu_check: no .gpu/cal_pack: run python benchmarks/gpu_calibrate.py --pack .gpu/cal_pack here first" >&2
   exit 2
 fi
 if [ "$DRY" = 0 ]; then
   rm -rf "$SITE" && "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
-    .whl/*.whl >> "$LOG" 2>&1 || { say "installing .whl/ failed (see the log)"; exit 2; }
+    "$WHL"/*.whl >> "$LOG" 2>&1 || { say "installing .whl/ failed (see the log)"; exit 2; }
   export PYTHONPATH="$SITE:$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH"
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
     "$PY" -c "import torch, onnxruntime, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, \

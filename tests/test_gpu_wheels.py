@@ -42,3 +42,35 @@ def test_no_image_side_giants():
 def test_the_pipeline_entry_points_are_listed():
     names = {_norm(p.split("==")[0]) for p in _pins()}
     assert {"snakemake", "dvc", "dvclive", "jsonschema", "gymnasium"} <= names
+
+
+def _fake_wheels(folder: Path, skip: str | None = None) -> None:
+    folder.mkdir()
+    for pin in _pins():
+        name, version = pin.split("==")
+        if name != skip:
+            (folder / f"{name.replace('-', '_')}-{version}-py3-none-any.whl").write_bytes(b"")
+
+
+def test_gpu_check_dry_run_checks_the_wheel_folder_and_prints_the_commands(tmp_path):
+    """benchmarks/gpu_check.sh --dry-run: the wheel folder against the pin list, each part's --help, the commands."""
+    import subprocess
+    import sys
+
+    root = PINS.parent.parent
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "GPU_CHECK_WHEELS": str(tmp_path / "whl"),
+           "PYTHON": sys.executable, "HOME": str(tmp_path)}
+    _fake_wheels(tmp_path / "whl")
+    run = lambda *a: subprocess.run(["bash", str(root / "benchmarks/gpu_check.sh"), "--dry-run", "--out",  # noqa: E731
+                                     str(tmp_path / "out"), *a], env=env, capture_output=True, text=True, timeout=300)
+    r = run("--parts", "agents,pipeline,evaluate,tests")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"holds the {len(_pins())} pinned wheels" in r.stdout
+    for part in ("agents", "pipeline", "evaluate", "tests"):
+        assert f"would run [{part}]" in r.stdout
+    assert "would run [calibrate]" not in r.stdout
+    missing = _pins()[0].split("==")[0]
+    _fake_wheels(tmp_path / "whl3", skip=missing)
+    env["GPU_CHECK_WHEELS"] = str(tmp_path / "whl3")
+    r = run("--parts", "tests")
+    assert r.returncode == 2 and "does not match envs/gpu-check-wheels.txt" in r.stdout + r.stderr
