@@ -11,16 +11,19 @@ find (``eqsat``, ``greedy``; :func:`rlflow.api.optimize` without the never-slowe
 transformers export (tests/hf_exports.py: BERT, ViT, GPT-2 at two sizes) the export itself, all weightless
 (benchmarks/sim_vs_real.py's packing: large float tensors emptied, refilled with seeded values on reading).
 
-``--from`` profiles every graph on the device (``profile_graph``: end-to-end runs, per-node host and kernel times)
-and, for each searched graph, compares it with its original end to end under the measurement protocol
-(``--sessions``, ``--budget``): the verdicts a calibrated target's estimates must agree with in sign. Last line:
-``<n> graphs profiled in <s> s; <k> comparisons``.
+``--from`` compares each searched graph with its original end to end under the measurement protocol
+(``--sessions``, ``--budget``: the verdicts a calibrated target's estimates must agree with), then profiles every
+graph on the device (``profile_graph``: end-to-end runs, per-node host and kernel times) in ``--rounds`` rounds
+of shuffled order, each graph's figures the medians over its rounds. Last line: ``<n> graphs profiled in <s> s;
+<k> comparisons``. ``--fit`` makes the calibration file from such a profile (here) and prints how well it
+predicts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -71,10 +74,10 @@ def make_pack(out: Path, models: list[str], heldout: bool, exported: Path | None
 
 
 def measure(pack: Path, out: Path, sessions: int, budget: float, runs: int, only: list[str] | None,
-            limit: float | None = None) -> int:
+            limit: float | None = None, rounds: int = 3) -> int:
     from rlflow.config import load_config
     from rlflow.cost import make_cost_model
-    from rlflow.cost.gpu_profile import PROFILE_FORMAT, profile_graph
+    from rlflow.cost.gpu_profile import PROFILE_FORMAT, combine, profile_graph
     from rlflow.cost.model import describe_hardware
     from rlflow.evaluation import protocol as proto
     from rlflow.graph import load_onnx
@@ -97,40 +100,52 @@ def measure(pack: Path, out: Path, sessions: int, budget: float, runs: int, only
     if only:
         folders = [d for d in folders if d.name in only]
     with tempfile.TemporaryDirectory(prefix="gpu-cal-") as tmp:
+        graphs: dict[str, dict] = {}  # folder -> stem -> graph
         for d in folders:
-            if limit is not None and time.perf_counter() - t_all > limit:
-                print(f"time limit ({limit:.0f} s): {', '.join(f.name for f in folders[folders.index(d):])} not "
-                      f"profiled", flush=True)
-                break
-            graphs = {}
-            for f in sorted(d.glob("*.onnx"), key=lambda f: (f.stem != "original", f.stem)):
-                graphs[f.stem] = fold_constants(load_onnx(unpack(f, Path(tmp), 0)))
-            for name, g in graphs.items():
-                t0 = time.perf_counter()
-                rec = profile_graph(g, device, runs=runs, profiled=2)
-                rec["sim_h100_ms"] = sim.graph_metrics(g).runtime_ms
-                doc["graphs"][f"{d.name}/{name}"] = rec
-                host = sum(n["host_us"] for n in rec["nodes"]) / 1e3
-                dev = sum(n["device_us"] for n in rec["nodes"]) / 1e3
-                print(f"{d.name}/{name}: {len(g.nodes)} nodes, e2e {statistics.median(rec['e2e_ms']):.3f} ms, "
-                      f"host {host:.3f} ms, kernels {dev:.3f} ms, GPU busy "
-                      f"{statistics.median(rec['gpu_busy_ms'] or [0]):.3f} of span "
-                      f"{statistics.median(rec['gpu_span_ms'] or [0]):.3f} ms ({time.perf_counter() - t0:.1f} s)",
-                      flush=True)
-            searched = [n for n in graphs if n != "original"]
+            graphs[d.name] = {f.stem: fold_constants(load_onnx(unpack(f, Path(tmp), 0)))
+                              for f in sorted(d.glob("*.onnx"), key=lambda f: (f.stem != "original", f.stem))}
+        print(f"loaded {sum(map(len, graphs.values()))} graphs in {time.perf_counter() - t_all:.0f} s", flush=True)
+        for folder, gs in graphs.items():  # the verdicts the estimates must agree with: the protocol, interleaved
+            searched = [n for n in gs if n != "original"]
             if searched and sessions > 0:
-                timed = [("original", graphs["original"])] + [(n, graphs[n]) for n in searched]
-                timed.append((proto.AA, proto.aa_copy(graphs["original"])))
-                cmp = proto.compare(timed, make_inputs(graphs["original"], 0), protocol,
+                timed = [("original", gs["original"])] + [(n, gs[n]) for n in searched]
+                timed.append((proto.AA, proto.aa_copy(gs["original"])))
+                cmp = proto.compare(timed, make_inputs(gs["original"], 0), protocol,
                                     lambda g: get_runner(g, "torch", device))
                 for n, _ in timed[1:]:
                     e = cmp[n]
-                    doc["comparisons"][f"{d.name}/{n}"] = {"ratio": e.ratio, "ci": [e.ci_low, e.ci_high],
+                    doc["comparisons"][f"{folder}/{n}"] = {"ratio": e.ratio, "ci": [e.ci_low, e.ci_high],
                                                            "verdict": e.verdict, "latency_ms": e.latency_ms}
-                    print(f"  {d.name}/{n} vs original, torch end to end: {e.ratio:.3f} [{e.ci_low:.3f}, "
+                    print(f"  {folder}/{n} vs original, torch end to end: {e.ratio:.3f} [{e.ci_low:.3f}, "
                           f"{e.ci_high:.3f}] {e.verdict}", flush=True)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(doc))  # after every model: a run cut short keeps what it measured
+        # the profiles in rounds over every graph, each round in a shuffled order: the host's speed drifts between
+        # runs seconds apart (1.7x in one recorded profile), and each graph's figures are medians over the rounds
+        names = [(f, n) for f, gs in graphs.items() for n in gs]
+        recs: dict[str, list] = {}
+        rng = random.Random(0)
+        for r in range(rounds):
+            if r and limit is not None and time.perf_counter() - t_all > limit:
+                print(f"time limit ({limit:.0f} s): {r} of {rounds} rounds", flush=True)
+                break
+            rng.shuffle(names)
+            t0 = time.perf_counter()
+            for folder, n in names:
+                recs.setdefault(f"{folder}/{n}", []).append(profile_graph(graphs[folder][n], device, runs=runs,
+                                                                          profiled=1, warmup=3))
+            print(f"round {r + 1}: {len(names)} graphs profiled in {time.perf_counter() - t0:.0f} s", flush=True)
+        for folder, n in sorted(names):
+            name = f"{folder}/{n}"
+            rec = doc["graphs"][name] = combine(recs[name])
+            rec["sim_h100_ms"] = sim.graph_metrics(graphs[folder][n]).runtime_ms
+            host = sum(x["host_us"] for x in rec["nodes"]) / 1e3
+            dev = sum(x["device_us"] for x in rec["nodes"]) / 1e3
+            print(f"{name}: {len(rec['nodes'])} nodes, e2e {statistics.median(rec['e2e_ms']):.3f} ms (rounds "
+                  + ", ".join(f"{statistics.median(x['e2e_ms']):.3f}" for x in recs[name])
+                  + f"), host {host:.3f} ms, kernels {dev:.3f} ms, GPU busy "
+                  f"{statistics.median(rec['gpu_busy_ms'] or [0]):.3f} of span "
+                  f"{statistics.median(rec['gpu_span_ms'] or [0]):.3f} ms", flush=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc))
     print(f"{len(doc['graphs'])} graphs profiled in {time.perf_counter() - t_all:.0f} s; "
           f"{len(doc['comparisons'])} comparisons")
     return 0
@@ -223,7 +238,8 @@ def main() -> int:
                    help="with --fit: graphs (name prefixes) estimated from a fit without them (default: hf-)")
     p.add_argument("--out", type=Path, default=Path("calibration.json"))
     p.add_argument("--runs", type=int, default=20, help="end-to-end and host-timed runs per graph (default: 20)")
-    p.add_argument("--limit", type=float, help="seconds after which no further model is started")
+    p.add_argument("--limit", type=float, help="seconds after which no further round of profiles is started")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of profiles over every graph (default: 3)")
     p.add_argument("--sessions", type=int, default=4, help="protocol sessions per comparison (0: none; default 4)")
     p.add_argument("--budget", type=float, default=1.0, help="seconds of timing per comparison (default: 1)")
     a = p.parse_args()
@@ -234,7 +250,7 @@ def main() -> int:
         return fit_and_check(a.fit, a.out if a.out != Path("calibration.json") else None, a.gpu, a.holdout)
     if not a.packed:
         p.error("give --pack DIR (here) or --from DIR (on the GPU box)")
-    return measure(a.packed, a.out, a.sessions, a.budget, a.runs, a.only, a.limit)
+    return measure(a.packed, a.out, a.sessions, a.budget, a.runs, a.only, a.limit, a.rounds)
 
 
 if __name__ == "__main__":

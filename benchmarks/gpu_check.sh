@@ -9,7 +9,8 @@
 #   env        versions, nvidia-smi; installs .whl/ into a private site folder (always run)
 #   calibrate  whole-model runs of the packed graphs on the GPU, per node (benchmarks/gpu_calibrate.py)
 #   agents     the model-free agent's PPO updates on cuda and cpu, threads varied (benchmarks/agent_device.py)
-#   pipeline   the tiny pipeline with device: cuda through snakemake (rule all) and dvc repro, side by side
+#   pipeline   the tiny pipeline with device: cuda through snakemake (rule all), then dvc status, dvc repro and
+#              dvc repro --force of its two GPU-heaviest stages
 #   evaluate   evaluate on paper-size bert with torch on the GPU (beside pipeline: read its timings with care)
 #   tests      the tests marked gpu (pytest -m gpu), beside pipeline and evaluate
 # Writes DIR/gpu_check.json (each part's exit code and seconds; the files each part wrote) and DIR/gpu_check.log.
@@ -103,7 +104,7 @@ fi
 
 # ---- timing-sensitive parts, one at a time
 has calibrate && part calibrate "$PY" benchmarks/gpu_calibrate.py --from .gpu/cal_pack --out "$OUTDIR/calibration.json" \
-  --runs 10 --sessions 4 --budget 1 --limit 150
+  --runs 5 --rounds 2 --sessions 4 --budget 1 --limit 150
 has agents && part agents "$PY" benchmarks/agent_device.py --devices cuda,cpu --updates 3 --limit 120 \
   --out "$OUTDIR/agent_device.json"
 

@@ -90,3 +90,15 @@ def test_evaluate_records_the_device_each_backend_ran_on(tiny_zoo):
     g = load_onnx(tiny_zoo["bert"])
     runner, outputs, peak = first_run(g, "torch", "cuda", make_inputs(g, 0))
     assert runner_device(runner) == ("cuda", "") and peak and peak > 0
+
+
+def test_combine_pools_runs_and_takes_each_nodes_median():
+    from rlflow.cost.gpu_profile import combine
+
+    rec = lambda h, e: {"device": "cuda", "e2e_ms": [e], "gpu_busy_ms": [1.0], "gpu_span_ms": [2.0],  # noqa: E731
+                        "nodes": [{"op": "Add", "sig": "s", "flops": 1.0, "bytes": 2.0, "host_us": h,
+                                   "device_us": h / 10, "kernels": 1}]}
+    out = combine([rec(10.0, 1.0), rec(30.0, 3.0), rec(20.0, 2.0)])
+    assert out["e2e_ms"] == [1.0, 3.0, 2.0] and out["rounds"] == 3 and len(out["gpu_busy_ms"]) == 3
+    assert out["nodes"][0]["host_us"] == 20.0 and out["nodes"][0]["device_us"] == 2.0
+    assert out["nodes"][0]["op"] == "Add" and out["nodes"][0]["kernels"] == 1

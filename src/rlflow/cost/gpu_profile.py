@@ -165,3 +165,17 @@ def _profile(graph: Graph, device: str, runs: int, profiled: int, warmup: int, s
                       "device_us": statistics.median(dev_us[i]) if dev_us[i] else 0.0,
                       "kernels": int(statistics.median(kernels[i])) if kernels[i] else 0})
     return {"device": str(dev), "e2e_ms": e2e, "gpu_busy_ms": busy, "gpu_span_ms": span, "nodes": nodes}
+
+
+def combine(records: list[dict]) -> dict:
+    """One record from several :func:`profile_graph` records of the same graph (taken at different times): the
+    end-to-end and GPU-busy runs pooled, each node's figures the median over the records."""
+    first = records[0]
+    nodes = []
+    for i, node in enumerate(first["nodes"]):
+        each = [r["nodes"][i] for r in records]
+        nodes.append({**node, "host_us": statistics.median(n["host_us"] for n in each),
+                      "device_us": statistics.median(n["device_us"] for n in each),
+                      "kernels": int(statistics.median(n["kernels"] for n in each))})
+    pooled = {k: [x for r in records for x in r[k]] for k in ("e2e_ms", "gpu_busy_ms", "gpu_span_ms")}
+    return {"device": first["device"], **pooled, "nodes": nodes, "rounds": len(records)}
