@@ -77,8 +77,8 @@ def test_an_unmeasured_signature_takes_its_op_median_and_the_roofline(tiny_zoo):
 
 
 @pytest.mark.parametrize("damage, message", [
-    ("not json", "cannot read the GPU calibration"),
-    ('{"format": "other"}', "not a GPU calibration file"),
+    ("not json", "not a GPU calibration .JSONDecodeError"),
+    ('{"format": "other"}', "not a GPU calibration .format is not"),
     ('{"format": "rlflow.gpu-calibration/1", "hardware": "x"}', "without 'loop_us'"),
 ])
 def test_a_bad_calibration_file_is_one_line(tmp_path, damage, message):

@@ -23,7 +23,6 @@ medians), so the figures are those of a typical run.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Iterable, Mapping
 
 from rlflow.cost.model import CostModel, signature
 from rlflow.errors import RLFlowError
+from rlflow.jsondoc import read_document
 
 CALIBRATION_FORMAT = "rlflow.gpu-calibration/1"
 GPUS_DIR = Path(__file__).parent / "gpus"
@@ -58,12 +58,7 @@ def gpu_of_device(name: str) -> str | None:
 def load(path: str | Path) -> dict:
     """A calibration file, checked; one-line RLFlowError naming the file and what is wrong."""
     p = Path(path)
-    try:
-        doc = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise RLFlowError(f"{p}: cannot read the GPU calibration ({type(e).__name__}: {e})") from None
-    if not isinstance(doc, dict) or doc.get("format") != CALIBRATION_FORMAT:
-        raise RLFlowError(f"{p}: not a GPU calibration file (format {CALIBRATION_FORMAT})")
+    doc = read_document(p, CALIBRATION_FORMAT, "a GPU calibration")
     for key in ("hardware", "loop_us", "default_host_us", "op_host_us", "signatures", "device"):
         if key not in doc:
             raise RLFlowError(f"{p}: GPU calibration without '{key}'")

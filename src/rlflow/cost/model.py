@@ -24,6 +24,7 @@ from typing import Any, Iterable, Mapping
 
 from rlflow.cost.metrics import QUANTUM_MS, Metrics, quantize
 from rlflow.errors import RLFlowError
+from rlflow.jsondoc import read_document
 from rlflow.graph.exported import as_exported, preactivation
 from rlflow.graph.ir import Graph, Node, TensorType
 from rlflow.graph.ops import COMMUTATIVE, OPS, node_bytes, node_flops
@@ -337,12 +338,7 @@ def read_cache(path: str | Path, device: str) -> dict | None:
         return None
     if p.is_dir():
         raise RLFlowError(f"{p}: is a folder, expected a cost cache (.json)")
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise RLFlowError(f"{p}: not a cost cache ({e.__class__.__name__})") from None
-    if not isinstance(data, dict) or data.get("format") != COSTS_FORMAT:
-        raise RLFlowError(f"{p}: not a cost cache (expected format '{COSTS_FORMAT}')")
+    data = read_document(p, COSTS_FORMAT, "a cost cache")
     data.setdefault("ops", {})
     _check_entries(p, "ops", data["ops"], "op")
     _check_entries(p, "kernels", data.setdefault("kernels", {}), "pattern")

@@ -52,6 +52,7 @@ import numpy as np
 
 from rlflow.cost.model import CostModel
 from rlflow.errors import RLFlowError
+from rlflow.jsondoc import read_document
 from rlflow.graph.ir import Graph
 from rlflow.rewrite.rule import Rule
 from rlflow.search.eqsat import BackoffScheduler, EGraph, Pattern, Runner, eqsat_search
@@ -271,12 +272,7 @@ class LinearPolicy:
     @classmethod
     def load(cls, path: str | Path) -> "LinearPolicy":
         path = Path(path)
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise RLFlowError(f"{path}: not an eqsat-rl policy ({type(e).__name__}: {e})") from None
-        if not isinstance(doc, dict) or doc.get("format") != POLICY_FORMAT:
-            raise RLFlowError(f"{path}: not an eqsat-rl policy (format is not {POLICY_FORMAT})")
+        doc = read_document(path, POLICY_FORMAT, "an eqsat-rl policy")
         w = np.asarray(doc.get("weights"), dtype=float)
         if doc.get("actions") != action_names() or w.shape != (len(action_names()), 4 + len(FAMILIES)):
             raise RLFlowError(f"{path}: an eqsat-rl policy for other actions or features than this version's")
