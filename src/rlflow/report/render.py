@@ -24,6 +24,10 @@ from rlflow.report.data import AA, BACKEND_LABEL, METHOD_LABEL, METHOD_ORDER, Re
 from rlflow.report.headline import Headline
 
 
+#: the methods that saturate an e-graph and extract from it (the e-graph section's columns; no Fig. 10 steps)
+E_GRAPH_METHODS = ("eqsat", "eqsat_rl")
+
+
 def _m(method: str) -> str:
     return METHOD_LABEL.get(method, method)
 
@@ -318,10 +322,6 @@ def fig10(d: ReportData, hl: Headline) -> str:
     if totals:
         parts.append(h.p("Rewrites applied in all: " + ", ".join(f"{m} {n}" for m, n in totals) + "."))
     return "".join(parts)
-
-
-#: the methods that saturate an e-graph and extract from it (the e-graph section's columns; no Fig. 10 steps)
-E_GRAPH_METHODS = ("eqsat", "eqsat_rl")
 
 
 def _egraph(d: ReportData, method: str = "eqsat") -> dict | None:
