@@ -145,9 +145,11 @@ def test_optimize_method_eqsat_rl(tmp_path, capsys):
     common = [str(src), "--rules", str(rules), "--target", "analytic", "--set", "eqsat.iter_limit=6",
               "--no-progress", "--no-speed-check"]
     out, trace = tmp_path / "o.onnx", tmp_path / "t.json"
-    assert main(["optimize", *common, "--out", str(out), "--method", "eqsat-rl", "--trace", str(trace)]) == 0
+    assert main(["optimize", *common, "--out", str(out), "--method", "eqsat-rl", "--trace", str(trace),
+                 "--set", "eqsat.rl_leaves=3"]) == 0
     doc = json.loads(trace.read_text())
     assert doc["method"] == "eqsat-mcts" and doc["config"]["eqsat.iter_limit"] == 6  # no policy: the tree search
+    assert doc["config"]["eqsat.rl_leaves"] == 3 and doc["stats"]["tree_simulations"] == 3  # the leaves set
     assert doc["final"]["runtime_ms"] < doc["initial"]["runtime_ms"] and doc["max_rel_diff"] <= 1e-4
     assert "schedule (eqsat-mcts)" in capsys.readouterr().out
     LinearPolicy.untrained().save(tmp_path / "p.json")
@@ -164,3 +166,33 @@ def test_optimize_method_eqsat_rl(tmp_path, capsys):
     assert "not an eqsat-rl policy" in err and len(err.splitlines()) == 1 and not (tmp_path / "o3.onnx").exists()
     assert main(["optimize", *common, "--out", str(tmp_path / "o4.onnx"), "--method", "eqsat-rl",
                  "--budget", "5"]) == 2
+
+
+def test_stage_search_eqsat_rl_runs_the_tree_search_with_the_eqsat_section(tmp_path, capsys):
+    """The pipeline stage (rlflow search-eqsat-rl): eqsat's settings and eqsat.rl_leaves reach the tree search;
+    its graph, checked equal to the input, and its trace; eqsat's own settings do not take the key."""
+    import json
+
+    from rlflow.cli import main
+    from rlflow.graph.onnx_io import save_onnx
+    from rlflow.rewrite.rule import rules_document
+    from rlflow.stages.search_common import eqsat_settings
+
+    g = shared_input_graph()
+    src, rules = tmp_path / "m.onnx", tmp_path / "rules.json"
+    save_onnx(g, src)
+    rules.write_text(json.dumps(rules_document(BUILTIN, {})))
+    out, trace = tmp_path / "eqsat_rl" / "model.onnx", tmp_path / "eqsat_rl" / "trace.json"
+    assert main(["search-eqsat-rl", "--model", "m", "--onnx", str(src), "--rules", str(rules), "--out", str(out),
+                 "--trace", str(trace), "--no-progress", "--set", "cost.target=analytic", "--set",
+                 "eqsat.iter_limit=6", "--set", "eqsat.node_limit=2000", "--set", "eqsat.rl_leaves=2"]) == 0
+    doc = json.loads(trace.read_text())
+    assert doc["method"] == "eqsat-mcts" and doc["stats"]["tree_simulations"] == 2 and doc["max_rel_diff"] <= 1e-4
+    assert {k: doc["config"][k] for k in ("eqsat.iter_limit", "eqsat.node_limit", "eqsat.rl_leaves")} == {
+        "eqsat.iter_limit": 6, "eqsat.node_limit": 2000, "eqsat.rl_leaves": 2}
+    assert doc["seconds"] >= doc["stats"]["tree_seconds"]  # the tree search is part of the optimisation time
+    assert out.is_file() and "tree search 2 leaves" in capsys.readouterr().out
+    from rlflow.config import load_config
+
+    cfg = load_config(None, ["eqsat.rl_leaves=5"])  # the schema's defaults
+    assert "rl_leaves" not in eqsat_settings(cfg) and eqsat_settings(cfg, "eqsat-rl")["rl_leaves"] == 5

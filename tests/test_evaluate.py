@@ -292,8 +292,8 @@ def _write_trace(src: Path, dst: Path, method: str) -> None:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict:
-    """Tiny bert and each method's graph and trace: taso, greedy and eqsat by the real searches (builtin rules,
-    analytic cost; verified and written by rlflow.search.output), the RL methods as copies of greedy's graph with
+    """Tiny bert and each method's graph and trace: taso, greedy, eqsat and eqsat-rl (its tree search, two leaves) by
+    the real searches (builtin rules, analytic cost; verified and written by rlflow.search.output), the RL methods as copies of greedy's graph with
     traces that add training_seconds and real_interactions."""
     from rlflow.cost import make_cost_model
     from rlflow.cost.platform import resolve_platform
@@ -308,10 +308,11 @@ def tiny(tmp_path_factory) -> dict:
     g = load_onnx(paths["onnx"])
     rules, cost = verified_builtin_rules(), make_cost_model({}, "cpu", kind="analytic")
     platform = resolve_platform({"device": "cpu"}, "analytic").as_dict()  # what the stages record
-    for m in ("taso", "greedy", "eqsat"):
+    for m in ("taso", "greedy", "eqsat", "eqsat_rl"):
         paths[m], paths[f"{m}_trace"] = d / m / "model.onnx", d / m / "trace.json"
-        verify_and_write(g, run_method(m, g, rules, cost, budget=20), paths[m], paths[f"{m}_trace"],
-                         {"model": "r", "platform": platform})
+        eqsat = {"node_limit": 5000, "rl_leaves": 2} if m == "eqsat_rl" else None
+        verify_and_write(g, run_method(m.replace("_", "-"), g, rules, cost, budget=20, eqsat=eqsat), paths[m],
+                         paths[f"{m}_trace"], {"model": "r", "platform": platform})
     for m in RL_METHODS:
         (d / m).mkdir()
         paths[m], paths[f"{m}_trace"] = d / m / "model.onnx", d / m / "trace.json"
@@ -348,7 +349,7 @@ def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
 def test_the_table_orders_every_method_the_pipeline_evaluates():
     from rlflow.evaluation import METHOD_ORDER
 
-    assert METHOD_ORDER == ("original", "original-aa", *METHODS) and "eqsat" in METHODS
+    assert METHOD_ORDER == ("original", "original-aa", *METHODS) and {"eqsat", "eqsat_rl"} <= set(METHODS)
 
 
 def test_registry_command_line_parses():
@@ -396,7 +397,7 @@ def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
     assert tuple(header) == COLUMNS
     backends = ["ort", "torch", "tf", "tf-xla"]
     assert [(r["method"], r["backend"]) for r in rows] == [
-        (m, b) for m in ("original", "original-aa", "taso", "greedy", "eqsat", "model_free", "rlflow")
+        (m, b) for m in ("original", "original-aa", "taso", "greedy", "eqsat", "eqsat_rl", "model_free", "rlflow")
         for b in backends]
     for r in rows:
         assert r["model"] == "bert" and r["device"] == "cpu" and r["status"] == "ok", r
@@ -431,7 +432,7 @@ def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
         else:
             t = load_trace(tiny[f"{r['method']}_trace"])
             assert float(r["cost_ms"]) == pytest.approx(t.final["runtime_ms"], rel=1e-5)
-            if r["method"] == "eqsat":  # no sequence of rewrites: it extracts its graph from an e-graph
+            if r["method"] in ("eqsat", "eqsat_rl"):  # no sequence of rewrites: they extract from an e-graph
                 assert r["rules_applied"] == "" and t.rules_applied is None
             else:
                 # TASO may reach its graph by more rewrites than greedy's one: it tries every operand order of
@@ -444,7 +445,7 @@ def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
     metrics = json.loads(out["metrics"].read_text())
     assert metrics["max_rel_diff"] == pytest.approx(max(float(r["max_rel_diff"]) for r in rows), rel=1e-5)
     assert set(metrics["too_noisy"]) == set(backends)
-    for m in ("original-aa", "taso", "greedy", "eqsat", "model_free", "rlflow"):
+    for m in ("original-aa", "taso", "greedy", "eqsat", "eqsat_rl", "model_free", "rlflow"):
         for b in backends:
             got = metrics["ratio"][m][b]
             assert got["ratio"] == pytest.approx(float(by[(m, b)]["ratio"]), rel=1e-5)

@@ -369,6 +369,44 @@ def test_snakemake_dry_run_is_exactly_the_export_job():
 
 
 
+def test_search_eqsat_rl_is_a_rule_and_a_dvc_stage_like_search_eqsat():
+    """eqsat-rl's stage: search_eqsat's inputs, config keys (and eqsat.rl_leaves), command pattern, log and
+    benchmark files, writing results/<model>/eqsat_rl/; its Snakemake rule and its dvc.yaml stage say the same, and
+    evaluate reads its graph and trace (--eqsat-rl, --eqsat-rl-trace)."""
+    eq, rl = registry.stage("search_eqsat"), registry.stage("search_eqsat_rl")
+    assert rl.inputs == eq.inputs and rl.params == {**eq.params, "rl_leaves": "eqsat.rl_leaves"}
+    assert rl.outputs == {"onnx": "results/{model}/eqsat_rl/model.onnx", "trace": "results/{model}/eqsat_rl/trace.json"}
+    assert rl.args == eq.args and rl.command == "rlflow search-eqsat-rl" and rl.module == "rlflow.stages.search_eqsat_rl"
+    assert (rl.log, rl.benchmark) == ("results/logs/search_eqsat_rl/{model}.log",
+                                      "results/benchmarks/search_eqsat_rl/{model}.tsv")
+    assert registry.METHODS["eqsat_rl"] == "eqsat_rl"
+    # dvc.yaml
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    do = stages["search_eqsat_rl"]["do"]
+    assert stages["search_eqsat_rl"]["foreach"] == "${models}"
+    assert do["cmd"] == rl.dvc_cmd()
+    assert do["deps"] == [*rl.code_paths(), *rl.input_paths(**rl.dvc_values()).values()]
+    assert _covered("src/rlflow/search/eqsat_rl.py", do["deps"])
+    assert do["params"] == [{"config.yaml": list(rl.params.values())}]
+    assert do["outs"] == ["results/${item}/eqsat_rl/model.onnx", "results/${item}/eqsat_rl/trace.json"]
+    ev = stages["evaluate"]["do"]
+    assert "--eqsat-rl results/${item}/eqsat_rl/model.onnx" in ev["cmd"]
+    assert "--eqsat-rl-trace results/${item}/eqsat_rl/trace.json" in ev["cmd"]
+    assert "results/${item}/eqsat_rl/trace.json" in ev["deps"]
+    # Snakemake: the rule's job under the tiny config, and evaluate asks for its files
+    r = sh(tool("snakemake"), "-n", "-F", "-p", "results/bert/eqsat_rl/trace.json", "--configfile", TINY)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert job_counts(r.stdout)["search_eqsat_rl"] == 1
+    job = next(line for line in r.stdout.splitlines() if "rlflow search-eqsat-rl " in line)
+    assert "--out results/bert/eqsat_rl/model.onnx --trace results/bert/eqsat_rl/trace.json" in job
+    assert "--set eqsat.node_limit=5000" in job and "--set eqsat.rl_leaves=2" in job
+    assert "> results/logs/search_eqsat_rl/bert.log 2>&1" in job
+    assert "benchmark: results/benchmarks/search_eqsat_rl/bert.tsv" in r.stdout
+    r = sh(tool("snakemake"), "-n", "-F", "results/bert/evaluation.csv", "--configfile", TINY)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert job_counts(r.stdout)["search_eqsat_rl"] == 1
+
+
 def test_snakemake_starts_the_longest_chain_first():
     """The costs -> rollouts -> encoder -> world model -> controller chain has priority 1 (registry), the others 0, so
     on a small machine (`make run`: --cores all) the searches wait for a core the chain leaves idle; the machine

@@ -60,7 +60,8 @@ def tiny_repo(tmp_path_factory):
 def test_rule_all_builds_the_report_and_the_summary(tiny_repo):
     root, log = tiny_repo
     counts = job_counts(log)
-    for stage in ("generalise", "evaluate", "report", "summary", "sweep_temperature", "sweep_reward"):
+    for stage in ("generalise", "evaluate", "report", "summary", "sweep_temperature", "sweep_reward", "search_eqsat",
+                  "search_eqsat_rl"):
         assert counts.get(stage) == 1, counts
     html = (root / "results/bert/report.html").read_text()
     assert html.lstrip().lower().startswith("<!doctype html") and "</html>" in html
@@ -69,12 +70,17 @@ def test_rule_all_builds_the_report_and_the_summary(tiny_repo):
     with open(root / "results/bert/evaluation.csv") as f:
         rows = list(csv.DictReader(f))
     pairs = {(r["method"], r["backend"]) for r in rows}
-    assert pairs == {(m, b) for m in ("original", "original-aa", "taso", "greedy", "eqsat", "model_free", "rlflow",
-                                      "taso_machine", "greedy_machine", "eqsat_machine", "ort_optimizer")
+    assert pairs == {(m, b) for m in ("original", "original-aa", "taso", "greedy", "eqsat", "eqsat_rl", "model_free",
+                                      "rlflow", "taso_machine", "greedy_machine", "eqsat_machine", "ort_optimizer")
                      for b in ("ort", "torch", "tf")}  # config.yaml's quick default backends; the machine track
     status = {(r["method"], r["backend"]): r["status"] for r in rows}  # onnxruntime's contrib ops: only it runs them
     assert [status["ort_optimizer", b] for b in ("ort", "torch", "tf")] == ["ok", "unsupported", "unsupported"]
     assert '<section id="egraph">' in html and "stage search_eqsat has not run" not in html  # eqsat's e-graph figures
+    assert "stage search_eqsat_rl has not run" not in html and "eqsat-rl (tree search)" in html  # and eqsat-rl's
+    erl = json.loads((root / "results/bert/eqsat_rl/trace.json").read_text())
+    assert erl["method"] == "eqsat-mcts" and erl["stats"]["tree_simulations"] <= 2  # tiny.yaml: eqsat.rl_leaves 2
+    assert (root / "results/logs/search_eqsat_rl/bert.log").is_file()
+    assert (root / "results/benchmarks/search_eqsat_rl/bert.tsv").is_file()
     gen = json.loads((root / "results/bert/generalise.json").read_text())  # tiny.yaml: bert seq=4 and seq=16
     assert [r["graph"] for r in gen["rows"]] == ["bert (trained)", "bert seq=4", "bert seq=16"]
     assert all(set(r["agents"]) == {"model_free", "rlflow"} for r in gen["rows"])
@@ -137,6 +143,9 @@ def test_searches_and_rollouts_and_what_reruns_them(tiny_repo):
     assert dry_run(root, targets, "env: {max_steps: 7}") == {"collect_rollouts": 2, "merge_rollouts": 1}
     assert dry_run(root, targets, "search: {alpha: 1.0}") == {"search_taso": 1}
     assert dry_run(root, targets, "rollouts: {shards: [0, 1, 2]}") == {"collect_rollouts": 1, "merge_rollouts": 1}
+    eqsat = ["results/bert/eqsat/model.onnx", "results/bert/eqsat_rl/model.onnx"]  # one eqsat section, two stages
+    assert dry_run(root, eqsat, "eqsat: {rl_leaves: 3}") == {"search_eqsat_rl": 1}
+    assert dry_run(root, eqsat, "eqsat: {node_limit: 4000}") == {"search_eqsat": 1, "search_eqsat_rl": 1}
 
 
 def test_agents_write_verified_graphs_traces_and_curves(tiny_repo):

@@ -27,19 +27,21 @@ LATENCY = {
     "taso": (12.0, 28.0, 18.5, 15.5),
     "greedy": (12.25, 29.0, 19.0, 15.75),
     "eqsat": (12.0, 28.5, 18.8, 15.5),
+    "eqsat_rl": (11.875, 28.25, 18.6, 15.25),
     "model_free": (11.75, 27.0, 18.0, 15.0),
     "rlflow": (11.5, 26.0, 17.5, None),
 }
-ACTIVATION_MB = {"original": 8.0, "original-aa": 8.0, "taso": 7.5, "greedy": 8.0, "eqsat": 7.5, "model_free": 7.0,
-                 "rlflow": 6.0}
-COST_MS = {"original": 10.0, "original-aa": 10.0, "taso": 9.5, "greedy": 9.75, "eqsat": 9.4, "model_free": 9.25,
-           "rlflow": 10.0}
-OPT_S = {"taso": 42.5, "greedy": 3.25, "eqsat": 0.85, "model_free": 1.5, "rlflow": 0.75}
+ACTIVATION_MB = {"original": 8.0, "original-aa": 8.0, "taso": 7.5, "greedy": 8.0, "eqsat": 7.5, "eqsat_rl": 7.5,
+                 "model_free": 7.0, "rlflow": 6.0}
+COST_MS = {"original": 10.0, "original-aa": 10.0, "taso": 9.5, "greedy": 9.75, "eqsat": 9.4, "eqsat_rl": 9.3,
+           "model_free": 9.25, "rlflow": 10.0}
+OPT_S = {"taso": 42.5, "greedy": 3.25, "eqsat": 0.85, "eqsat_rl": 2.25, "model_free": 1.5, "rlflow": 0.75}
 TRAIN_S = {"model_free": 250.0, "rlflow": 125.0}
 INTERACTIONS = {"model_free": 2408, "rlflow": 608}
-STEPS = {"taso": ["conv-relu", "conv-relu", "matmul-merge"], "greedy": ["conv-relu"], "eqsat": [],
+STEPS = {"taso": ["conv-relu", "conv-relu", "matmul-merge"], "greedy": ["conv-relu"], "eqsat": [], "eqsat_rl": [],
          "model_free": ["add-const-fold"], "rlflow": ["matmul-merge", "matmul-merge", "matmul-merge"]}
-FOLDER = {"taso": "taso", "greedy": "greedy", "eqsat": "eqsat", "model_free": "model_free", "rlflow": "controller"}
+FOLDER = {"taso": "taso", "greedy": "greedy", "eqsat": "eqsat", "eqsat_rl": "eqsat_rl", "model_free": "model_free",
+          "rlflow": "controller"}
 #: eqsat's trace: its settings and e-graph statistics (as rlflow.search.eqsat.eqsat_search writes them)
 EQSAT_SETTINGS = {"node_limit": 50000, "iter_limit": 15, "time_limit_s": 60.0, "ilp_time_limit_s": 60.0,
                   "multi_iterations": 1, "extraction": "ilp"}
@@ -50,6 +52,12 @@ EQSAT_STATS = {"egraph_nodes_initial": 115, "egraph_classes_initial": 115, "egra
                "extraction": "ilp", "ilp_variables": 600, "ilp_constraints": 1009, "ilp_seconds": 0.25,
                "ilp_status": 0, "ilp_message": "Optimization terminated successfully.", "ilp_optimal": True,
                "extracted_cost_ms": 9.4, "kept_input": False}
+#: eqsat-rl's trace (stage search_eqsat_rl, rlflow.search.eqsat_rl.tree_search): eqsat's statistics of the schedule
+#: chosen, the schedule and the tree search's
+EQSAT_RL_STATS = {**EQSAT_STATS, "egraph_nodes": 3001, "iterations": 7, "extracted_cost_ms": 9.3,
+                  "schedule": ["no:elementwise", "all", "all", "all", "all", "all", "all"],
+                  "families": ["elementwise", "matmul", "multi", "other", "transpose"],
+                  "tree_simulations": 16, "tree_seconds": 1.5, "tree_best_proxy_ms": 9.3}
 
 #: every graph's roofline lower bound (ms), at the device figures of metrics.json's roofline section
 ROOFLINE_MS = 10.0
@@ -95,7 +103,8 @@ def write_evaluation(folder: Path, model: str = "bert", methods=tuple(LATENCY), 
                         row.update(ratio=ratio, ci_low=lo, ci_high=hi, detectable_effect=0.02,
                                    verdict="faster" if hi < 1 else "slower" if lo > 1 else "no detectable difference")
                     if m not in ("original", "original-aa"):
-                        row.update(optimisation_s=OPT_S[m], rules_applied=len(STEPS[m]) if m != "eqsat" else "")
+                        row.update(optimisation_s=OPT_S[m],
+                                   rules_applied=len(STEPS[m]) if m not in ("eqsat", "eqsat_rl") else "")
                     if m in TRAIN_S:
                         row.update(training_s=TRAIN_S[m], real_interactions=INTERACTIONS[m])
                 w.writerow(row)
@@ -111,6 +120,9 @@ def trace(method: str) -> dict:
            "seconds": OPT_S[method]}
     if method == "eqsat":
         doc.update(settings=EQSAT_SETTINGS, stats=EQSAT_STATS, stop_reason="saturated")
+    if method == "eqsat_rl":
+        doc.update(method="eqsat-mcts", settings={**EQSAT_SETTINGS, "method": "eqsat-mcts"}, stats=EQSAT_RL_STATS,
+                   stop_reason="saturated")
     if method in TRAIN_S:
         doc.update(training_seconds=TRAIN_S[method], real_interactions={"total": INTERACTIONS[method]})
     return doc
@@ -248,15 +260,18 @@ def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_p
     assert "20.000" in t2 and "17.500" in t2 and "+12.5% [+11.5%, +13.5%]" in t2
     assert "+42.5%" not in t2  # no cross-backend figure (RLFlow's graph on ort against the original on tf)
     assert "A/A control" in t2 and "+0.0% [-1.0%, +1.0%]" in t2
-    assert "faster than the original: TASO search, greedy, equality saturation, model-free PPO, RLFlow" in t2
+    assert ("faster than the original: TASO search, greedy, equality saturation, eqsat-rl (tree search), "
+            "model-free PPO, RLFlow") in t2
+    assert "+7.0% [+6.0%, +8.0%]" in t2  # eqsat-rl's graph on tf: 18.6 / 20
     assert "+6.0% [+5.0%, +7.0%]" in t2  # eqsat's graph on tf: 18.8 / 20
     assert "TOO NOISY" not in t2
     assert "+25.0%" in t2  # activation memory 8 -> 6 MB
     assert "+32.4%" in t2 and "+4.5%" in t2  # RLFlow's Table 2, BERT-Base
     f6 = text(section(html, "fig6"))
     assert "11.500 (IQR 0.500); ratio 0.920 [0.910, 0.930], faster" in f6 and "unsupported" in f6  # rlflow on tf-xla
-    assert ("On onnxruntime, faster than the original: TASO search, greedy, equality saturation, model-free PPO, "
-            "RLFlow (95% intervals).") in f6
+    assert ("On onnxruntime, faster than the original: TASO search, greedy, equality saturation, eqsat-rl (tree "
+            "search), model-free PPO, RLFlow (95% intervals).") in f6
+    assert "18.600 (IQR 0.500); ratio 0.930 [0.920, 0.940], faster" in f6  # eqsat-rl on TensorFlow
     assert "18.800 (IQR 0.500); ratio 0.940 [0.930, 0.950], faster" in f6  # eqsat on TensorFlow
     assert "up to 16% more speedup than TASO" in f6  # Tensat
     assert "A/A control (original re-exported)" in f6
@@ -264,6 +279,9 @@ def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_p
     f7 = text(section(html, "fig7"))
     assert "42.50" in f7 and "125.00" in f7 and "10.8" in f7  # TASO's time, RLFlow's training, the paper's TASO
     assert re.search(r"equality saturation\s+0\.85\s", f7)  # eqsat's optimisation time
+    assert re.search(r"eqsat-rl \(tree search\)\s+2\.25\s", f7)  # eqsat-rl's, its tree search included
+    assert ("eqsat-rl (tree search)'s graph 9.3000 ms, TASO's 9.5000 ms (+2.11% against TASO's; positive: cheaper); "
+            "it took 2.25 s, TASO 42.50 s") in f7
     assert "48x less optimisation time" in f7  # Tensat's claim, then this run's eqsat against TASO (the traces)
     assert ("graph 9.4000 ms, TASO's 9.5000 ms (+1.05% against TASO's; positive: cheaper); it took 0.85 s, "
             "TASO 42.50 s") in f7
@@ -276,7 +294,7 @@ def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_p
     f10 = section(html, "fig10")
     assert "conv-relu" in f10 and "matmul-merge" in f10 and "add-const-fold" in f10
     assert re.search(r"<td>matmul-merge</td><td>1</td><td>0</td><td>0</td><td>3</td>", f10)  # no eqsat column
-    assert "equality saturation is not in this figure" in text(f10).lower()
+    assert "equality saturation and eqsat-rl (tree search) are not in this figure" in text(f10).lower()
     eg = text(section(html, "egraph"))
     assert "115 -> 2,513 (limit 50,000)" in eg and "115 -> 153" in eg and "6 (limit 15); stopped: saturated" in eg
     assert "34 of 34 translated; 5 multi-pattern, run in the first 1 iteration(s)" in eg
@@ -285,6 +303,13 @@ def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_p
     assert "10.0000 -> 9.4000 -> 9.4000" in eg and "input was kept" not in eg
     assert re.search(r"add-commutativity\s+42\s+matmul-merge\s+12", eg)
     assert "node limit 50,000; iterations 15" in eg and "+1.05% against TASO's" in eg
+    # eqsat-rl beside it: the same rows, its schedule and its tree search
+    head = re.search(r"<thead>(.*?)</thead>", section(html, "egraph"), re.S).group(1)
+    assert "equality saturation" in head and "eqsat-rl (tree search)" in head
+    assert "115 -> 3,001 (limit 50,000)" in eg and "7 (limit 15)" in eg
+    assert "no:elementwise, all, all" in eg and "every rule in every iteration (the backoff scheduler)" in eg
+    assert "16 schedules scored in 1.50 s; the best one's short-ILP cost 9.3000 ms" in eg
+    assert "10.0000 -> 9.3000 -> 9.3000" in eg and "+2.11% against TASO's" in eg
     f5 = text(section(html, "fig5"))
     assert "weighted (main run)" in f5 and "delta" in f5 and "+4.75%" in f5
     t3 = text(section(html, "table3"))
@@ -297,7 +322,7 @@ def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_p
     roof = text(section(html, "roofline"))
     assert "GEMM 437 GFLOP/s, bandwidth 46 GB/s" in roof
     assert "20%" in roof and "13%" in roof  # the original: 1 - 10 / 12.5 on ort; RLFlow: 1 - 10 / 11.5 on ort
-    assert roof.count("10.00") == 6  # one bound per graph (5 methods and the original), not the A/A control
+    assert roof.count("10.00") == 7  # one bound per graph (6 methods and the original), not the A/A control
     gen = text(section(html, "generalise"))
     assert "bert seq=64" in gen and "+3.80%" in gen and "0.95" in gen and "simulated H100" in gen
     assert "model-free PPO: kept at least 90% of its improvement on every variant" in gen
@@ -330,8 +355,9 @@ def test_report_says_which_stages_have_not_run(tmp_path, rlflow):
     for title in SECTION_TITLES:
         assert re.search(rf"<h2>{re.escape(title)}", html), title
     assert ("Not evaluated: evaluation.csv has no row for A/A control (original re-exported), greedy, equality "
-            "saturation, model-free PPO, RLFlow") in text(section(html, "table2"))
+            "saturation, eqsat-rl (tree search), model-free PPO, RLFlow") in text(section(html, "table2"))
     assert "stage search_eqsat has not run" in text(section(html, "egraph"))
+    assert "stage search_eqsat_rl has not run" in text(section(html, "egraph"))
     assert "stage train_world_model has not run" in text(section(html, "fig8"))
     assert "stage train_controller has not run" in text(section(html, "fig9"))
     f10 = text(section(html, "fig10"))
@@ -449,6 +475,11 @@ def headline(model: str, rlflow_ms: float) -> dict:
                                        "tf": cell(18.0, 0.9, "faster", "too noisy")},
                           "optimisation_s": 0.85, "rules_applied": None, "speed_check": None, "same_as_original": False,
                           "platform": sim, "estimate_ms": 9.4, "original_estimate_ms": 10.0},
+                "eqsat_rl": {"backends": {"ort": cell(11.875, 0.95, "faster"),
+                                          "tf": cell(18.25, 0.9125, "faster", "too noisy")},
+                             "optimisation_s": 2.25, "rules_applied": None, "speed_check": None,
+                             "same_as_original": False, "platform": sim, "estimate_ms": 9.4,
+                             "original_estimate_ms": 10.0},
                 "rlflow": {"backends": {"ort": cell(rlflow_ms, rlflow_ms / 12.5, "faster"),
                                         "tf": cell(17.5, 0.875, "faster", "too noisy")},
                            "optimisation_s": 0.75, "real_interactions": 608, "speed_check": None,
@@ -473,8 +504,11 @@ def test_summary_over_two_models(tmp_path, rlflow):
     assert "best_backend" not in rows[0]
     assert [(r["model"], r["method"], r["backend"]) for r in rows] == [
         (m, x, b) for m in ("bert", "vit")
-        for x in ("original", "original-aa", "taso", "greedy", "eqsat", "rlflow", "eqsat_machine")
+        for x in ("original", "original-aa", "taso", "greedy", "eqsat", "eqsat_rl", "rlflow", "eqsat_machine")
         for b in ("ort", "tf")]
+    erl = {(r["model"], r["backend"]): r for r in rows if r["method"] == "eqsat_rl"}
+    assert erl[("bert", "ort")]["ratio"] == "0.95" and erl[("vit", "tf")]["optimisation_s"] == "2.25"
+    assert "eqsat-rl (tree search)" in html_path.read_text()
     eq = {(r["model"], r["backend"]): r for r in rows if r["method"] == "eqsat"}
     assert eq[("bert", "ort")]["ratio"] == "0.94" and eq[("bert", "ort")]["optimisation_s"] == "0.85"
     assert eq[("bert", "ort")]["rules_applied"] == ""  # no sequence of rewrites: it extracts from an e-graph
@@ -510,8 +544,11 @@ def test_summary_over_two_models(tmp_path, rlflow):
     rest = html.split("</section>", 1)[1]
     cells = [[text(c).strip() for c in re.findall(r"<td>(.*?)</td>", tr)] for tr in re.findall(r"<tr>(.*?)</tr>", rest)]
     assert {c[2] for c in cells if c and c[0] == "bert"} == {
-        "original", "TASO search", "equality saturation", "RLFlow", "equality saturation (machine)"}
+        "original", "TASO search", "equality saturation", "eqsat-rl (tree search)", "RLFlow",
+        "equality saturation (machine)"}
     assert ["bert", "cpu", "equality saturation", "sim-h100", "onnxruntime", "11.750", "0.940 [0.930, 0.950]",
+            "faster"] in [c[:8] for c in cells]
+    assert ["bert", "cpu", "eqsat-rl (tree search)", "sim-h100", "onnxruntime", "11.875", "0.950 [0.940, 0.960]",
             "faster"] in [c[:8] for c in cells]
     assert "Not evaluated yet (no headline file): resnet18" in html
 

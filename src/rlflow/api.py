@@ -286,7 +286,7 @@ class Optimiser:
 
         if self.method == "ort-optimizer":  # onnxruntime's transformer optimizer (BERT-type fusions; no rules)
             return _ort_optimizer(graph, cost, source, input_shapes), 0
-        settings = eqsat_settings(self.config)
+        settings = eqsat_settings(self.config, self.method)
         if self.time_limit is not None:
             settings["time_limit_s"] = self.time_limit
         search = lambda: run_method(self.method, graph, self.rules, cost, alpha=self.alpha,  # noqa: E731
@@ -311,7 +311,7 @@ class Optimiser:
 
         used = config_used(self.config, self.method, self.alpha, self.budget, self.limit)
         if self.method in ("eqsat", "eqsat-rl"):
-            used["eqsat.time_limit_s"] = (eqsat_settings(self.config)["time_limit_s"] if self.time_limit is None
+            used["eqsat.time_limit_s"] = (eqsat_settings(self.config, self.method)["time_limit_s"] if self.time_limit is None
                                           else self.time_limit)
         used["cost.target"] = self.kind
         used["timing.check_backend"] = (self.backend or self.platform.backend) if self.speed_check else None

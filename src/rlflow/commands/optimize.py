@@ -13,8 +13,9 @@ paths of one rewrite at a time):
   eqsat-rl  equality saturation whose rule families (multi-pattern, conv, matmul, concat-split, transpose,
           elementwise, other) an agent picks per iteration, under the same eqsat settings, then the same ILP
           (rlflow.search.eqsat_rl): with --agent POLICY.json a learned policy (benchmarks/eqsat_rl.py
-          --save-policy trains one), else a tree search over the first iterations' choices (UCT, 16 leaves,
-          each scored by a short ILP), whose time is part of the optimisation time
+          --save-policy trains one), else a tree search over the first iterations' choices (UCT,
+          eqsat.rl_leaves leaves, default 2, each scored by a short ILP), whose time is part of the optimisation
+          time; the pipeline's stage search_eqsat_rl runs the tree search
   rlflow  a trained agent (--agent CKPT) chooses the rewrites in the rewrite environment, from your graph, for
           at most the horizon it was trained with, keeping the cheapest graph seen: the model-free agent one
           greedy episode; the controller as many as it was trained to (controller.eval_episodes: the first

@@ -2,7 +2,7 @@
 headline row.
 
 ``evaluation.csv`` -- one row per (method, backend), method-major (original, original-aa, taso, greedy,
-eqsat, model_free, rlflow), backends in the configured order; the columns, in this order (:data:`COLUMNS`):
+eqsat, eqsat_rl, model_free, rlflow), backends in the configured order; the columns, in this order (:data:`COLUMNS`):
 
 =====================  =========================================================================================
 model, method          the zoo model; ``original``, ``original-aa`` (the A/A control: the original exported and
@@ -35,8 +35,8 @@ cost_ms, flops, bytes, launches
 optimisation_s         the method's optimisation time (trace ``seconds``); empty for the original
 training_s             RL methods: agent training time (trace ``training_seconds``); else empty
 real_interactions      RL methods: real-environment steps in all (trace ``real_interactions.total``); else empty
-rules_applied          rewrites applied (trace ``steps``); empty for the original and for eqsat (it rewrites an
-                       e-graph, not the graph one step at a time)
+rules_applied          rewrites applied (trace ``steps``); empty for the original and for eqsat and eqsat_rl (they
+                       rewrite an e-graph, not the graph one step at a time)
 speed_check            the method stage's never-slower check (trace ``speed_check``): ``kept optimised`` |
                        ``kept original`` (its graph was not significantly faster on the check backend, so the
                        method delivers the original) | empty (not checked)
@@ -107,8 +107,8 @@ COLUMNS = ("model", "method", "backend", "device", "device_note", "latency_ms_me
 #: columns holding whole numbers (written in full)
 INT_COLUMNS = ("sessions", "runs", "nodes", "flops", "bytes", "launches", "real_interactions", "rules_applied")
 #: every method the table may hold, in its row order (the optimised ones are rlflow.pipeline.registry.METHODS)
-METHOD_ORDER = ("original", AA, "taso", "greedy", "eqsat", "model_free", "rlflow",
-                "taso_machine", "greedy_machine", "eqsat_machine", "ort_optimizer", "model_free_machine", "rlflow_machine")
+METHOD_ORDER = ("original", AA, "taso", "greedy", "eqsat", "eqsat_rl", "model_free", "rlflow", "taso_machine",
+                "greedy_machine", "eqsat_machine", "ort_optimizer", "model_free_machine", "rlflow_machine")
 HEADLINE_FORMAT = "rlflow.evaluation-headline/3"
 TOO_NOISY = "too noisy"
 

@@ -5,8 +5,9 @@ Every method writes one: the searches (``rlflow.search.result.SearchResult.to_js
 
 * ``initial`` / ``final``: the cost model's estimate of the original / optimised graph (``nodes``, ``runtime_ms``,
   ``flops``, ``bytes``, ``launches``);
-* ``steps``: the rewrites applied (their number is ``rules_applied``; none for eqsat, which applies rules to an
-  e-graph, not to the graph one step at a time: its trace's ``stats`` count the matches it applied);
+* ``steps``: the rewrites applied (their number is ``rules_applied``; none for eqsat and eqsat-rl, :func:`is_eqsat`,
+  which apply rules to an e-graph, not to the graph one step at a time: their trace's ``stats`` count the matches
+  applied);
 * ``seconds``: the optimisation time; ``training_seconds``, ``real_interactions``: only the RL methods;
 * ``platform``: the run's resolved platform (:mod:`rlflow.cost.platform`: target, label, device, backend,
   verifiable). Traces of format ``rlflow.search-trace/1`` were made before it was recorded: refused, with the
@@ -30,10 +31,17 @@ TRACE_FORMAT = "rlflow.search-trace/2"
 OLD_FORMAT = "rlflow.search-trace/1"
 #: the command that writes each method's trace
 REMAKE = {"taso": "rlflow search-taso", "greedy": "rlflow search-greedy", "eqsat": "rlflow search-eqsat",
+          "eqsat-mcts": "rlflow search-eqsat-rl",
           "model_free": "rlflow train-model-free", "rlflow": "rlflow train-controller",
           "ort_optimizer": "rlflow search-ortopt"}
 #: the cost-model figures of ``initial`` and ``final`` (``runtime_ms`` is the estimate reported as ``cost_ms``)
 COST_KEYS = ("nodes", "runtime_ms", "flops", "bytes", "launches")
+
+
+def is_eqsat(method: str | None) -> bool:
+    """The trace's ``method`` is equality saturation's (``eqsat``) or eqsat-rl's (``eqsat-rl``: a learned policy;
+    ``eqsat-mcts``: the tree search; ``eqsat-random``): no sequence of rewrites."""
+    return method is not None and (method == "eqsat" or method.startswith("eqsat-"))
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,8 @@ class TraceSummary:
     """Cost estimate of the graph the method delivers: ``COST_KEYS`` of the trace's ``final``, or its ``initial``
     when the never-slower check kept the original (:attr:`speed_check`)."""
     rules_applied: int | None
-    """Rewrites on the path to the result (``steps``); None for eqsat (no path: it extracts from an e-graph)."""
+    """Rewrites on the path to the result (``steps``); None for eqsat and eqsat-rl (no path: they extract from an
+    e-graph)."""
     optimisation_s: float
     training_s: float | None
     """RL methods: agent training time (absent for the searches)."""
@@ -127,7 +136,7 @@ def load_trace(path: str | Path) -> TraceSummary:
         initial=_costs(doc, "initial", path),
         final=_costs(doc, "initial" if _speed_check(doc.get("speed_check"), path) == "kept original" else "final",
                      path),
-        rules_applied=None if method == "eqsat" else len(steps),
+        rules_applied=None if is_eqsat(method) else len(steps),
         optimisation_s=_number(doc, "seconds", path),
         training_s=None if training is None else _number(doc, "training_seconds", path),
         real_interactions=_interactions(doc.get("real_interactions"), path),

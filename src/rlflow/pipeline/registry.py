@@ -112,7 +112,8 @@ MACHINE_AGENT_METHODS = {"model_free_machine": "machine/model_free", "rlflow_mac
 #: the config switch of the machine track's agents
 MACHINE_AGENTS_KEY = "machine.agents"
 #: the methods the evaluate stage compares (besides the original graph): method -> its results folder
-METHODS = {"taso": "taso", "greedy": "greedy", "eqsat": "eqsat", "model_free": "model_free", "rlflow": "controller",
+METHODS = {"taso": "taso", "greedy": "greedy", "eqsat": "eqsat", "eqsat_rl": "eqsat_rl", "model_free": "model_free",
+           "rlflow": "controller",
            **MACHINE_METHODS, **MACHINE_AGENT_METHODS}
 #: evaluate's and report's inputs of the machine track's agents, read only with ``machine.agents`` on
 AGENT_INPUTS = {f"{m}_{kind}": MACHINE_AGENTS_KEY for m in MACHINE_AGENT_METHODS for kind in ("onnx", "trace")}
@@ -609,6 +610,26 @@ STAGES: dict[str, Stage] = {
                 "multi_iterations": "eqsat.multi_iterations",
                 "extraction": "eqsat.extraction",
                 "ilp_time_limit_s": "eqsat.ilp_time_limit_s",
+                "timing": "timing",
+            },
+            args=(*PROBLEM_ARGS, ("--out", "{output.onnx}"), ("--trace", "{output.trace}")),
+            progress=True,
+        ),
+        Stage(
+            name="search_eqsat_rl",
+            doc="eqsat-rl: equality saturation whose rule families a tree search (UCT over schedules) picks per "
+                "iteration, then the same ILP extraction; verified graph and trace.",
+            inputs=PROBLEM_INPUTS,
+            outputs={"onnx": "results/{model}/eqsat_rl/model.onnx", "trace": "results/{model}/eqsat_rl/trace.json"},
+            params={
+                **SCORING_PARAMS,
+                "node_limit": "eqsat.node_limit",
+                "iter_limit": "eqsat.iter_limit",
+                "time_limit_s": "eqsat.time_limit_s",
+                "multi_iterations": "eqsat.multi_iterations",
+                "extraction": "eqsat.extraction",
+                "ilp_time_limit_s": "eqsat.ilp_time_limit_s",
+                "rl_leaves": "eqsat.rl_leaves",
                 "timing": "timing",
             },
             args=(*PROBLEM_ARGS, ("--out", "{output.onnx}"), ("--trace", "{output.trace}")),

@@ -16,7 +16,7 @@ Files read, relative to ``results/<model>`` (``--results``)::
     controller/metrics.json              stage train_controller (RLFlow; the method "rlflow")
     model_free/metrics.json              stage train_model_free
     generalise.json                      stage generalise (the agents zero-shot on other shapes)
-    <folder>/trace.json                  taso, greedy, eqsat, model_free, controller: format rlflow.search-trace/1
+    <folder>/trace.json                  taso, greedy, eqsat, eqsat_rl, model_free, controller: format rlflow.search-trace/1
     controller/temperature-<tau>/        stage sweep_temperature (each tau of sweeps.temperatures)
     controller/reward-<name>/            stage sweep_reward (each name of sweeps.rewards)
 
@@ -56,7 +56,8 @@ AA = "original-aa"
 #: every method in the report's order; "original" is the unoptimised graph
 METHOD_ORDER = ("original", AA, *METHODS)
 METHOD_LABEL = {"original": "original", AA: "A/A control (original re-exported)", "taso": "TASO search",
-                "greedy": "greedy", "eqsat": "equality saturation", "model_free": "model-free PPO", "rlflow": "RLFlow",
+                "greedy": "greedy", "eqsat": "equality saturation", "eqsat_rl": "eqsat-rl (tree search)",
+                "model_free": "model-free PPO", "rlflow": "RLFlow",
                 # the machine track (the searches again, for this machine's own target) and its baseline
                 "taso_machine": "TASO search (machine)", "greedy_machine": "greedy (machine)",
                 "eqsat_machine": "equality saturation (machine)", "model_free_machine": "model-free PPO (machine)",

@@ -23,7 +23,7 @@ STYLE = {"svg.fonttype": "path", "svg.hashsalt": "rlflow-report", "font.size": 9
          "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False}
 #: one colour per method, the same in every figure
 COLOURS = {"original": "#7f7f7f", "original-aa": "#bcbd22", "taso": "#1f77b4", "greedy": "#2ca02c",
-           "eqsat": "#9467bd", "model_free": "#ff7f0e", "rlflow": "#d62728"}
+           "eqsat": "#9467bd", "eqsat_rl": "#8c564b", "model_free": "#ff7f0e", "rlflow": "#d62728"}
 
 
 def _uri(fig) -> str:

@@ -24,6 +24,10 @@ from rlflow.report.data import AA, BACKEND_LABEL, METHOD_LABEL, METHOD_ORDER, Re
 from rlflow.report.headline import Headline
 
 
+#: the methods that saturate an e-graph and extract from it (the e-graph section's columns; no Fig. 10 steps)
+E_GRAPH_METHODS = ("eqsat", "eqsat_rl")
+
+
 def _m(method: str) -> str:
     return METHOD_LABEL.get(method, method)
 
@@ -221,8 +225,9 @@ def fig7(d: ReportData, hl: Headline) -> str:
                          [(_m(r["method"]), h.num(r["optimisation_s"], 2), h.num(r["training_s"], 2), r["source"])
                           for r in rows]))
     parts.append(h.p("Optimisation time: the search's run time (TASO, greedy; equality saturation: saturating the "
-                     "e-graph and extracting from it), or the trained agent's run on the real environment (model-free, "
-                     "RLFlow); the agents' training is listed separately."))
+                     "e-graph and extracting from it; eqsat-rl: that and its tree search over schedules), or the "
+                     "trained agent's run on the real environment (model-free, RLFlow); the agents' training is "
+                     "listed separately."))
     pm = _paper_model(d.model)
     if pm in paper.RLFLOW_OPT_TIME_S:
         a, b = paper.RLFLOW_OPT_TIME_S[pm]
@@ -230,7 +235,7 @@ def fig7(d: ReportData, hl: Headline) -> str:
     else:
         parts.append(h.paper(f"{paper.RLFLOW_OPT_TIME_SOURCE}: none for '{d.model}'."))
     parts.append(h.paper(paper.TENSAT_VS_TASO_SOURCE + "."))
-    parts.append(_eqsat_vs_taso(_egraph(d)))
+    parts += [_eqsat_vs_taso(_egraph(d, m), m) for m in E_GRAPH_METHODS]
     return "".join(parts)
 
 
@@ -297,10 +302,10 @@ def fig9(d: ReportData, hl: Headline) -> str:
 
 
 def fig10(d: ReportData, hl: Headline) -> str:
-    a = t.rules_applied({m: tr for m, tr in d.traces.items() if m != "eqsat"})
-    parts = [h.p(f"{_m('eqsat')} is not in this figure: it applies every rule at every match to an e-graph and "
-                 "extracts a graph from it, so it has no sequence of rewrites; the section on the e-graph lists the "
-                 "rules whose matches changed it.")]
+    a = t.rules_applied({m: tr for m, tr in d.traces.items() if m not in E_GRAPH_METHODS})
+    parts = [h.p(f"{_m('eqsat')} and {_m('eqsat_rl')} are not in this figure: they apply rules at every match to "
+                 "an e-graph and extract a graph from it, so they have no sequence of rewrites; the section on the "
+                 "e-graph lists the rules whose matches changed it.")]
     for m, inp in a["missing"].items():
         parts.append(h.missing(f"{_m(m)}: {inp.why()}"))
     if a["methods"] and not a["rules"]:
@@ -319,35 +324,35 @@ def fig10(d: ReportData, hl: Headline) -> str:
     return "".join(parts)
 
 
-def _egraph(d: ReportData) -> dict | None:
-    """eqsat's e-graph figures (:func:`rlflow.report.tables.egraph`); None when its trace is absent."""
-    return t.egraph(d.traces["eqsat"], d.traces["taso"]) if d.traces["eqsat"].ok else None
+def _egraph(d: ReportData, method: str = "eqsat") -> dict | None:
+    """eqsat's (or eqsat_rl's) e-graph figures (:func:`rlflow.report.tables.egraph`); None when its trace is
+    absent."""
+    tr = d.traces.get(method)
+    return t.egraph(tr, d.traces["taso"]) if tr is not None and tr.ok else None
 
 
-def _eqsat_vs_taso(e: dict | None) -> str:
-    """This run's eqsat against TASO on the cost target and in time (from their traces); empty without both."""
+def _eqsat_vs_taso(e: dict | None, method: str = "eqsat") -> str:
+    """This run's eqsat (or eqsat_rl) against TASO on the cost target and in time (from their traces); empty
+    without both."""
     if e is None or e["final_ms"] is None or e["taso_final_ms"] is None:
         return ""
     cheaper = t.improvement_pct(e["taso_final_ms"], e["final_ms"])
     took = (f"; it took {e['seconds']:.2f} s, TASO {e['taso_seconds']:.2f} s"
             if e["seconds"] is not None and e["taso_seconds"] is not None else "")
-    return h.p(f"This run, on the cost target: {_m('eqsat')}'s graph {h.num(e['final_ms'], 4)} ms, TASO's "
+    return h.p(f"This run, on the cost target: {_m(method)}'s graph {h.num(e['final_ms'], 4)} ms, TASO's "
                f"{h.num(e['taso_final_ms'], 4)} ms ({h.pct(cheaper, 2)} against TASO's; positive: cheaper){took}.")
 
 
-def egraph(d: ReportData, hl: Headline) -> str:
-    tensat = h.paper(f"{paper.TENSAT}'s settings: " + "; ".join(f"{k} {v:,}" for k, v in paper.TENSAT_SETTINGS.items())
-                     + f". {paper.TENSAT_VS_TASO_SOURCE}.")
-    e = _egraph(d)
-    if e is None:
-        return h.missing(d.traces["eqsat"].why()) + tensat
+def _egraph_rows(e: dict) -> list[tuple[str, str]]:
+    """One e-graph run's figures (:func:`rlflow.report.tables.egraph`), as (label, value) rows."""
     c, cfg = e["counts"], e["settings"]
     ilp = ""
     if c["ilp_variables"] is not None:
         ilp = (f" ({'optimal' if e['ilp_optimal'] else e['ilp_message'] or 'not optimal'}; "
                f"{h.count(c['ilp_variables'])} variables, {h.count(c['ilp_constraints'])} constraints, "
                f"{h.num(c['ilp_seconds'], 2)} s)")
-    rows = [
+    tree = e["tree"]
+    return [
         ("e-nodes before -> after saturation", f"{h.count(c['egraph_nodes_initial'])} -> {h.count(c['egraph_nodes'])}"
                                                f" (limit {h.auto(cfg.get('node_limit'))})"),
         ("e-classes before -> after", f"{h.count(c['egraph_classes_initial'])} -> {h.count(c['egraph_classes'])}"),
@@ -356,6 +361,11 @@ def egraph(d: ReportData, hl: Headline) -> str:
         ("rules", f"{h.count(c['rules_translated'])} of {h.count(c['rules'])} translated; "
                   f"{h.count(c['multi_pattern_rules'])} multi-pattern, run in the first "
                   f"{h.auto(cfg.get('multi_iterations'))} iteration(s)"),
+        ("rule schedule (rule families per iteration)", ", ".join(e["schedule"]) if e["schedule"]
+         else "every rule in every iteration (the backoff scheduler)"),
+        ("tree search over schedules", h.DASH if tree["leaves"] is None else
+         f"{h.count(tree['leaves'])} schedules scored in {h.num(tree['seconds'], 2)} s; the best one's short-ILP "
+         f"cost {h.num(tree['best_proxy_ms'], 4)} ms"),
         ("matches applied", f"{h.count(c['applied'])} ({h.count(c['merges'])} unions; "
                             f"{h.count(c['match_cap_hits'])} rule bans by the backoff scheduler)"),
         ("cycle filtering", f"{h.count(c['cycle_enodes_removed'])} e-nodes removed; {h.count(c['filtered'])} "
@@ -363,17 +373,38 @@ def egraph(d: ReportData, hl: Headline) -> str:
         ("saturation (s)", h.num(c["saturation_seconds"], 2)),
         ("extraction", f"{e['extraction'] or h.DASH}{ilp}"),
         ("extraction (s)", h.num(c["extraction_seconds"], 2)),
+        ("optimisation in all (s)", h.num(e["seconds"], 2)),
         ("cost estimate: original -> extracted -> result (ms)",
          f"{h.num(e['initial_ms'], 4)} -> {h.num(c['extracted_cost_ms'], 4)} -> {h.num(e['final_ms'], 4)}"
          + (" (the extraction cost more: the input was kept)" if e["kept_input"] else "")),
     ]
-    parts = [h.p("Equality saturation's run (stage search_eqsat, from its trace): how far the e-graph grew, why "
-                 "saturation stopped, and how the graph was extracted from it."), _kv(rows)]
-    if e["rules_fired"]:
-        parts.append(h.details(f"Rules whose matches changed the e-graph ({len(e['rules_fired'])})",
-                               h.table(["rule", "matches that changed the e-graph"],
-                                       [(r, h.count(n)) for r, n in e["rules_fired"]])))
-    parts += [tensat, _eqsat_vs_taso(e)]
+
+
+def egraph(d: ReportData, hl: Headline) -> str:
+    tensat = h.paper(f"{paper.TENSAT}'s settings: " + "; ".join(f"{k} {v:,}" for k, v in paper.TENSAT_SETTINGS.items())
+                     + f". {paper.TENSAT_VS_TASO_SOURCE}.")
+    runs = {m: e for m in E_GRAPH_METHODS if (e := _egraph(d, m)) is not None}
+    absent = "".join(h.missing(d.traces[m].why()) for m in E_GRAPH_METHODS if m not in runs)
+    if not runs:
+        return absent + tensat
+    rows = {m: _egraph_rows(e) for m, e in runs.items()}
+    labels = [label for label, _ in next(iter(rows.values()))]
+    parts = [h.p("Equality saturation's run (stage search_eqsat, from its trace) and eqsat-rl's (stage "
+                 "search_eqsat_rl: the same e-graph runner, budget and extraction, the rule families of each iteration "
+                 "chosen by a tree search over schedules): how far the e-graph grew, why saturation stopped, and how "
+                 "the graph was extracted from it.")]
+    if len(runs) == 1 and "eqsat" in runs:
+        parts.append(_kv(rows["eqsat"]))
+    else:
+        parts.append(h.table(["", *(_m(m) for m in runs)],
+                             [(label, *(rows[m][i][1] for m in runs)) for i, label in enumerate(labels)], cls="kv"))
+    parts.append(absent)
+    for m, e in runs.items():
+        if e["rules_fired"]:
+            parts.append(h.details(f"{_m(m)}: rules whose matches changed the e-graph ({len(e['rules_fired'])})",
+                                   h.table(["rule", "matches that changed the e-graph"],
+                                           [(r, h.count(n)) for r, n in e["rules_fired"]])))
+    parts += [tensat, *(_eqsat_vs_taso(e, m) for m, e in runs.items())]
     return "".join(parts)
 
 
@@ -630,7 +661,7 @@ SECTIONS = (
     Section("fig8", "Fig. 8: world-model loss", fig8),
     Section("fig9", "Fig. 9: reward predicted in the dream", fig9),
     Section("fig10", "Fig. 10: transformations applied by each method", fig10),
-    Section("egraph", "Equality saturation: e-graph size, saturation and extraction", egraph),
+    Section("egraph", "Equality saturation and eqsat-rl: e-graph size, saturation and extraction", egraph),
     Section("fig5", "Fig. 5: reward functions", fig5),
     Section("table3", "Table 3: temperature sweep", table3),
     Section("cost", "Cost model vs end-to-end latency", cost_vs_e2e),

@@ -165,10 +165,12 @@ EGRAPH_COUNTS = ("egraph_nodes_initial", "egraph_nodes", "egraph_classes_initial
 
 
 def egraph(eqsat: Input, taso: Input) -> dict:
-    """eqsat's e-graph and extraction from its trace: ``{"counts": {EGRAPH_COUNTS key: number or None},
-    "settings", "stop", "extraction", "ilp_optimal", "ilp_message", "kept_input", "rules_fired": [(rule, n)]
-    (most first), "initial_ms", "final_ms", "seconds"}``, plus TASO's ``taso_final_ms`` and ``taso_seconds`` from
-    its trace (None if absent): the run's own eqsat-vs-TASO comparison on the same cost target."""
+    """eqsat's (or eqsat-rl's) e-graph and extraction from its trace: ``{"counts": {EGRAPH_COUNTS key: number or
+    None}, "settings", "stop", "extraction", "ilp_optimal", "ilp_message", "kept_input", "rules_fired": [(rule, n)]
+    (most first), "initial_ms", "final_ms", "seconds", "schedule": [action per iteration] (eqsat-rl; empty for
+    eqsat), "tree": {"leaves", "seconds", "best_proxy_ms"} (eqsat-rl's tree search; None each without one)}``,
+    plus TASO's ``taso_final_ms`` and ``taso_seconds`` from its trace (None if absent): the run's own
+    eqsat-vs-TASO comparison on the same cost target."""
     doc = eqsat.data
     stats = doc.get("stats") if isinstance(doc.get("stats"), dict) else {}
     fired = stats.get("rules_fired") if isinstance(stats.get("rules_fired"), dict) else {}
@@ -181,7 +183,10 @@ def egraph(eqsat: Input, taso: Input) -> dict:
             "rules_fired": sorted(((str(r), n) for r, n in fired.items() if _num(n) is not None),
                                   key=lambda x: (-x[1], x[0])),
             "initial_ms": _cost(doc, "initial"), "final_ms": _cost(doc, "final"), "seconds": _num(doc.get("seconds")),
-            "taso_final_ms": _cost(tdoc, "final"), "taso_seconds": _num(tdoc.get("seconds"))}
+            "taso_final_ms": _cost(tdoc, "final"), "taso_seconds": _num(tdoc.get("seconds")),
+            "schedule": [str(a) for a in stats.get("schedule") or [] if isinstance(a, str)],
+            "tree": {"leaves": _num(stats.get("tree_simulations")), "seconds": _num(stats.get("tree_seconds")),
+                     "best_proxy_ms": _num(stats.get("tree_best_proxy_ms"))}}
 
 
 def _cost(doc: dict, key: str) -> float | None:

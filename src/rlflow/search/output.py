@@ -22,7 +22,7 @@ def run_method(method: str, graph: Graph, rules: Sequence, cost, alpha: float = 
     """``taso``, ``greedy``, ``eqsat`` or ``eqsat-rl`` on ``graph`` (greedy ignores alpha and budget; eqsat and
     eqsat-rl take their settings, the config's ``eqsat`` section, from ``eqsat`` and ignore the others;
     eqsat-rl: the schedule policy file ``policy`` (:class:`rlflow.search.eqsat_rl.LinearPolicy`), else the tree
-    search over schedules)."""
+    search over schedules, with ``eqsat["rl_leaves"]`` leaves if given)."""
     if method == "taso":
         from rlflow.search.taso import taso_search
 
@@ -41,9 +41,11 @@ def run_method(method: str, graph: Graph, rules: Sequence, cost, alpha: float = 
 
         settings = dict(eqsat or {})
         extraction = settings.pop("extraction", "ilp")
+        leaves = settings.pop("rl_leaves", None)
         budget = EqsatBudget(**settings)
         if policy is None:
-            return tree_search(graph, rules, cost, budget, extraction=extraction)
+            return tree_search(graph, rules, cost, budget, extraction=extraction,
+                               **({} if leaves is None else {"simulations": int(leaves)}))
         return eqsat_rl_search(graph, rules, cost, LinearPolicy.load(policy), budget, extraction=extraction)
     raise RLFlowError(f"unknown search method '{method}' (choose from taso, greedy, eqsat, eqsat-rl)")
 

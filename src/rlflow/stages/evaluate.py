@@ -2,8 +2,8 @@
 every configured backend -- latency, memory, the cost model's estimate, the method's effort, output check.
 
 For each graph (original, its A/A control "original-aa" = the original exported and imported again through the
-IR, taso, greedy, eqsat, model_free, rlflow) and backend (evaluate.backends: ort, torch, tf, tf-xla) on the configured
-device: build the runner, run it once on the same seeded random inputs and compare its outputs with the ORIGINAL
+IR, taso, greedy, eqsat, eqsat_rl, model_free, rlflow) and backend (evaluate.backends: ort, torch, tf, tf-xla) on
+the configured device: build the runner, run it once on the same seeded random inputs and compare its outputs with the ORIGINAL
 graph run by onnxruntime; then, one backend at a time, the measurement protocol (rlflow.evaluation.protocol,
 config section timing): every graph in timing.sessions freshly built runners, timed interleaved in rounds of
 random order within timing.budget_s per backend; per graph the latency ratio to the original with its 95%

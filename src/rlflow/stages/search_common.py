@@ -1,5 +1,6 @@
-"""What the pipeline stages search_taso, search_greedy and search_eqsat share (their modules are one-liners over this):
-load the declared inputs, run the search, verify, check it never slower, write the optimised ONNX and the trace.
+"""What the pipeline stages search_taso, search_greedy, search_eqsat and search_eqsat_rl share (their modules are
+one-liners over this): load the declared inputs, run the search, verify, check it never slower, write the optimised
+ONNX and the trace.
 
 The run's platform (rlflow.cost.platform: the resolved cost target and the backend that verifies it here) decides
 the check: on timing.check_backend (``auto``: the platform's backend, on the target's device) a graph not
@@ -35,7 +36,7 @@ def run_stage(args, method: str, label: str) -> int:
           + (f", time limit {limit} s" if limit else ""), flush=True)
     print(f"{label}: platform {platform.describe()}", flush=True)
     result = run_method(method, problem.graph, problem.rules, cost, alpha=alpha, budget=budget, time_limit_s=limit,
-                        progress=not args.no_progress, eqsat=eqsat_settings(config))
+                        progress=not args.no_progress, eqsat=eqsat_settings(config, method))
     extra = {
         "model": args.model, "onnx": str(args.onnx), "rules": str(args.rules), "num_rules": len(problem.rules),
         "device": problem.device, "cost_model": cost.name, "cost": _describe(cost, getattr(args, "costs", None)),
@@ -100,14 +101,15 @@ def config_used(config: dict, method: str, alpha: float, budget: int, limit: flo
         used.update({"search.alpha": alpha, "search.budget": budget})
     if method in ("eqsat", "eqsat-rl"):
         del used["search.time_limit_s"]
-        used.update({f"eqsat.{k}": v for k, v in eqsat_settings(config).items()})
+        used.update({f"eqsat.{k}": v for k, v in eqsat_settings(config, method).items()})
     return used
 
 
-def eqsat_settings(config: dict) -> dict:
-    """The config's ``eqsat`` section as keyword arguments of :func:`rlflow.search.eqsat.eqsat_search`."""
-    return {k: get(config, f"eqsat.{k}") for k in ("node_limit", "iter_limit", "time_limit_s", "multi_iterations",
-                                                    "extraction", "ilp_time_limit_s")}
+def eqsat_settings(config: dict, method: str = "eqsat") -> dict:
+    """The config's ``eqsat`` section as keyword arguments of :func:`rlflow.search.eqsat.eqsat_search`; for
+    ``eqsat-rl`` also ``rl_leaves`` (its tree search's leaves: :func:`rlflow.search.output.run_method`)."""
+    keys = ("node_limit", "iter_limit", "time_limit_s", "multi_iterations", "extraction", "ilp_time_limit_s")
+    return {k: get(config, f"eqsat.{k}") for k in keys + (("rl_leaves",) if method == "eqsat-rl" else ())}
 
 
 def _describe(cost, costs_path) -> dict:
