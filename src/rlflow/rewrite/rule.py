@@ -41,7 +41,10 @@ graphs whose ``opset`` is at least that: a target op ONNX defines from that opse
 ``Attention`` of opset 23) is only put into a graph that may hold it (``rlflow optimize --opset`` raises a
 graph's opset). ``verified`` records how the rule was checked; for
 a generated rule its ``ranks`` (variable -> rank, or list of ranks) are the only ranks the matcher binds, since
-the rule was verified at those alone (builtin rules are written, and tested, for every rank). ``verified`` records how the rule was checked (method, trials, sizes).
+the rule was verified at those alone (builtin rules are written, and tested, for every rank); a variable recorded
+as ``"any"`` is *rank-general*: the generator verified the rule with its activations at several other ranks
+(``verified.rank_general``: the ranks tried and passed, see :func:`rlflow.rewrite.verify.verify_rank_general`), and
+the matchers bind it at any rank (:func:`bound_ranks`, read by the rewrite matcher, eqsat's e-matcher and pruning).
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ from rlflow.graph.ir import Graph, TensorType, _canonical
 from rlflow.graph.ops import OPS
 
 FORMAT = 1
+#: ``verified.ranks`` value of a rank-general variable: the matchers bind it at any rank
+ANY_RANK = "any"
 _REF = re.compile(r"%(\d+)(?:\.(\d+))?$")
 _VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
 _EXPR_KEYS = {"dim", "rank", "kernel", "same_pads", "sum", "prod"}
@@ -126,6 +131,12 @@ class Rule:
         return bool(self.constraints.get("no_broadcast", False))
 
     @property
+    def rank_general_vars(self) -> frozenset[str]:
+        """The variables of a generated rule that bind values of any rank (``verified.ranks`` says ``"any"``)."""
+        ranks = self.verified.get("ranks") or {}
+        return frozenset(v for v, r in ranks.items() if r == ANY_RANK) if self.origin == "generated" else frozenset()
+
+    @property
     def min_opset(self) -> int:
         """The lowest ONNX opset a graph must declare for the rule to apply (``constraints.min_opset``; 0: any):
         a target op the standard defines only from that opset on (``Attention``: 23)."""
@@ -139,6 +150,17 @@ class Rule:
             d["constraints"] = _to_json_value(self.constraints)
         d["verified"] = _to_json_value(self.verified)
         return d
+
+
+def bound_ranks(rule: Rule) -> dict[str, frozenset[int]]:
+    """The ranks the matchers may bind each rank-restricted variable of ``rule`` to: a generated rule's
+    ``verified.ranks`` (a rank or a list of ranks), leaving out its rank-general variables (``"any"``); a variable
+    not in the result binds any rank (every variable of a builtin rule, written and tested for every rank). The one
+    reading of rank constraints: the rewrite matcher, eqsat's e-matcher and pruning all call it."""
+    if rule.origin != "generated":
+        return {}
+    ranks = rule.verified.get("ranks") or {}
+    return {v: frozenset(r if isinstance(r, list) else [r]) for v, r in ranks.items() if r != ANY_RANK}
 
 
 def _to_json_value(v: Any) -> Any:
