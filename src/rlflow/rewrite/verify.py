@@ -341,8 +341,9 @@ def _at_rank(shape: Sequence[int], rank: int) -> tuple[int, ...]:
 def verify_rank_general(rule: Rule, trials: int = 5, max_dim: int = 4, seed: int = 0) -> dict | None:
     """Is ``rule`` (verified at its variables' recorded ranks) sound with its activations (the variables not in
     ``constraints.const``) at other ranks? Its weights keep their ranks. The activations are put at each rank of
-    :data:`RANKS_TRIED` together, then at mixed ranks (each drawn on its own: the matchers bind each variable on
-    its own), with sizes drawn as :func:`verify` draws them (plain, perturbed, size-1 broadcasts); every binding
+    :data:`RANKS_TRIED` together, then one at a time at each other rank (the rest at their own), then at ranks
+    drawn for each on its own (the matchers bind each variable on its own: ``(x0 @ x1) @ x2 -> x0 @ (x1 @ x2)``
+    holds with all three at any one rank but not with a 1-D ``x1``), with sizes drawn as :func:`verify` draws them (plain, perturbed, size-1 broadcasts); every binding
     the source fits must agree (a rejected binding, the target's types differing, is refused by the matchers
     too). Returns ``{"tried": [...], "passed": [...], "bindings": n}`` (the uniform ranks tried and those where
     bindings fitted and agreed; the number of agreeing bindings) when no binding disagrees and the rule passed at
@@ -354,8 +355,11 @@ def verify_rank_general(rule: Rule, trials: int = 5, max_dim: int = 4, seed: int
         base = default_bases(rule)[0]
         rng = np.random.default_rng([seed, _stable_id(rule.id), 7])
         own = {len(base["vars"][v]) for v in acts}
-        assignments = [{v: r for v in acts} for r in RANKS_TRIED if {r} != own]
-        assignments += [{v: int(rng.choice(RANKS_TRIED)) for v in acts} for _ in range(4)]
+        at_own = {v: len(base["vars"][v]) for v in acts}
+        assignments = [{v: r for v in acts} for r in RANKS_TRIED if {r} != own]          # all at one rank
+        assignments += [{**at_own, v: r} for v in acts if len(acts) > 1                   # one at another rank
+                        for r in RANKS_TRIED if r != at_own[v]]
+        assignments += [{v: int(rng.choice(RANKS_TRIED)) for v in acts} for _ in range(2)]  # mixed
         params = _params(base.get("params", {}))
         passed_at: set[int] = set()
         bindings = 0
