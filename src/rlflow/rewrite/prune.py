@@ -35,7 +35,7 @@ import json
 from typing import Any, Callable, Mapping, Sequence
 
 from rlflow.graph.ops import COMMUTATIVE
-from rlflow.rewrite.rule import PatternNode, Rule
+from rlflow.rewrite.rule import MIN_GENERAL_RANK, PatternNode, Rule, bound_ranks
 
 STEPS = ("trivial", "renaming", "common_subgraph", "common_supergraph", "decomposable")
 
@@ -242,19 +242,19 @@ def substitute(rule: Rule, m: Mapping[str, str]) -> Rule:
 
 def binding_kinds(rule: Rule, const: frozenset[str] | None = None, any_rank: bool | None = None,
                   kind_of: Callable[[str], str] = _default_kind,
-                  general: frozenset[str] | None = None) -> Callable[[str], str]:
+                  general: Mapping[str, int] | None = None) -> Callable[[str], str]:
     """What each variable of ``rule`` may bind, as a kind for :func:`renaming_key`: a weight (in ``const``, by
     default ``constraints.const``) or any value, at the rank a generated rule was verified at (``verified.ranks``:
     the matcher binds only those; ``kind_of`` for a rule not verified yet) or at any rank (``any_rank``, by default
-    for a builtin rule: written and verified for every rank; ``general``, by default a generated rule's
-    rank-general variables, for those variables alone)."""
+    for a builtin rule: written and verified for every rank) or at any rank from k up (``general``: variable -> k;
+    by default a generated rule's rank-general variables, ``{"min": k}`` in ``verified.ranks``)."""
     const = rule.const_vars if const is None else const
     any_rank = rule.origin != "generated" if any_rank is None else any_rank
-    general = rule.rank_general_vars if general is None else general
     ranks = rule.verified.get("ranks") or {}
+    general = {v: ranks[v]["min"] for v in rule.rank_general_vars} if general is None else general
 
     def kind(v: str) -> str:
-        rank = "*" if any_rank or v in general else str(ranks[v]) if v in ranks else kind_of(v)
+        rank = "*" if any_rank else f"{general[v]}+" if v in general else str(ranks[v]) if v in ranks else kind_of(v)
         return ("const" if v in const else "value") + rank
 
     return kind
@@ -319,19 +319,20 @@ def prune_specialisations(rules: Sequence[Rule], kind_of: Callable[[str], str] =
 
 def prune_rank_copies(rules: Sequence[Rule]) -> list[int]:
     """Indices (in input order) of the rules left when each rank-general generated rule (its activations bind any
-    rank: ``verified.ranks`` says ``"any"``) replaces its copies at other ranks: a generated rule that is a
-    rank-general rule up to renaming, the operand order of commutative ops and its activations' ranks (its weights
-    at the same ranks; a ``no_broadcast`` rule is covered by one with or without the constraint, a rule without
-    it only by one without). Of two rank-general copies the first is kept."""
+    rank from 2 up: ``verified.ranks`` records ``{"min": 2}``) replaces its copies at other ranks: a generated rule
+    that is a rank-general rule up to renaming, the operand order of commutative ops and its activations' ranks (all
+    2 or more; its weights at the same ranks; a ``no_broadcast`` rule is covered by one with or without the
+    constraint, a rule without it only by one without). Of two rank-general copies the first is kept."""
     first: dict[tuple, int] = {}
     for i, g in enumerate(rules):
         if g.rank_general_vars:
             first.setdefault((renaming_key(g, binding_kinds(g)), g.no_broadcast), i)
     keep = []
     for i, r in enumerate(rules):
-        if r.origin == "generated":
-            acts = frozenset(v for v in r.variables if v not in r.const_vars)
-            key = renaming_key(r, binding_kinds(r, general=acts))
+        bound = bound_ranks(r)
+        acts = [v for v in r.variables if v not in r.const_vars]
+        if r.origin == "generated" and all(v in bound and min(bound[v]) >= MIN_GENERAL_RANK for v in acts):
+            key = renaming_key(r, binding_kinds(r, general={v: MIN_GENERAL_RANK for v in acts}))
             by = [first[(key, nb)] for nb in ((False, True) if r.no_broadcast else (False,)) if (key, nb) in first]
             if by and min(by) != i:
                 continue

@@ -38,7 +38,7 @@ import numpy as np
 from rlflow.errors import RLFlowError
 from rlflow.graph.ir import Graph, TensorType
 from rlflow.graph.ops import OPS
-from rlflow.rewrite.rule import VARIABLE_KINDS, Rule, instantiate
+from rlflow.rewrite.rule import MIN_GENERAL_RANK, VARIABLE_KINDS, Rule, instantiate
 
 METHOD = "random-float64"
 RTOL = 1e-9
@@ -322,8 +322,10 @@ def _verify(rule: Rule, trials: int, max_dim: int, seed: int, examples: Sequence
             "ranks": {v: r[0] if len(r) == 1 else r for v, r in ranks.items()}, "shapes": passed}
 
 
-#: the ranks :func:`verify_rank_general` binds a rule's activations to (all at one rank, and mixed)
-RANKS_TRIED = (1, 2, 3, 4)
+#: the ranks :func:`verify_rank_general` binds a rule's activations to (all at one rank, one at a time, mixed): the
+#: generator's activation ranks; a rank-general variable then binds any rank from the first up
+#: (:data:`rlflow.rewrite.rule.MIN_GENERAL_RANK`)
+RANKS_TRIED = tuple(range(MIN_GENERAL_RANK, 5))
 #: uniform ranks (besides the one the rule was found at) at which a rank-general rule must fit and pass
 MIN_OTHER_RANKS = 2
 
@@ -342,8 +344,8 @@ def verify_rank_general(rule: Rule, trials: int = 5, max_dim: int = 4, seed: int
     """Is ``rule`` (verified at its variables' recorded ranks) sound with its activations (the variables not in
     ``constraints.const``) at other ranks? Its weights keep their ranks. The activations are put at each rank of
     :data:`RANKS_TRIED` together, then one at a time at each other rank (the rest at their own), then at ranks
-    drawn for each on its own (the matchers bind each variable on its own: ``(x0 @ x1) @ x2 -> x0 @ (x1 @ x2)``
-    holds with all three at any one rank but not with a 1-D ``x1``), with sizes drawn as :func:`verify` draws them (plain, perturbed, size-1 broadcasts); every binding
+    drawn for each on its own (the matchers bind each variable on its own: ``x0 * x1`` with a 3-D ``x0`` and a
+    2-D ``x1`` broadcasts), with sizes drawn as :func:`verify` draws them (plain, perturbed, size-1 broadcasts); every binding
     the source fits must agree (a rejected binding, the target's types differing, is refused by the matchers
     too). Returns ``{"tried": [...], "passed": [...], "bindings": n}`` (the uniform ranks tried and those where
     bindings fitted and agreed; the number of agreeing bindings) when no binding disagrees and the rule passed at
