@@ -870,7 +870,7 @@ def generate(cfg: GeneratorConfig, trials: int = 5, max_dim: int = 4, verify_see
     general = 0
     for n, j in enumerate(keep2):
         i, rec = verified[j]
-        ranks = verify_rank_general(ver_rules[j], trials=trials, max_dim=max_dim, seed=verify_seed)
+        ranks = verify_rank_general(ver_rules[j], max_dim=max_dim, seed=verify_seed)
         if ranks is not None:
             general += 1
             rec = {**rec, "ranks": {v: {"min": MIN_GENERAL_RANK} if v not in rules[i].const_vars else r

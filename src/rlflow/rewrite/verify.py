@@ -340,14 +340,14 @@ def _at_rank(shape: Sequence[int], rank: int) -> tuple[int, ...]:
     return tuple(10 + j for j in range(rank - 1, len(shape) - 1, -1)) + shape
 
 
-def verify_rank_general(rule: Rule, trials: int = 5, max_dim: int = 4, seed: int = 0) -> dict | None:
+def verify_rank_general(rule: Rule, max_dim: int = 4, seed: int = 0, draws: int = 4) -> dict | None:
     """Is ``rule`` (verified at its variables' recorded ranks) sound with its activations (the variables not in
     ``constraints.const``) at other ranks? Its weights keep their ranks. The activations are put at each rank of
     :data:`RANKS_TRIED` together, then one at a time at each other rank (the rest at their own), then at ranks
     drawn for each on its own (the matchers bind each variable on its own: ``x0 * x1`` with a 3-D ``x0`` and a
-    2-D ``x1`` broadcasts), with sizes drawn as :func:`verify` draws them (plain, perturbed, size-1 broadcasts); every binding
-    the source fits must agree (a rejected binding, the target's types differing, is refused by the matchers
-    too). Returns ``{"tried": [...], "passed": [...], "bindings": n}`` (the uniform ranks tried and those where
+    2-D ``x1`` broadcasts), each with ``draws`` size bindings drawn as :func:`verify` draws them (plain, perturbed,
+    size-1 broadcasts, both); every binding the source fits must agree (a rejected binding, the target's types
+    differing, is refused by the matchers too). Returns ``{"tried": [...], "passed": [...], "bindings": n}`` (the uniform ranks tried and those where
     bindings fitted and agreed; the number of agreeing bindings) when no binding disagrees and the rule passed at
     :data:`MIN_OTHER_RANKS` or more ranks besides its own; else None (the rule stays at its recorded ranks)."""
     with single_thread():
@@ -368,8 +368,8 @@ def verify_rank_general(rule: Rule, trials: int = 5, max_dim: int = 4, seed: int
         seen: set[tuple] = set()
         for ranks in assignments:
             at = {v: _at_rank(s, ranks[v]) if v in ranks else tuple(s) for v, s in base["vars"].items()}
-            for n in range(4):     # plain sizes, sizes perturbed, some set to 1 (broadcasting), both
-                shapes = _remap(at, rng, max_dim, 0.3 * (n % 2), ones=0.2 * (n // 2))
+            for n in range(draws):     # plain sizes, sizes perturbed, some set to 1 (broadcasting), both
+                shapes = _remap(at, rng, max_dim, 0.3 * (n % 2), ones=0.2 * (n // 2 % 2))
                 if _key(shapes, params) in seen:
                     continue
                 seen.add(_key(shapes, params))
