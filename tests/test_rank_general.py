@@ -180,3 +180,24 @@ def test_a_rank_general_rule_is_never_bound_at_rank_1():
     feeds = {v: np.random.default_rng(2).standard_normal(s) for v, s in (("x0", (2, 3, 3)), ("x1", (3, 4)),
                                                                          ("x2", (2, 4, 3)))}
     np.testing.assert_allclose(run_float64(g, feeds)[0], run_float64(apply(g, m), feeds)[0], rtol=1e-9)
+
+
+def test_rules_check_reverify_rejects_a_false_rank_general_mark(tmp_path, capsys):
+    """`rlflow rules check --reverify` re-runs the rank check of every rank-general rule: a hand-marked rule that
+    is false at rank 3 (Softmax over axis 1 taken for the last axis) fails; the sound one passes."""
+    import json
+
+    from rlflow.cli import main
+    from rlflow.rewrite.rule import rules_document
+
+    last = verified(rule([n("Softmax", ["x0"], axis=1)],
+                         [n("Softmax", ["x0"], axis={"sum": [{"rank": "x0"}, -1]})], [["%0", "%0"]], rid="g0001"))
+    marked = replace(last, verified={**last.verified, "ranks": {"x0": {"min": MIN_GENERAL_RANK}}})
+    good = general(verified(replace(MERGE, id="g0002")))
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps(rules_document([good], {})))
+    assert main(["rules", "check", str(path), "--reverify"]) == 0
+    path.write_text(json.dumps(rules_document([good, marked], {})))
+    assert main(["rules", "check", str(path), "--reverify"]) != 0
+    err = capsys.readouterr().err
+    assert "'g0001'" in err and "rank-general" in err
