@@ -226,9 +226,10 @@ def test_semi_naive_matching_saturates_to_the_same_egraph(tiny_zoo, rules, model
     out = []
     for semi in (False, True):
         eg, roots = graph_to_egraph(g)
-        # four iterations: semi-naive narrowing from the second on, 13,589 e-nodes on bert (eight reach the node
-        # limit, in 80 s)
-        stats = saturate(eg, rules, 50_000, 4, time.perf_counter() + 300, 2, semi_naive=semi)
+        # three iterations: semi-naive narrowing from the second on, 5,477 e-nodes on bert (four make 16,327 with
+        # the rank-general rules, whose ILP misses its optimum in 60 s on a loaded 2-core box; eight reach the
+        # node limit)
+        stats = saturate(eg, rules, 50_000, 3, time.perf_counter() + 300, 2, semi_naive=semi)
         assert not eg._class_cycles()
         roots = [eg.find(c) for c in roots]
         choice, ilp = ilp_extract(eg, roots, _Costs(eg, AnalyticCost("cpu")), 60.0)

@@ -415,7 +415,7 @@ def test_final_pruning_drops_rules_that_only_swap_operands():
     swap = replace(rule([n("Mul", ["x0", "x1"])], [n("Mul", ["x1", "x0"])], [["%0", "%0"]]), origin="builtin")
     keep = rule([n("Mul", ["x0", "x1"]), n("Relu", ["%0"])], [n("Relu", ["x0"]), n("Mul", ["%0", "x1"])],
                 [["%1", "%1"]])
-    assert prune_final([swap, keep]) == ([1], {"swap_only": 1, "covered": 1})
+    assert prune_final([swap, keep]) == ([1], {"swap_only": 1, "rank_general": 1, "covered": 1})
 
 
 # ============================================================================================ the stage
@@ -443,9 +443,11 @@ def test_stage_writes_rules_and_stats(tmp_path):
     assert list(stats["after_each_pruning_step"]) == ["trivial", "renaming", "common_subgraph",
                                                       "common_supergraph", "decomposable", "specialisation"]
     final = stats["after_each_final_pruning_step"]
-    assert list(final) == ["generated_and_builtin", "swap_only", "covered"]
+    assert list(final) == ["generated_and_builtin", "swap_only", "rank_general", "covered"]
     assert final["generated_and_builtin"] == stats["generated_rules"] + stats["builtin_rules"]
-    assert final["generated_and_builtin"] >= final["swap_only"] >= final["covered"] == stats["final_rules"]
+    assert final["generated_and_builtin"] >= final["swap_only"] >= final["rank_general"] >= final["covered"] \
+        == stats["final_rules"]
+    assert 0 < stats["rank_general"] <= stats["generated_rules"] and "verify_ranks" in stats["seconds"]
     rules = load_rules(out)
     assert len(rules) == stats["final_rules"]
     gen = [x for x in rules if x.origin == "generated"]

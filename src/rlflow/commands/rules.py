@@ -63,11 +63,14 @@ def run(args) -> int:
         return _matches(args, rules)
     if args.rules_command == "check":
         if args.reverify:
-            from rlflow.rewrite.verify import verify
+            from rlflow.rewrite.verify import verify, verify_rank_general
 
             for r in rules:
                 if verify(r, trials=args.trials, examples=r.verified.get("examples")) is None:
                     raise RLFlowError(f"{args.file}: rule '{r.id}' ({r.name}) fails numeric verification")
+                if r.rank_general_vars and verify_rank_general(r) is None:
+                    raise RLFlowError(f"{args.file}: rule '{r.id}' ({r.name}) is marked rank-general but fails "
+                                      f"verification at other ranks")
         print(f"{args.file}: {len(rules)} rules OK" + (" (re-verified)" if args.reverify else ""))
         return 0
     chosen = [r for r in rules if (not args.origin or r.origin == args.origin)

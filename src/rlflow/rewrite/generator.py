@@ -38,7 +38,12 @@ sizes are ``[{"dim": [p, axis]}, {"dim": [q, axis]}]`` where ``p``/``q`` are the
 from (a Concat's inputs, tracked through MatMul, Conv, element-wise ops and Transpose as TASO's split trees
 are), a Conv's padding is ``{"same_pads": w}`` and an Enlarge's target size ``{"kernel": w'}``. So a rule found
 on 2x4 tensors applies to graphs of any size; the verifier (:mod:`rlflow.rewrite.verify`) checks that at other
-sizes (each variable at the rank it was found at: ranks are part of a verified rule).
+sizes (each variable at the rank it was found at: ranks are part of a verified rule). A rule that also holds with
+its activations at other ranks (all at 2, 3 or 4, one at a time and mixed;
+:func:`rlflow.rewrite.verify.verify_rank_general`) is *rank-general*: its activations' ranks are recorded as
+``{"min": 2}`` and the matchers bind them at any rank from 2 up, so
+the elementwise rule found on 2-D ``x`` also serves 3-D ``b`` and 4-D ``a`` values, and the whole-set pruning drops
+its copies found at those ranks.
 
 **Constants.** TASO's identity matrix and identity kernel are left out: the rule format can neither constrain
 a source variable to a particular constant nor make a non-filled constant in a target, so ``x -> matmul(x, I)``
@@ -799,7 +804,8 @@ def generate(cfg: GeneratorConfig, trials: int = 5, max_dim: int = 4, verify_see
 
     from rlflow.rewrite.prune import prune, prune_specialisations
     from rlflow.rewrite.rule import rule_from_json
-    from rlflow.rewrite.verify import verify
+    from rlflow.rewrite.rule import MIN_GENERAL_RANK
+    from rlflow.rewrite.verify import verify, verify_rank_general
 
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -857,13 +863,23 @@ def generate(cfg: GeneratorConfig, trials: int = 5, max_dim: int = 4, verify_see
     counts_after["specialisation"] = len(keep2)
     seconds["prune"] += time.perf_counter() - t3
 
+    # rank-general rules: sound with their activations at other ranks too (verify_rank_general); the matchers
+    # then bind those at any rank from 2 up, and the final pruning drops the rule's copies at other ranks
+    t4 = time.perf_counter()
     out = []
+    general = 0
     for n, j in enumerate(keep2):
         i, rec = verified[j]
+        ranks = verify_rank_general(ver_rules[j], max_dim=max_dim, seed=verify_seed)
+        if ranks is not None:
+            general += 1
+            rec = {**rec, "ranks": {v: {"min": MIN_GENERAL_RANK} if v not in rules[i].const_vars else r
+                                    for v, r in rec["ranks"].items()}, "rank_general": ranks}
         raw = rules[i].to_json()
         raw["id"] = rule_id(n, len(keep2), id_prefix)
         raw["verified"] = rec
         out.append(raw)
+    seconds["verify_ranks"] = time.perf_counter() - t4
     stats = {
         "graphs_enumerated": enum.visited,
         "graphs_recorded": len(graphs),
@@ -873,6 +889,7 @@ def generate(cfg: GeneratorConfig, trials: int = 5, max_dim: int = 4, verify_see
         "verified": len(verified),
         "verified_no_broadcast": constrained,
         "failed_verification": failed,
+        "rank_general": general,
         "generated_rules": len(out),
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
     }

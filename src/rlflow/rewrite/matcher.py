@@ -33,7 +33,7 @@ from rlflow.errors import RLFlowError
 from rlflow.graph.fold import static_values
 from rlflow.graph.ir import Constant, Graph, Node, TensorType, _canonical
 from rlflow.graph.ops import COMMUTATIVE, infer_types
-from rlflow.rewrite.rule import Rule, attr_equal, broadcasts, constant_array, eval_attr, is_param
+from rlflow.rewrite.rule import Rule, attr_equal, bound_ranks, broadcasts, constant_array, eval_attr, is_param
 
 _REF = re.compile(r"%(\d+)(?:\.(\d+))?$")
 
@@ -86,9 +86,9 @@ class _Compiled:
         self.mapped = mapped
         self.const_vars = rule.const_vars
         # a generated rule was verified only at its variables' recorded ranks (its symbolic inputs): bind only
-        # those (a literal axis may mean something else at another rank); builtins are written for any rank
-        ranks = rule.verified.get("ranks") if rule.origin == "generated" else None
-        self.var_ranks = {v: set(r) if isinstance(r, list) else {r} for v, r in (ranks or {}).items()}
+        # those (a literal axis may mean something else at another rank), except its rank-general variables;
+        # builtins are written for any rank
+        self.var_ranks = bound_ranks(rule)
         self.cuts = _cuts_paths(rule)
 
     def _order(self, start: int) -> list[int]:
@@ -199,7 +199,7 @@ def _search(view: _View, c: _Compiled, starts: Iterable[tuple[int, Iterable[Node
                 if have is None:
                     if ref[1] in c.const_vars and val not in view.static:
                         break
-                    if c.var_ranks and view.g.types[val].rank not in c.var_ranks.get(ref[1], ()):
+                    if ref[1] in c.var_ranks and view.g.types[val].rank not in c.var_ranks[ref[1]]:
                         break
                     vars_[ref[1]] = val
                     new_vars.append(ref[1])
@@ -658,7 +658,7 @@ def _fits_alone(c: _Compiled, k: int, node: Node, ranks: tuple[int, ...], makers
     def inputs_fit(order: tuple[int, ...]) -> bool:
         for pos, ref in zip(order, c.ins[k]):
             if ref[0] == "var":
-                if c.var_ranks and ranks[pos] not in c.var_ranks.get(ref[1], ()):
+                if ref[1] in c.var_ranks and ranks[pos] not in c.var_ranks[ref[1]]:
                     return False
             elif makers[pos] != (c.src[ref[1]].op, ref[2]):
                 return False

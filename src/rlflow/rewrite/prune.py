@@ -22,7 +22,7 @@ After verification, :func:`prune_specialisations` drops a rule another verified 
 wherever it does with the same result, being more general (variables identified, ``concat(concat(x, y), x)`` when
 ``concat(concat(x, y), z)`` is there: the matcher may bind two variables to one value; variables constrained to
 weights; see the function). :func:`prune_final` prunes the whole rule set, builtin rules included: rules that
-only swap operands of commutative ops, and rules another covers (a builtin rule covers the generated rules that
+only swap operands of commutative ops, a rank-general rule's copies at other ranks, and rules another covers (a builtin rule covers the generated rules that
 are itself at one rank).
 
 Canonical forms are strings, so every decision is deterministic (no per-process hash seed).
@@ -35,7 +35,7 @@ import json
 from typing import Any, Callable, Mapping, Sequence
 
 from rlflow.graph.ops import COMMUTATIVE
-from rlflow.rewrite.rule import PatternNode, Rule
+from rlflow.rewrite.rule import MIN_GENERAL_RANK, PatternNode, Rule, bound_ranks
 
 STEPS = ("trivial", "renaming", "common_subgraph", "common_supergraph", "decomposable")
 
@@ -241,17 +241,20 @@ def substitute(rule: Rule, m: Mapping[str, str]) -> Rule:
 
 
 def binding_kinds(rule: Rule, const: frozenset[str] | None = None, any_rank: bool | None = None,
-                  kind_of: Callable[[str], str] = _default_kind) -> Callable[[str], str]:
+                  kind_of: Callable[[str], str] = _default_kind,
+                  general: Mapping[str, int] | None = None) -> Callable[[str], str]:
     """What each variable of ``rule`` may bind, as a kind for :func:`renaming_key`: a weight (in ``const``, by
     default ``constraints.const``) or any value, at the rank a generated rule was verified at (``verified.ranks``:
     the matcher binds only those; ``kind_of`` for a rule not verified yet) or at any rank (``any_rank``, by default
-    for a builtin rule: written and verified for every rank)."""
+    for a builtin rule: written and verified for every rank) or at any rank from k up (``general``: variable -> k;
+    by default a generated rule's rank-general variables, ``{"min": k}`` in ``verified.ranks``)."""
     const = rule.const_vars if const is None else const
     any_rank = rule.origin != "generated" if any_rank is None else any_rank
     ranks = rule.verified.get("ranks") or {}
+    general = {v: ranks[v]["min"] for v in rule.rank_general_vars} if general is None else general
 
     def kind(v: str) -> str:
-        rank = "*" if any_rank else str(ranks[v]) if v in ranks else kind_of(v)
+        rank = "*" if any_rank else f"{general[v]}+" if v in general else str(ranks[v]) if v in ranks else kind_of(v)
         return ("const" if v in const else "value") + rank
 
     return kind
@@ -314,14 +317,40 @@ def prune_specialisations(rules: Sequence[Rule], kind_of: Callable[[str], str] =
     return keep
 
 
+def prune_rank_copies(rules: Sequence[Rule]) -> list[int]:
+    """Indices (in input order) of the rules left when each rank-general generated rule (its activations bind any
+    rank from 2 up: ``verified.ranks`` records ``{"min": 2}``) replaces its copies at other ranks: a generated rule
+    that is a rank-general rule up to renaming, the operand order of commutative ops and its activations' ranks (all
+    2 or more; its weights at the same ranks; a ``no_broadcast`` rule is covered by one with or without the
+    constraint, a rule without it only by one without). Of two rank-general copies the first is kept."""
+    first: dict[tuple, int] = {}
+    for i, g in enumerate(rules):
+        if g.rank_general_vars:
+            first.setdefault((renaming_key(g, binding_kinds(g)), g.no_broadcast), i)
+    keep = []
+    for i, r in enumerate(rules):
+        bound = bound_ranks(r)
+        acts = [v for v in r.variables if v not in r.const_vars]
+        if r.origin == "generated" and all(v in bound and min(bound[v]) >= MIN_GENERAL_RANK for v in acts):
+            key = renaming_key(r, binding_kinds(r, general={v: MIN_GENERAL_RANK for v in acts}))
+            by = [first[(key, nb)] for nb in ((False, True) if r.no_broadcast else (False,)) if (key, nb) in first]
+            if by and min(by) != i:
+                continue
+        keep.append(i)
+    return keep
+
+
 def prune_final(rules: Sequence[Rule]) -> tuple[list[int], dict[str, int]]:
     """The pruning of a whole rule set (generated and builtin rules together): the kept indices and the number left
     after each step. ``swap_only`` drops a rule whose source and target are one graph up to the operand order of
-    commutative ops (``x + y -> y + x``: the matchers bind either order, so it rewrites nothing); ``covered`` a
+    commutative ops (``x + y -> y + x``: the matchers bind either order, so it rewrites nothing); ``rank_general``
+    a generated rule that a rank-general rule is at other ranks (:func:`prune_rank_copies`); ``covered`` a
     rule another rule covers (:func:`prune_specialisations`; here: a generated rule that a builtin rule is at
     one rank, or a builtin rule another builtin rule covers)."""
     keep = [i for i, r in enumerate(rules) if not is_trivial(r)]
     counts = {"swap_only": len(keep)}
+    keep = [keep[j] for j in prune_rank_copies([rules[i] for i in keep])]
+    counts["rank_general"] = len(keep)
     keep = [keep[j] for j in prune_specialisations([rules[i] for i in keep])]
     counts["covered"] = len(keep)
     return keep, counts

@@ -41,7 +41,11 @@ graphs whose ``opset`` is at least that: a target op ONNX defines from that opse
 ``Attention`` of opset 23) is only put into a graph that may hold it (``rlflow optimize --opset`` raises a
 graph's opset). ``verified`` records how the rule was checked; for
 a generated rule its ``ranks`` (variable -> rank, or list of ranks) are the only ranks the matcher binds, since
-the rule was verified at those alone (builtin rules are written, and tested, for every rank). ``verified`` records how the rule was checked (method, trials, sizes).
+the rule was verified at those alone (builtin rules are written, and tested, for every rank); a variable recorded
+as ``{"min": 2}`` is *rank-general*: the generator verified the rule with its activations at ranks 2, 3 and 4
+(``verified.rank_general``: the ranks tried and passed, see :func:`rlflow.rewrite.verify.verify_rank_general`), and
+the matchers bind it at any rank from 2 up (:func:`bound_ranks`, read by the rewrite matcher, eqsat's e-matcher
+and pruning).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Container, Mapping, Sequence
 
 import numpy as np
 
@@ -62,6 +66,10 @@ from rlflow.graph.ir import Graph, TensorType, _canonical
 from rlflow.graph.ops import OPS
 
 FORMAT = 1
+#: the lowest rank a rank-general variable binds (``verified.ranks``: ``{"min": 2}``): the generator's activations
+#: are 2-D to 4-D; a 1-D value is a bias or a scale vector, and binding those gave the searches rewrites such as
+#: ``(x + bias) * gamma -> x * gamma + bias * gamma`` (eqsat on bert 3% worse within its limits)
+MIN_GENERAL_RANK = 2
 _REF = re.compile(r"%(\d+)(?:\.(\d+))?$")
 _VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
 _EXPR_KEYS = {"dim", "rank", "kernel", "same_pads", "sum", "prod"}
@@ -126,6 +134,13 @@ class Rule:
         return bool(self.constraints.get("no_broadcast", False))
 
     @property
+    def rank_general_vars(self) -> frozenset[str]:
+        """The variables of a generated rule that bind values of any rank from some rank up (``verified.ranks``
+        records ``{"min": rank}``)."""
+        ranks = self.verified.get("ranks") or {}
+        return frozenset(v for v, r in ranks.items() if _is_min_rank(r)) if self.origin == "generated" else frozenset()
+
+    @property
     def min_opset(self) -> int:
         """The lowest ONNX opset a graph must declare for the rule to apply (``constraints.min_opset``; 0: any):
         a target op the standard defines only from that opset on (``Attention``: 23)."""
@@ -139,6 +154,22 @@ class Rule:
             d["constraints"] = _to_json_value(self.constraints)
         d["verified"] = _to_json_value(self.verified)
         return d
+
+
+def _is_min_rank(r: Any) -> bool:
+    return isinstance(r, Mapping) and set(r) == {"min"}
+
+
+def bound_ranks(rule: Rule) -> dict[str, Container[int]]:
+    """The ranks the matchers may bind each variable of ``rule`` to: a generated rule's ``verified.ranks`` (a rank, a
+    list of ranks, or ``{"min": k}`` for a rank-general variable: rank k and up); a variable not in the result binds
+    any rank (every variable of a builtin rule, written and tested for every rank). The one reading of rank
+    constraints: the rewrite matcher and eqsat's e-matcher call it."""
+    if rule.origin != "generated":
+        return {}
+    ranks = rule.verified.get("ranks") or {}
+    return {v: range(r["min"], 1 << 16) if _is_min_rank(r) else frozenset(r if isinstance(r, list) else [r])
+            for v, r in ranks.items()}
 
 
 def _to_json_value(v: Any) -> Any:

@@ -38,7 +38,7 @@ import numpy as np
 from rlflow.errors import RLFlowError
 from rlflow.graph.ir import Graph, TensorType
 from rlflow.graph.ops import OPS
-from rlflow.rewrite.rule import VARIABLE_KINDS, Rule, instantiate
+from rlflow.rewrite.rule import MIN_GENERAL_RANK, VARIABLE_KINDS, Rule, instantiate
 
 METHOD = "random-float64"
 RTOL = 1e-9
@@ -320,6 +320,71 @@ def _verify(rule: Rule, trials: int, max_dim: int, seed: int, examples: Sequence
     return {"method": METHOD, "trials": checked, "max_dims": max_dims, "seed": seed, "rtol": rtol,
             "max_rel_diff": float(f"{worst:.3g}"),
             "ranks": {v: r[0] if len(r) == 1 else r for v, r in ranks.items()}, "shapes": passed}
+
+
+#: the ranks :func:`verify_rank_general` binds a rule's activations to (all at one rank, one at a time, mixed): the
+#: generator's activation ranks; a rank-general variable then binds any rank from the first up
+#: (:data:`rlflow.rewrite.rule.MIN_GENERAL_RANK`)
+RANKS_TRIED = tuple(range(MIN_GENERAL_RANK, 5))
+#: uniform ranks (besides the one the rule was found at) at which a rank-general rule must fit and pass
+MIN_OTHER_RANKS = 2
+
+
+def _at_rank(shape: Sequence[int], rank: int) -> tuple[int, ...]:
+    """``shape`` with leading dimensions dropped or added to make it ``rank``-D. Added axes get sizes by their
+    position counted from the right (11 for the third axis from the right, 12 for the fourth...), so values
+    given the same rank have the same new sizes and broadcast together the numpy way."""
+    shape = tuple(int(d) for d in shape)
+    if rank <= len(shape):
+        return shape[len(shape) - rank:]
+    return tuple(10 + j for j in range(rank - 1, len(shape) - 1, -1)) + shape
+
+
+def verify_rank_general(rule: Rule, max_dim: int = 4, seed: int = 0, draws: int = 4) -> dict | None:
+    """Is ``rule`` (verified at its variables' recorded ranks) sound with its activations (the variables not in
+    ``constraints.const``) at other ranks? Its weights keep their ranks. The activations are put at each rank of
+    :data:`RANKS_TRIED` together, then one at a time at each other rank (the rest at their own), then at ranks
+    drawn for each on its own (the matchers bind each variable on its own: ``x0 * x1`` with a 3-D ``x0`` and a
+    2-D ``x1`` broadcasts), each with ``draws`` size bindings drawn as :func:`verify` draws them (plain, perturbed,
+    size-1 broadcasts, both); every binding the source fits must agree (a rejected binding, the target's types
+    differing, is refused by the matchers too). Returns ``{"tried": [...], "passed": [...], "bindings": n}`` (the uniform ranks tried and those where
+    bindings fitted and agreed; the number of agreeing bindings) when no binding disagrees and the rule passed at
+    :data:`MIN_OTHER_RANKS` or more ranks besides its own; else None (the rule stays at its recorded ranks)."""
+    with single_thread():
+        acts = [v for v in rule.variables if v not in rule.const_vars]
+        if not acts:
+            return None
+        base = default_bases(rule)[0]
+        rng = np.random.default_rng([seed, _stable_id(rule.id), 7])
+        own = {len(base["vars"][v]) for v in acts}
+        at_own = {v: len(base["vars"][v]) for v in acts}
+        assignments = [{v: r for v in acts} for r in RANKS_TRIED if {r} != own]          # all at one rank
+        assignments += [{**at_own, v: r} for v in acts if len(acts) > 1                   # one at another rank
+                        for r in RANKS_TRIED if r != at_own[v]]
+        assignments += [{v: int(rng.choice(RANKS_TRIED)) for v in acts} for _ in range(2)]  # mixed
+        params = _params(base.get("params", {}))
+        passed_at: set[int] = set()
+        bindings = 0
+        seen: set[tuple] = set()
+        for ranks in assignments:
+            at = {v: _at_rank(s, ranks[v]) if v in ranks else tuple(s) for v, s in base["vars"].items()}
+            for n in range(draws):     # plain sizes, sizes perturbed, some set to 1 (broadcasting), both
+                shapes = _remap(at, rng, max_dim, 0.3 * (n % 2), ones=0.2 * (n // 2 % 2))
+                if _key(shapes, params) in seen:
+                    continue
+                seen.add(_key(shapes, params))
+                got = check_binding(rule, shapes, params, rng, rounds=1)
+                if isinstance(got, str):
+                    continue
+                if not got <= max(RTOL, constant_tolerance(rule)):
+                    return None
+                bindings += 1
+                if len(set(ranks.values())) == 1:
+                    passed_at.add(next(iter(ranks.values())))
+        if len(passed_at - own) < MIN_OTHER_RANKS:
+            return None
+        tried = sorted({r for a in assignments for r in a.values() if len(set(a.values())) == 1} | own)
+        return {"tried": tried, "passed": sorted(passed_at | own), "bindings": bindings}
 
 
 def constant_tolerance(rule: Rule) -> float:

@@ -1,7 +1,7 @@
 """Generate and verify the rule set (pipeline stage ``generate_rules``): TASO's substitution generator over small
 symbolic graphs, numeric verification in float64 at several shapes, TASO's pruning, plus the builtin rules, then
 the pruning of the whole set (rlflow.rewrite.prune.prune_final: rules that only swap operands of commutative ops,
-rules another rule covers).
+a rank-general rule's copies at other ranks, rules another rule covers).
 
 Reads these config keys: rules.max_ops, rules.max_outputs, rules.max_elements, rules.ops, rules.variables,
 rules.seed (generation and verification), rules.trials, rules.max_dim, rules.builtin, rules.bias_fusion and rules.fused_kernels.
@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     special = steps.pop("specialisation")
     print(f"generate_rules: {stats['graphs_enumerated']} graphs enumerated, {stats['candidates']} candidates -> "
           f"{list(steps.values())[-1]} after pruning ({', '.join(f'{k} {v}' for k, v in steps.items())}) -> "
-          f"{stats['verified']} verified -> {special} after specialisation; + {len(builtins)} builtin -> "
+          f"{stats['verified']} verified -> {special} after specialisation ({stats['rank_general']} rank-general); "
+          f"+ {len(builtins)} builtin -> "
           f"{', '.join(f'{k} {v}' for k, v in final_steps.items())} = {len(rules)} rules in "
           f"{stats['seconds']['total']:.1f} s -> {args.out}", flush=True)
     return 0

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 from rlflow.graph.ir import Constant
 from rlflow.graph.ops import COMMUTATIVE
 from rlflow.rewrite.matcher import _target_types
-from rlflow.rewrite.rule import Rule, attr_equal, constant_array, eval_attr, is_param
+from rlflow.rewrite.rule import Rule, attr_equal, bound_ranks, constant_array, eval_attr, is_param
 from rlflow.search.eqsat.egraph import CONST, INPUT, EGraph, Key, _Filtered
 
 _REF = re.compile(r"%(\d+)(?:\.(\d+))?$")
@@ -69,8 +69,7 @@ class Pattern:
         self.param = [{a: v[1:] for a, v in pn.attrs.items() if is_param(v)} for pn in rule.src]
         self.expr = [{a: v for a, v in pn.attrs.items() if _has_expr(v)} for pn in rule.src]
         self.literal_ok: dict[tuple[int, str], bool] = {}  # (pattern node, attribute key) -> literals match
-        ranks = rule.verified.get("ranks") if rule.origin == "generated" else None
-        self.var_ranks = {v: set(r) if isinstance(r, list) else {r} for v, r in (ranks or {}).items()}
+        self.var_ranks = bound_ranks(rule)  # variable -> the ranks it may bind (absent: any rank)
         self.const_vars = rule.const_vars
 
 
@@ -194,7 +193,7 @@ def find_bindings(eg: EGraph, ix: Index, p: Pattern, first: dict[str, dict[str, 
             have = vars_.get(ref[1])
             if have is None:
                 if c < 0 or (ref[1] in p.const_vars and not eg.static[c]) or \
-                        (p.var_ranks and eg.type[c].rank not in p.var_ranks.get(ref[1], ())):
+                        (ref[1] in p.var_ranks and eg.type[c].rank not in p.var_ranks[ref[1]]):
                     return None
                 vars_ = dict(vars_) if vars_ is st.vars else vars_
                 vars_[ref[1]] = c
