@@ -457,6 +457,9 @@ PROBLEM_INPUTS = {"onnx": "results/{model}/model.onnx", "rules": "results/rules/
                   "costs": "results/costs/{device}/{model}.json"}
 SCORING_PARAMS = {"seed": "seed", "device": "device", "target": "cost.target", "gpus": "cost.gpus",
                   "peak": "cost.peak"}
+#: what equality saturation reads (search_eqsat and search_eqsat_rl)
+EQSAT_PARAMS = {k: f"eqsat.{k}" for k in ("node_limit", "iter_limit", "time_limit_s", "multi_iterations", "extraction",
+                                          "ilp_time_limit_s")}
 PROBLEM_ARGS = (("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--rules", "{input.rules}"),
                 ("--costs", "{input.costs}"))
 
@@ -604,12 +607,7 @@ STAGES: dict[str, Stage] = {
             outputs={"onnx": "results/{model}/eqsat/model.onnx", "trace": "results/{model}/eqsat/trace.json"},
             params={
                 **SCORING_PARAMS,
-                "node_limit": "eqsat.node_limit",
-                "iter_limit": "eqsat.iter_limit",
-                "time_limit_s": "eqsat.time_limit_s",
-                "multi_iterations": "eqsat.multi_iterations",
-                "extraction": "eqsat.extraction",
-                "ilp_time_limit_s": "eqsat.ilp_time_limit_s",
+                **EQSAT_PARAMS,
                 "timing": "timing",
             },
             args=(*PROBLEM_ARGS, ("--out", "{output.onnx}"), ("--trace", "{output.trace}")),
@@ -623,12 +621,7 @@ STAGES: dict[str, Stage] = {
             outputs={"onnx": "results/{model}/eqsat_rl/model.onnx", "trace": "results/{model}/eqsat_rl/trace.json"},
             params={
                 **SCORING_PARAMS,
-                "node_limit": "eqsat.node_limit",
-                "iter_limit": "eqsat.iter_limit",
-                "time_limit_s": "eqsat.time_limit_s",
-                "multi_iterations": "eqsat.multi_iterations",
-                "extraction": "eqsat.extraction",
-                "ilp_time_limit_s": "eqsat.ilp_time_limit_s",
+                **EQSAT_PARAMS,
                 "rl_leaves": "eqsat.rl_leaves",
                 "timing": "timing",
             },
