@@ -83,7 +83,7 @@ def test_missing_optional_module_names_its_group(monkeypatch, capsys):
 def test_release_files_and_shipped_data_are_in_place():
     assert "MIT License" in (ROOT / "LICENSE").read_text()
     citation = (ROOT / "CITATION.cff").read_text()
-    assert "cff-version:" in citation and "RLFlow" in citation and "TASO" in citation
+    assert "cff-version:" in citation and "RLFlow" in citation and "TASO" in citation and "XLA" in citation
     assert (ROOT / "CHANGELOG.md").read_text().startswith("# Changelog")
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert "rewrite/data/*.json.gz" in package_data["rlflow"]
