@@ -26,23 +26,10 @@ from rlflow.rewrite.prune import (
 from rlflow.rewrite.rule import instantiate
 from rlflow.rewrite.verify import check_binding, run_float64, verify
 
+from rule_builders import n, rule
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "config.yaml"
-
-
-def rule(src, dst, outputs, const=(), rid="t"):
-    raw = {"id": rid, "name": rid, "origin": "generated", "src": src, "dst": dst, "outputs": outputs,
-           "verified": {"method": "pending", "trials": 0}}
-    if const:
-        raw["constraints"] = {"const": list(const)}
-    return rule_from_json(raw, "test")
-
-
-def n(op, inputs, outputs=1, **attrs):
-    d = {"op": op, "inputs": list(inputs), "attrs": attrs}
-    if outputs != 1:
-        d["outputs"] = outputs
-    return d
 
 
 def key(r):

@@ -13,23 +13,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from rlflow.graph.ir import TensorType
-from rlflow.rewrite import load_rules, rule_from_json
+from rlflow.rewrite import load_rules
 from rlflow.rewrite.matcher import apply, find_matches
 from rlflow.rewrite.prune import prune_final, prune_rank_copies
 from rlflow.rewrite.rule import MIN_GENERAL_RANK, bound_ranks, instantiate
 from rlflow.rewrite.verify import _at_rank, check_binding, default_bases, run_float64, verify, verify_rank_general
 
-
-def rule(src, dst, outputs, const=(), rid="t"):
-    raw = {"id": rid, "name": rid, "origin": "generated", "src": src, "dst": dst, "outputs": outputs,
-           "verified": {"method": "pending", "trials": 0}}
-    if const:
-        raw["constraints"] = {"const": list(const)}
-    return rule_from_json(raw, "test")
-
-
-def n(op, inputs, **attrs):
-    return {"op": op, "inputs": list(inputs), "attrs": attrs}
+from rule_builders import n, rule
 
 
 def verified(r):
