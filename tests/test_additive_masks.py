@@ -2,7 +2,9 @@
 causal mask ``s * B - 1e10 * (1 - B)`` becomes ``s + M`` with equal outputs on onnxruntime, the importer does it
 from opset 23 (and only there), any variant whose values do not prove it (a B value other than 0 or 1, a small
 C, a row left without a key, a D that is not 0 where B is 1, a reader other than Softmax) is left untouched, and
-with the fused-kernel rules greedy search then fuses every GPT-2 attention block."""
+with the fused-kernel rules greedy search then fuses every GPT-2 attention block. Hugging Face's
+``Where(IsNaN(p), 0, p)`` after the softmax (:func:`rlflow.graph.fold.drop_nan_guards`) is dropped where a
+constant mask leaves every row a finite entry, and kept otherwise."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 from rlflow.graph import Constant, GraphBuilder, load_onnx
 from rlflow.graph.exec import get_runner, make_inputs, max_rel_diff
 from rlflow.graph.exec.check import check_equal
-from rlflow.graph.fold import MASK_MIN, additive_masks, at_opset
+from rlflow.graph.fold import MASK_MIN, additive_masks, at_opset, drop_nan_guards
 from rlflow.graph.ops.attention import ATTENTION_OPSET
 from rlflow.graph.zoo import TINY_SIZES, export_model
 
@@ -138,3 +140,47 @@ def test_gpt2_attention_fuses_after_the_canonicalisation(gpt2):
     out, _ = finish(greedy_search(at_opset(broken, ATTENTION_OPSET), [r for r, _ in fused_kernel_rules()],
                                   cost).graph, cost)
     assert [n.op for n in out.nodes].count("Attention") < LAYERS
+
+
+# ============================================================================================ Hugging Face's guard
+def _guarded(mask, zero: float = 0.0, mask_input: bool = False):
+    """ONNX bytes: Softmax(q k^T + mask) guarded by Where(IsNaN(p), zero, p), as Hugging Face's GPT-2 export
+    writes it (IsNaN and Where are opaque in the IR), then MatMul v; ``mask_input``: the mask a graph input."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    f = TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info(n, f, s) for n, s in (("q", [1, 2, 4, 8]), ("k", [1, 2, 8, 4]),
+                                                                     ("v", [1, 2, 4, 8]))]
+    mask = np.asarray(mask, np.float32).reshape(1, 1, 4, 4)
+    inits = [numpy_helper.from_array(np.float32(zero), "zero")]
+    if mask_input:
+        inputs.append(helper.make_tensor_value_info("mask", f, [1, 1, 4, 4]))
+    else:
+        inits.append(numpy_helper.from_array(mask, "mask"))
+    nodes = [helper.make_node("MatMul", ["q", "k"], ["s"]), helper.make_node("Add", ["s", "mask"], ["x"]),
+             helper.make_node("Softmax", ["x"], ["p"], axis=-1), helper.make_node("IsNaN", ["p"], ["nan"]),
+             helper.make_node("Where", ["nan", "zero", "p"], ["g"]), helper.make_node("MatMul", ["g", "v"], ["y"])]
+    graph = helper.make_graph(nodes, "guarded", inputs, [helper.make_tensor_value_info("y", f, [1, 2, 4, 8])],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+
+
+CAUSAL = np.where(TRIL == 1, 0, np.finfo(np.float32).min)  # Hugging Face's GPT-2 causal mask
+
+
+def test_an_idle_nan_guard_is_dropped_with_equal_outputs():
+    g = load_onnx(_guarded(CAUSAL))
+    assert [n.op_type_name() for n in g.nodes] == ["MatMul", "Add", "Softmax", "IsNaN", "Where", "MatMul"]
+    out = drop_nan_guards(g)
+    assert [n.op for n in out.nodes] == ["MatMul", "Add", "Softmax", "MatMul"]
+    assert check_equal(g, out, tol=1e-6) <= 1e-6
+
+
+@pytest.mark.parametrize("mask,zero,mask_input", [
+    (np.where(NO_KEY == 1, 0, -np.inf), 0.0, False),  # a row -inf throughout: the guard is not idle there
+    (CAUSAL, 1.0, False),                              # Where(IsNaN(p), 1, p): not the guard
+    (CAUSAL, 0.0, True),                               # the mask not a constant: nothing proves a finite entry
+])
+def test_a_guard_the_values_do_not_prove_idle_is_kept(mask, zero, mask_input):
+    g = load_onnx(_guarded(mask, zero, mask_input))
+    assert drop_nan_guards(g) is g

@@ -6,9 +6,11 @@ results and exported models are folded with :func:`fold_constants`, as TASO fold
 search.
 
 Value-aware canonicalisation, which no rule can do (rules see shapes, not values): :func:`additive_masks` writes
-a multiplicative 0/1 attention mask before a Softmax as an additive one (GPT-2's ``s * B - C * (1 - B)``), so
-the rules into ONNX's fused ``Attention`` match it. :func:`at_opset` applies it from the opset that defines
-``Attention``; the importer does so for files of that opset.
+a multiplicative 0/1 attention mask before a Softmax as an additive one (GPT-2's ``s * B - C * (1 - B)``), and
+:func:`drop_nan_guards` removes Hugging Face's ``Where(IsNaN(p), 0, p)`` after a softmax whose constant mask
+leaves every row a key, so the rules into ONNX's fused ``Attention`` match. :func:`at_opset` applies both
+(:func:`canonical_attention`) from the opset that defines ``Attention``; the importer does so for files of that
+opset.
 """
 
 from __future__ import annotations
@@ -155,9 +157,72 @@ def additive_masks(graph: Graph) -> Graph:
     return drop_unused_constants(g)
 
 
+def _opaque_op(node: Node) -> str | None:
+    return node.attrs["op_type"] if node.op == "Opaque" and node.attrs.get("domain") in ("", "ai.onnx") else None
+
+
+def _nan_guard(graph: Graph, i: int) -> tuple[int, str] | None:
+    """For node ``i``, ``Where(IsNaN(p), 0, p)`` with ``p = Softmax(s + M)`` and ``M`` a constant leaving every
+    Softmax row a finite entry (see :func:`drop_nan_guards`): (index of the IsNaN, p); None otherwise."""
+    w, prod, cons, consts = graph.nodes[i], graph.producer(), graph.consumers(), graph.constants
+    if _opaque_op(w) != "Where" or len(w.inputs) != 3 or w.outputs[0] in graph.outputs:
+        return None
+    cond, zero, p = w.inputs
+    isnan = graph.nodes[prod[cond]] if cond in prod else None
+    soft = graph.nodes[prod[p]] if p in prod else None
+    if isnan is None or _opaque_op(isnan) != "IsNaN" or isnan.inputs != (p,) or cons[cond] != [i] \
+            or cond in graph.outputs or zero not in consts or np.asarray(consts[zero].array).any() \
+            or soft is None or soft.op != "Softmax" or graph.types[w.outputs[0]] != graph.types[p]:
+        return None
+    add = graph.nodes[prod[soft.inputs[0]]] if soft.inputs[0] in prod else None
+    if add is None or add.op != "Add":
+        return None
+    rank = len(graph.types[p].shape)
+    for m in add.inputs:
+        if m in consts and not any(v in consts for v in add.inputs if v != m):
+            finite = np.isfinite(np.asarray(consts[m].array))
+            finite = finite.reshape((1,) * (rank - finite.ndim) + finite.shape)
+            if np.any(finite, axis=soft.attrs["axis"]).all():
+                return prod[cond], p
+    return None
+
+
+def drop_nan_guards(graph: Graph) -> Graph:
+    """``graph`` without the guards Hugging Face's exports put after an attention softmax,
+    ``Where(IsNaN(p), 0, p)`` with ``p = Softmax(s + M)``, where the constant mask ``M`` leaves every Softmax row
+    at least one finite entry (GPT-2's causal mask: 0 on and below the diagonal, float32's lowest value above);
+    readers of the guard read ``p``. Every other graph comes back as itself.
+
+    The guard is the identity wherever the scores ``s`` are finite, the values every rule is verified on: a
+    softmax output is NaN only in a row holding a NaN or a +inf, or one that is -inf throughout, and ``s + M``
+    is none of these when ``s`` is finite and each row of ``M`` has a finite entry. (For the one case the guard
+    exists for, a row masked throughout with -inf, ONNX's fused ``Attention`` gives zeros as the guard does.)"""
+    found = {}
+    for i in range(len(graph.nodes)):
+        hit = _nan_guard(graph, i)
+        if hit is not None:
+            found[i] = hit
+    if not found:
+        return graph
+    drop = set(found) | {isnan for isnan, _ in found.values()}
+    rename = {graph.nodes[i].outputs[0]: p for i, (_, p) in found.items()}
+    g = graph.copy()
+    g.nodes = [Node(n.name, n.op, tuple(rename.get(v, v) for v in n.inputs), n.outputs, n.attrs)
+               for i, n in enumerate(graph.nodes) if i not in drop]
+    gone = {v for i in drop for v in graph.nodes[i].outputs}
+    g.types = {k: t for k, t in graph.types.items() if k not in gone}
+    return drop_unused_constants(g)
+
+
+def canonical_attention(graph: Graph) -> Graph:
+    """``graph`` with its attention masks in the form the rules into ONNX's ``Attention`` match:
+    :func:`additive_masks`, then :func:`drop_nan_guards`."""
+    return drop_nan_guards(additive_masks(graph))
+
+
 def at_opset(graph: Graph, opset: int) -> Graph:
     """A copy of ``graph`` at ``opset`` (what ``rlflow optimize --opset`` writes); from :data:`ATTENTION_OPSET`
-    on, its multiplicative masks made additive (:func:`additive_masks`) so attention can fuse."""
+    on, its attention masks in canonical form (:func:`canonical_attention`) so attention can fuse."""
     g = graph.copy()
     g.opset = opset
-    return additive_masks(g) if opset >= ATTENTION_OPSET else g
+    return canonical_attention(g) if opset >= ATTENTION_OPSET else g

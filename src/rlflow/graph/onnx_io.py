@@ -10,9 +10,10 @@
        anything the registry does not cover, or covers only with other attributes, becomes an ``Opaque`` node with
        its shapes from ONNX shape inference. A translated node whose shapes the op's shape inference rejects (a
        Conv whose group does not divide the channels, say, which ONNX's checks let through) is an error.
-    5. from opset 23 (ONNX's ``Attention``), a multiplicative 0/1 attention mask (GPT-2's
-       ``s * B - 1e10 * (1 - B)``) is written as the additive one the fused-attention rules match
-       (:func:`rlflow.graph.fold.additive_masks`); below it the graph is what the file says.
+    5. from opset 23 (ONNX's ``Attention``), attention masks in the form the fused-attention rules match
+       (:func:`rlflow.graph.fold.canonical_attention`: GPT-2's multiplicative 0/1 mask ``s * B - 1e10 * (1 - B)``
+       made additive, Hugging Face's ``Where(IsNaN(p), 0, p)`` guard after the softmax dropped where the values
+       prove it idle); below it the graph is what the file says.
 
 ``save_onnx(graph, path)`` writes the graph at its own opset, valid under ``onnx.checker`` (full check), atomically.
 """
@@ -30,7 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rlflow.atomic import atomic_path
 from rlflow.errors import RLFlowError
-from rlflow.graph.fold import additive_masks, drop_unused_constants
+from rlflow.graph.fold import canonical_attention, drop_unused_constants
 from rlflow.graph.ir import Constant, Graph, Node, TensorType
 from rlflow.graph.ops import ONNX_IMPORTS, OPS, OnnxNode, ShapeError, Unsupported, infer_types
 from rlflow.graph.ops.attention import ATTENTION_OPSET
@@ -654,7 +655,7 @@ def load_onnx(path: str | os.PathLike | bytes, input_shapes: Mapping[str, Any] |
     consts, types = _fold_constants(model, path, weights)
     graph = _onnx_to_ir(model, consts, types, path)
     if graph.opset >= ATTENTION_OPSET:  # where ONNX has Attention: masks in the form its rules match
-        graph = additive_masks(graph)
+        graph = canonical_attention(graph)
     graph.validate()
     return graph
 
