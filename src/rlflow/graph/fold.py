@@ -130,11 +130,7 @@ def additive_masks(graph: Graph) -> Graph:
     as the scores lie within ``(D - 104) / 2`` of zero (about 5,000 at ``D`` = :data:`MASK_MIN`, 5e9 at GPT-2's
     1e10; scores beyond that break the original mask too). The unmasked entries are the same numbers, so the
     softmax outputs are equal to within float32 rounding (in practice identical)."""
-    found = {}
-    for i in range(len(graph.nodes)):
-        hit = _additive_mask(graph, i)
-        if hit is not None:
-            found[i] = hit
+    found = {i: hit for i in range(len(graph.nodes)) if (hit := _additive_mask(graph, i)) is not None}
     if not found:
         return graph
     g = graph.copy()
@@ -197,11 +193,7 @@ def drop_nan_guards(graph: Graph) -> Graph:
     softmax output is NaN only in a row holding a NaN or a +inf, or one that is -inf throughout, and ``s + M``
     is none of these when ``s`` is finite and each row of ``M`` has a finite entry. (For the one case the guard
     exists for, a row masked throughout with -inf, ONNX's fused ``Attention`` gives zeros as the guard does.)"""
-    found = {}
-    for i in range(len(graph.nodes)):
-        hit = _nan_guard(graph, i)
-        if hit is not None:
-            found[i] = hit
+    found = {i: hit for i in range(len(graph.nodes)) if (hit := _nan_guard(graph, i)) is not None}
     if not found:
         return graph
     drop = set(found) | {isnan for isnan, _ in found.values()}
