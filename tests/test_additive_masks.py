@@ -63,13 +63,14 @@ def test_the_importer_canonicalises_from_opset_23_only(tmp_path, gpt2):
     assert at_opset(gpt2, 18).nodes == gpt2.nodes
 
 
-def _masked(keep, drop, sub: bool = True, reader: str = "Softmax", order: str = "sB"):
-    """q k^T * keep - drop (or + drop with ``sub`` False) read by ``reader``; keep and drop are (4, 4)."""
+def _masked(keep, drop, sub: bool = True, reader: str = "Softmax", order: str = "sB", shape=(1, 1, 4, 4)):
+    """q k^T * keep - drop (or + drop with ``sub`` False) read by ``reader``; keep and drop are (4, 4), given the
+    ``shape`` (a 2-D one broadcasts over the scores' batch and heads)."""
     g = GraphBuilder("masked")
     q, k = g.input("q", [1, 2, 4, 8]), g.input("k", [1, 2, 8, 4])
-    s, b = g.op("MatMul", [q, k]), g.const("keep", np.asarray(keep, np.float32).reshape(1, 1, 4, 4))
+    s, b = g.op("MatMul", [q, k]), g.const("keep", np.asarray(keep, np.float32).reshape(shape))
     x = g.op("Mul", [s, b] if order == "sB" else [b, s])
-    x = g.op("Sub" if sub else "Add", [x, g.const("drop", np.asarray(drop, np.float32).reshape(1, 1, 4, 4))])
+    x = g.op("Sub" if sub else "Add", [x, g.const("drop", np.asarray(drop, np.float32).reshape(shape))])
     return g.build([g.op(reader, [x], axis=3) if reader == "Softmax" else g.op(reader, [x])])
 
 
@@ -80,10 +81,11 @@ NO_KEY = TRIL.copy()
 NO_KEY[0, 0] = 0  # row 0 keeps no key: the original is uniform there, the additive form is not
 
 
-@pytest.mark.parametrize("sub,order", [(True, "sB"), (True, "Bs"), (False, "sB")])
-def test_a_valid_mask_is_rewritten_with_equal_outputs(sub, order):
+@pytest.mark.parametrize("sub,order,shape", [(True, "sB", (1, 1, 4, 4)), (True, "Bs", (1, 1, 4, 4)),
+                                             (False, "sB", (1, 1, 4, 4)), (True, "sB", (4, 4))])
+def test_a_valid_mask_is_rewritten_with_equal_outputs(sub, order, shape):
     drop = 1e10 * (1 - TRIL) * (1 if sub else -1)
-    g = _masked(TRIL, drop, sub=sub, order=order)
+    g = _masked(TRIL, drop, sub=sub, order=order, shape=shape)
     out = additive_masks(g)
     assert [n.op for n in out.nodes] == ["MatMul", "Add", "Softmax"]
     feeds = make_inputs(g, 0)

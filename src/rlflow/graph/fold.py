@@ -105,7 +105,8 @@ def _additive_mask(graph: Graph, i: int) -> tuple[int, str, np.ndarray] | None:
                     or types[scores] != t or types[n.outputs[0]] != t:
                 continue
             keep, add = np.broadcast_arrays(np.asarray(consts[b].array), sign * np.asarray(consts[bias].array))
-            keep = keep.reshape((1,) * (len(t.shape) - keep.ndim) + keep.shape)
+            lead = (1,) * (len(t.shape) - keep.ndim)  # to the scores' rank, for the Softmax's axis
+            keep, add = keep.reshape(lead + keep.shape), add.reshape(lead + add.shape)
             if not (np.isin(keep, (0, 1)).all() and (add[keep == 1] == 0).all()
                     and (add[keep == 0] <= -MASK_MIN).all()):
                 continue
