@@ -2,8 +2,8 @@
 ONNX's ``Attention`` and back. Each verifies (float64, its examples and random bindings around them), agrees at
 random shapes (hypothesis), is rejected (never wrong) where the fused op would compute something else, applies to a
 small graph with equal outputs on torch and onnxruntime, fires only in graphs of opset >= 23 (``min_opset``, in
-the matcher, the incremental index and eqsat), fuses every attention block of the zoo's bert and vit and of
-Hugging Face-style BERT and ViT exports, and a broken variant of each kind (wrong scale, mask on the wrong side,
+the matcher, the incremental index and eqsat), fuses every attention block of the zoo's bert, vit and gpt2 and of
+Hugging Face-style BERT, ViT and GPT-2 exports, and a broken variant of each kind (wrong scale, mask on the wrong side,
 K's transpose missing) is caught by the verifier."""
 
 from __future__ import annotations
@@ -232,11 +232,12 @@ def test_broken_variant_fails(rid):
 
 
 # ============================================================================================ real exports
-@pytest.mark.parametrize("model,blocks", [("bert", 2), ("vit", 2), ("gpt2", 0)])
-def test_zoo_attention_blocks_fuse(tmp_path, model, blocks):
-    """Greedy search (analytic target) with the fused family fuses every attention block of the zoo's bert and
-    vit exported at opset 23 (the pipeline's ``export.opset: 23``) with equal outputs on onnxruntime; gpt2's causal
-    mask is multiplicative (``scores * tril - 1e10 * (1 - tril)``), which no additive-mask rule can match."""
+@pytest.mark.parametrize("model", ["bert", "vit", "gpt2"])
+def test_zoo_attention_blocks_fuse(tmp_path, model):
+    """Greedy search (analytic target) with the fused family fuses every attention block of the zoo's bert, vit
+    and gpt2 exported at opset 23 (the pipeline's ``export.opset: 23``) with equal outputs on onnxruntime; gpt2's
+    multiplicative causal mask (``scores * tril - 1e10 * (1 - tril)``) is made additive by the importer
+    (tests/test_additive_masks.py)."""
     from rlflow.cost.model import AnalyticCost
     from rlflow.graph.exec.check import check_equal
     from rlflow.graph.zoo import TINY_SIZES, export_model
@@ -250,22 +251,25 @@ def test_zoo_attention_blocks_fuse(tmp_path, model, blocks):
     rules = [r for r, _ in fused_kernel_rules()]
     out, _ = finish(greedy_search(g, rules, AnalyticCost("cpu")).graph, AnalyticCost("cpu"))
     ops = [n.op for n in out.nodes]
-    assert ops.count("Attention") == blocks and ops.count("Softmax") == 2 - blocks
+    assert ops.count("Attention") == 2 and ops.count("Softmax") == 0
     assert check_equal(g, out, tol=1e-4) <= 1e-4
 
 
-@pytest.mark.parametrize("family,rid", [("bert", "b-attn-fuse-kt-none-mask"), ("vit", "b-attn-fuse-kt-none")])
+@pytest.mark.parametrize("family,rid", [("bert", "b-attn-fuse-kt-none-mask"), ("vit", "b-attn-fuse-kt-none"),
+                                        ("gpt2", "b-attn-fuse-kt-none-mask")])
 def test_hugging_face_exports_fuse(tmp_path, family, rid):
-    """torch.onnx of Hugging Face's BertModel / ViTModel (random weights): SDPA decomposed into Q and K^T each
-    scaled by sqrt(scale), an additive mask (BERT), Softmax, MatMul V; every block fuses, outputs equal."""
+    """torch.onnx of Hugging Face's BertModel / ViTModel / GPT2Model (random weights): SDPA decomposed into Q and
+    K^T each scaled by sqrt(scale), an additive mask (BERT's padding mask, GPT-2's causal one), Softmax (GPT-2's
+    guarded by ``Where(IsNaN(p), 0, p)``, which :func:`rlflow.graph.fold.at_opset` drops), MatMul V; every block
+    fuses, outputs equal."""
     sys.path.insert(0, str(Path(__file__).parent))
     from hf_exports import export
 
     from rlflow.graph.exec.check import check_equal
+    from rlflow.graph.fold import at_opset
 
     orig = load_onnx(export(family, "small", tmp_path / f"{family}.onnx"))
-    orig.opset = ATTENTION_OPSET
-    rule, g, n = RULES[rid][0], orig, 0
+    rule, g, n = RULES[rid][0], at_opset(orig, ATTENTION_OPSET), 0
     while find_matches(g, rule):
         g, n = apply(g, find_matches(g, rule)[0]), n + 1
     assert n == 2  # both layers

@@ -141,6 +141,7 @@ def optimize(model, *, method: str = "eqsat", target: str | None = None, rules: 
     * ``opset``: the ONNX opset of the result (at least the model's; default: the model's). Rules whose fused op
       a newer opset defines (``Attention``: 23) apply only when it allows them (docs/fused-kernels.md).
     """
+    from rlflow.graph.fold import at_opset
     from rlflow.graph.ir import Graph
 
     settings = dict(settings or {})
@@ -153,9 +154,8 @@ def optimize(model, *, method: str = "eqsat", target: str | None = None, rules: 
         model if isinstance(model, (str, os.PathLike, bytes, bytearray)) else _onnx_bytes(model))
     graph = load(model if source is None else source, input_shapes)
     name = str(model) if isinstance(model, (str, os.PathLike)) else "the model"
-    if opset is not None:
-        graph = graph.copy()  # (never the caller's Graph)
-        graph.opset = opset_for_output(graph.opset, opset, name)
+    if opset is not None:  # a copy (never the caller's Graph), masks additive from opset 23
+        graph = at_opset(graph, opset_for_output(graph.opset, opset, name))
     run = optimiser.run(graph, model_name=name, source=source, input_shapes=input_shapes)
     if verbose:
         print(summary_lines(run, method))

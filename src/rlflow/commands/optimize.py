@@ -139,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.config import load_config
     from rlflow.errors import RLFlowError
     from rlflow.graph import load_onnx
+    from rlflow.graph.fold import at_opset
     from rlflow.graph.onnx_io import save_onnx
 
     t0 = time.perf_counter()
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
                           progress=not args.no_progress and not args.json, log=log)
     graph = load_onnx(args.model, args.input_shape)
     if args.opset is not None:
-        graph.opset = opset_for_output(graph.opset, args.opset, args.model)
+        graph = at_opset(graph, opset_for_output(graph.opset, args.opset, args.model))
     run = optimiser.run(graph, model_name=str(args.model), source=args.model, input_shapes=args.input_shape,
                         not_written=f"{args.out} not written")
     if run.dynamic_model is None:

@@ -10,6 +10,10 @@
        anything the registry does not cover, or covers only with other attributes, becomes an ``Opaque`` node with
        its shapes from ONNX shape inference. A translated node whose shapes the op's shape inference rejects (a
        Conv whose group does not divide the channels, say, which ONNX's checks let through) is an error.
+    5. from opset 23 (ONNX's ``Attention``), attention masks in the form the fused-attention rules match
+       (:func:`rlflow.graph.fold.canonical_attention`: GPT-2's multiplicative 0/1 mask ``s * B - 1e10 * (1 - B)``
+       made additive, Hugging Face's ``Where(IsNaN(p), 0, p)`` guard after the softmax dropped where the values
+       prove it idle); below it the graph is what the file says.
 
 ``save_onnx(graph, path)`` writes the graph at its own opset, valid under ``onnx.checker`` (full check), atomically.
 """
@@ -27,8 +31,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rlflow.atomic import atomic_path
 from rlflow.errors import RLFlowError
+from rlflow.graph.fold import canonical_attention, drop_unused_constants
 from rlflow.graph.ir import Constant, Graph, Node, TensorType
 from rlflow.graph.ops import ONNX_IMPORTS, OPS, OnnxNode, ShapeError, Unsupported, infer_types
+from rlflow.graph.ops.attention import ATTENTION_OPSET
 
 #: the default-domain opsets the importer reads: 13 up to the newest the installed onnx defines. An op whose
 #: definition changed after 20 changed only in the element types it allows (int4, float8, float4, int2 ...), which
@@ -600,7 +606,7 @@ def _onnx_to_ir(model: onnx.ModelProto, consts: dict[str, np.ndarray], types: di
             raise RLFlowError(f"{path}: graph output '{o}' is not produced by any node")
     graph = Graph(inputs=inputs, outputs=outputs, nodes=nodes, types=ir_types, constants=constants,
                   name=g.name or "graph", opset=opset, extra_opsets=extra)
-    return _drop_unused_constants(graph)
+    return drop_unused_constants(graph)
 
 
 def single_node_model(graph: Graph, node: Node) -> onnx.ModelProto:
@@ -626,16 +632,6 @@ def _opaque(node: onnx.NodeProto) -> tuple[str, tuple[str, ...], dict[str, Any]]
     return "Opaque", tuple(node.input), attrs
 
 
-def _drop_unused_constants(g: Graph) -> Graph:
-    used = {v for n in g.nodes for v in n.inputs} | set(g.outputs)
-    if all(c in used for c in g.constants):
-        return g
-    g = g.copy()
-    g.constants = {k: c for k, c in g.constants.items() if k in used}
-    g.types = {k: t for k, t in g.types.items() if k in used or k in g.inputs or k not in g.constants}
-    return g
-
-
 def load_onnx(path: str | os.PathLike | bytes, input_shapes: Mapping[str, Any] | list[str] | None = None) -> Graph:
     """Import an ONNX file (or the bytes of one) as a static IR graph (see the module docstring). Errors are
     one-line RLFlowErrors."""
@@ -658,6 +654,8 @@ def load_onnx(path: str | os.PathLike | bytes, input_shapes: Mapping[str, Any] |
     _make_inputs_static(model, _parse_input_shapes(input_shapes), path)
     consts, types = _fold_constants(model, path, weights)
     graph = _onnx_to_ir(model, consts, types, path)
+    if graph.opset >= ATTENTION_OPSET:  # where ONNX has Attention: masks in the form its rules match
+        graph = canonical_attention(graph)
     graph.validate()
     return graph
 

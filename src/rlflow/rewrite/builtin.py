@@ -77,6 +77,7 @@ import numpy as np
 
 from rlflow.errors import RLFlowError
 from rlflow.graph.ir import Constant, Graph, TensorType
+from rlflow.graph.ops.attention import ATTENTION_OPSET
 from rlflow.rewrite.rule import Rule, instantiate, rule_from_json
 
 Example = dict  # {"vars": {name: [dims]}, "params": {name: value}}
@@ -585,10 +586,6 @@ def _scalar_split_weight() -> list:
                                  dst, [[f"%1.{1 - i}", f"%8.{1 - i}"], [f"%2.{1 - j}", f"%9.{1 - j}"],
                                        ["%3", f"%9.{j}"]], const=["s"], examples=ex2(i)))
     return out
-
-
-#: the opset that defines ONNX's fused ``Attention``
-ATTENTION_OPSET = 23
 
 
 def _attention_fuse() -> list:

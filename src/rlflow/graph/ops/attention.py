@@ -37,6 +37,8 @@ from rlflow.graph.ops.core import OnnxNode, OpDef, ShapeError, Unsupported, broa
 from rlflow.graph.types import TensorType
 
 FLOATS = ("float16", "float32", "float64")
+#: the opset that defines ONNX's fused ``Attention``
+ATTENTION_OPSET = 23
 
 
 # ---------------------------------------------------------------------------------------------------- shapes
@@ -140,7 +142,7 @@ def _export(e, n) -> None:
     of shape (Sq, Skv): an ``Add``, which the import reads back as the IR's Add (or folds, for a constant mask),
     so the file stays runnable on every backend (an ``Expand`` would come back as an opaque node)."""
     a, ins = n.attrs, list(n.inputs)
-    if e.graph.opset < 23:
+    if e.graph.opset < ATTENTION_OPSET:
         _export_composed(e, n)
         return
     if len(ins) > 3:
