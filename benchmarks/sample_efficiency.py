@@ -14,8 +14,9 @@ against the model-free agent as the pipeline trains it.
   python benchmarks/sample_efficiency.py --model bert --episodes 100 25
   python benchmarks/sample_efficiency.py --model vit --episodes 25 --against pipeline   # beside the pipeline's agent
 
-``--episodes 100`` with one shard is about half of the default pipeline's 2 x 100 rollout episodes. About 7
-minutes per budget on paper-size bert on a 2-core CPU. The last line is ``sample_efficiency <model>: ...``.
+The default pipeline collects one shard of 20 episodes (config.yaml ``rollouts``), so ``--episodes 20`` with the
+config's seed reruns the pipeline's own learning chain. About 7 minutes per budget on paper-size bert on a 2-core
+CPU. The last line is ``sample_efficiency <model>: ...``.
 """
 
 from __future__ import annotations
@@ -79,9 +80,12 @@ def main() -> int:
     ap.add_argument("--episodes", type=int, nargs="+", default=[100, 25],
                     help="rollout budgets: random episodes in one shard (default: 100 25)")
     ap.add_argument("--config", action="append", default=None, help="config files (default config.yaml)")
+    ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                    help="write each budget's stage outputs (rollouts, encoder, world model, both agents' metrics, "
+                         "traces and graphs) under DIR/episodes-<N> and keep them (default: a temporary folder)")
     ap.add_argument("--against", choices=("first", "pipeline"), default="first",
                     help="the model-free agent each row's controller is set beside: that of the first budget "
-                         "(default), or the pipeline's own (results/<model>/model_free/metrics.json: its 2 x 100 "
+                         "(default), or the pipeline's own (results/<model>/model_free/metrics.json: the config's "
                          "rollout episodes, trained as `snakemake` trains it)")
     a = ap.parse_args()
     pipeline_mf = ROOT / f"results/{a.model}/model_free/metrics.json"
@@ -95,10 +99,15 @@ def main() -> int:
         return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     rows = []
+    if a.keep is not None and any((a.keep / f"episodes-{ep}").exists() for ep in a.episodes):
+        print(f"sample_efficiency: {a.keep} already holds an episodes-<N> folder of these budgets; name another "
+              "--keep folder", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as tmp:
+        work = a.keep.resolve() if a.keep is not None else Path(tmp)
         for ep in a.episodes:
             print(f"rollout budget {ep} episodes ...", file=sys.stderr, flush=True)
-            rows.append((ep, one_budget(a.model, ep, a.config or ["config.yaml"], Path(tmp))))
+            rows.append((ep, one_budget(a.model, ep, a.config or ["config.yaml"], work)))
     if a.against == "pipeline":
         m = json.loads(pipeline_mf.read_text())
         mf0, ref = {"improvement_pct": m["real"]["improvement_pct"], "interactions": m["real_interactions"]}, \

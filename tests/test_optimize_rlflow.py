@@ -544,3 +544,69 @@ def test_trained_agent_finds_a_cheaper_graph_than_the_original(trained, which):
     trace = json.loads((trained / which / "trace.json").read_text())
     assert metrics["real"]["best"]["runtime_ms"] < metrics["real"]["initial"]["runtime_ms"]
     assert trace["final"]["runtime_ms"] < trace["initial"]["runtime_ms"] and trace["rules_applied"] >= 1
+
+
+# ------------------------------------------------------------------ evaluation over policy snapshots
+def test_snapshot_updates_spread_over_training():
+    from rlflow.agents.driver import snapshot_updates
+
+    assert snapshot_updates(100, 8) == {12, 25, 38, 50, 62, 75, 88, 100}
+    assert snapshot_updates(4, 2) == {2, 4}
+    assert snapshot_updates(2, 8) == {1, 2}  # fewer updates than episodes: one snapshot per update
+    assert max(snapshot_updates(7, 3)) == 7  # the last is the final policy
+
+
+def test_best_run_keeps_the_fastest_episode_and_counts_every_step():
+    from rlflow.agents.real_env import best_run
+
+    runs = [{"best": {"runtime_ms": 2.0}, "steps": 5, "best_step": 1},
+            {"best": {"runtime_ms": 1.5}, "steps": 7, "best_step": 3, "turned_down": 2},
+            {"best": {"runtime_ms": 1.5}, "steps": 4, "best_step": 2}]
+    r = best_run(runs)
+    assert r["best_episode"] == 1 and r["best_step"] == 3  # the earliest of the two fastest
+    assert r["steps"] == 16 and r["turned_down"] == 2 and r["episodes"] == 3
+    assert r["episode_steps"] == [5, 7, 4] and r["episode_best_runtime_ms"] == [2.0, 1.5, 1.5]
+    with pytest.raises(ValueError):
+        best_run([])
+
+
+@pytest.mark.parametrize("which, ckpt", [("controller", "controller.pt"), ("model_free", "model_free.pt")])
+def test_snapshot_evaluation_keeps_the_best_snapshot(trained, root, tmp_path, monkeypatch, capsys, which, ckpt):
+    """eval_policies=snapshots (4 updates, eval_episodes 2): the policy after updates 2 and 4 each run one greedy
+    episode, every step counted; the checkpoint holds the snapshot whose episode found the best graph, and
+    `rlflow optimize` with it repeats that episode (greedy, once)."""
+    from rlflow.agents.checkpoint import Agent, load_agent
+
+    seen = []
+    real_optimise = Agent.optimise
+
+    def spy(self, *args, snapshots=None, **kwargs):
+        seen.append([{k: v.clone() for k, v in s.items()} for s in snapshots or []])
+        return real_optimise(self, *args, snapshots=snapshots, **kwargs)
+
+    monkeypatch.setattr(Agent, "optimise", spy)
+    out = tmp_path / which
+    _run(_agent_args(root, trained, which, out, "--set", f"{which}.updates=4", "--set", f"{which}.eval_episodes=2",
+                     "--set", f"{which}.eval_policies=snapshots"))
+    (snaps,) = seen
+    assert len(snaps) == 2 and not all(torch.equal(snaps[0][k], snaps[1][k]) for k in snaps[0])
+    real = json.loads((out / "metrics.json").read_text())["real"]
+    trace = json.loads((out / "trace.json").read_text())
+    assert real["snapshots"] == [2, 4] and real["snapshot_kept"] in (2, 4)
+    kept = real["snapshots"].index(real["snapshot_kept"])
+    assert min(real["snapshot_best_runtime_ms"]) == real["snapshot_best_runtime_ms"][kept] == real["best"]["runtime_ms"]
+    assert trace["stats"]["episodes"] == 2 and trace["stats"]["best_episode"] == kept
+    assert trace["settings"]["snapshots"] == 2 and trace["real_interactions"]["evaluation"] == real["steps"]
+    assert real["steps"] <= 2 * (5 + 1)  # two episodes of tiny.yaml's horizon 5 (and the NO-OP)
+    agent = load_agent(out / ckpt)
+    assert agent.env["episodes"] == 1
+    assert all(torch.equal(v, snaps[kept][k]) for k, v in agent.policy.state_dict().items())
+
+    monkeypatch.setattr(Agent, "optimise", real_optimise)
+    mine = tmp_path / "trace.json"
+    assert main(["optimize", str(trained / "bert.onnx"), "--out", str(tmp_path / "opt.onnx"), "--method", "rlflow",
+                 "--agent", str(out / ckpt), "--rules", str(trained / "rules.json"), "--cost-model", "analytic",
+                 "--trace", str(mine), "--no-progress", "--no-speed-check"]) == 0
+    mine = json.loads(mine.read_text())
+    assert mine["steps"] == trace["steps"] and mine["final"] == trace["final"]
+    assert mine["real_interactions"]["evaluation"] <= trace["real_interactions"]["evaluation"]

@@ -156,7 +156,8 @@ class Agent:
     """A trained agent, everything needed to run it on any graph: the policy (hierarchical heads), the graph
     encoder, the world model (the controller only: its LSTM state h is half of the policy's input), the
     fingerprint of the rule set it was trained with, and the environment settings (horizon, locations, and the
-    real episodes of a run: ``controller.eval_episodes`` / ``model_free.eval_episodes``, the first greedy, the
+    real episodes of a run: ``controller.eval_episodes`` / ``model_free.eval_episodes``, or 1 where the stage kept
+    the best of its policy snapshots (``eval_policies: snapshots``), the first greedy, the
     others sampled with a fixed seed; ``no_revisit``: config ``env.no_revisit``, False in checkpoints from before it).
 
     Built by the training stages from their networks (then :meth:`payload` is the final checkpoint) and by
@@ -204,38 +205,56 @@ class Agent:
                               f"(rule ids digest {want.get('digest')}, {source}: {got['digest']}); use the rules "
                               "file it was trained with")
 
-    def optimise(self, graph, rules, cost, device: str = "cpu", method_label: str | None = None):
+    def optimise(self, graph, rules, cost, device: str = "cpu", method_label: str | None = None,
+                 snapshots: list[dict] | None = None):
         """The agent's real episodes from ``graph`` (``env["episodes"]``: the first greedy, the others sampled,
         seeded: deterministic); the best graph seen, folded, as a :class:`rlflow.search.result.SearchResult`
         (trace up to the best step of the best episode; ``expansions`` = the real steps of all episodes) and the
         episode (:func:`rlflow.agents.real_env.run_episode`'s result).
 
+        ``snapshots`` (policy state dicts taken during training; config ``eval_policies: snapshots``): instead,
+        one greedy episode of each snapshot, the best kept as above; the policy is left holding the snapshot
+        whose episode found the best graph (so that :meth:`payload` saves it).
+
         ``result.seconds`` is the optimisation time: building the environment (the rules' matches on the
-        graph), the episode (encoder, policy, world model and real environment every step) and the folding."""
+        graph), the episodes (encoder, policy, world model and real environment every step) and the folding."""
         import time
 
-        from rlflow.agents.real_env import search_result
+        from rlflow.agents.real_env import best_run, search_result
         from rlflow.env.graph_rewrite import GraphRewriteEnv
         from rlflow.search.common import finish
 
         t0 = time.perf_counter()
         env = GraphRewriteEnv(graph, rules, cost, "delta", max_steps=self.env["max_steps"],
                               max_locations=self.env["max_locations"])
+        if snapshots:
+            runs = []
+            for state in snapshots:
+                self.policy.load_state_dict(state)
+                runs.append(self._episodes(env, device, 1))
+            run = best_run(runs)
+            self.policy.load_state_dict(snapshots[run["best_episode"]])
+        else:
+            run = self._episodes(env, device, self.env["episodes"])
+        folded, final = finish(run["best_graph"], cost)
+        seconds = time.perf_counter() - t0
+        how = {"snapshots": len(snapshots), "snapshot_kept": run["best_episode"]} if snapshots else \
+            {"first_episode_greedy": True}
+        result = search_result(method_label or self.method, graph, rules, cost, run, folded, final, seconds,
+                               settings={**self.env, **how})
+        return result, run
+
+    def _episodes(self, env, device: str, episodes: int) -> dict:
+        """``episodes`` real episodes of the policy as it is now (the first greedy, the others sampled)."""
         if self.method == "rlflow":
             from rlflow.agents.controller import run_in_real_env
 
-            run = run_in_real_env(self.policy, self.encoder, self.world_model, env, device,
-                                  episodes=self.env["episodes"], no_revisit=self.env["no_revisit"])
-        else:
-            from rlflow.agents.model_free import run_model_free
+            return run_in_real_env(self.policy, self.encoder, self.world_model, env, device, episodes=episodes,
+                                   no_revisit=self.env["no_revisit"])
+        from rlflow.agents.model_free import run_model_free
 
-            run = run_model_free(self.policy, self.encoder, env, device, episodes=self.env["episodes"],
-                                 no_revisit=self.env["no_revisit"])
-        folded, final = finish(run["best_graph"], cost)
-        seconds = time.perf_counter() - t0
-        result = search_result(method_label or self.method, graph, rules, cost, run, folded, final, seconds,
-                               settings={**self.env, "first_episode_greedy": True})
-        return result, run
+        return run_model_free(self.policy, self.encoder, env, device, episodes=episodes,
+                              no_revisit=self.env["no_revisit"])
 
 
 def load_agent(path: str | Path, device: str = "cpu") -> Agent:

@@ -70,6 +70,13 @@ def real_interactions(rollouts: int, training: int, evaluation: int) -> dict[str
             "total": int(rollouts) + int(training) + int(evaluation)}
 
 
+def snapshot_updates(updates: int, episodes: int) -> set[int]:
+    """The PPO updates after which the policy is kept for the real evaluation (config ``eval_policies:
+    snapshots``): ``episodes`` of them, evenly spaced, the last the final update (fewer when there are fewer
+    updates)."""
+    return {round(updates * i / episodes) for i in range(1, episodes + 1)} - {0}
+
+
 def describe_cost(problem, costs_path) -> dict:
     """The cost model as the search traces describe it."""
     d = dict(problem.cost.describe())
@@ -286,12 +293,13 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
                    "hidden": get(config, "ppo.hidden"),
                    "count_features": get(config, "ppo.count_features")}
     policy = HierarchicalPolicy(**policy_args)
-    done, curve, train_s, dream_before, refits = 0, [], 0.0, 0, []
+    done, curve, train_s, dream_before, refits, snapshots = 0, [], 0.0, 0, [], {}
     state = ckpt.load()
     if state is not None:
         policy.load_state_dict(state["policy"])
         done, curve, train_s = state["updates"], state["curve"], state["training_seconds"]
         dream_before, refits = state["dream_steps"], list(state.get("refits", []))
+        snapshots = dict(state.get("snapshots", {}))
         world.restore(state)
         print(f"{label}: resuming after update {done}", flush=True)
 
@@ -302,6 +310,8 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
     iterations = int(section.get("iterations", 1)) if method == "rlflow" else 1
     # the updates after which the controller collects real episodes and the world model is trained again
     bounds = sorted({round(updates * i / iterations) for i in range(1, iterations)} - {0, updates})
+    snapshot_at = snapshot_updates(updates, section["eval_episodes"]) \
+        if section.get("eval_policies", "final") == "snapshots" else set()
     print(f"{label}: {model}: PPO in the {spec['where']} x{section['num_envs']}, reward {reward!r}, "
           f"{updates - done} updates of {section['steps_per_update']} steps"
           + (f"; world model refitted after updates {', '.join(map(str, bounds))}" if bounds else ""), flush=True)
@@ -315,7 +325,8 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
 
     def save(n: int) -> None:
         ckpt.save({"policy": policy.state_dict(), "updates": n, "curve": curve, "dream_steps": dream_steps(),
-                   "training_interactions": training_interactions(), "refits": refits, **world.state(),
+                   "training_interactions": training_interactions(), "refits": refits, "snapshots": snapshots,
+                   **world.state(),
                    "training_seconds": train_s + time.perf_counter() - t_train})
 
     def on_update(k: int, logs: dict) -> None:
@@ -325,7 +336,9 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
         live.log_row(row, "update", names)
         bar.update(1)
         bar.set_postfix(reward=f"{logs['mean_reward']:.4f}", refresh=False)
-        if n % spec["save_every"] == 0 or n == updates or n in bounds:
+        if n in snapshot_at:
+            snapshots[n] = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+        if n % spec["save_every"] == 0 or n == updates or n in bounds or n in snapshot_at:
             save(n)
             print(f"{label}: update {n}/{updates}: mean reward in the {spec['where']} {logs['mean_reward']:.4f}, "
                   f"{training_interactions()} real interactions in training", flush=True)
@@ -351,13 +364,20 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
     train_s += time.perf_counter() - t_train
 
     # the trained agent optimises the model in the real environment
+    # with snapshots the agent kept is the best snapshot, run as in its evaluation episode: greedily, once
     agent = Agent(method, policy, policy_args, encoder, rules_fingerprint(problem.rules),
-                  {"max_steps": max_steps, "max_locations": max_locations, "episodes": section["eval_episodes"],
-                   "no_revisit": get(config, "env.no_revisit")},
+                  {"max_steps": max_steps, "max_locations": max_locations,
+                   "episodes": 1 if snapshots else section["eval_episodes"], "no_revisit": get(config, "env.no_revisit")},
                   world_model=world.wm, config=used,
                   info={"model": model, "cost": problem.cost.describe(), "trained_seconds": train_s})
-    result, episode = agent.optimise(problem.graph, problem.rules, problem.cost, device)
+    kept = sorted(snapshots)
+    result, episode = agent.optimise(problem.graph, problem.rules, problem.cost, device,
+                                     snapshots=[snapshots[n] for n in kept] or None)
     real = summarise_run(episode)
+    if kept:
+        real["snapshots"] = kept
+        real["snapshot_kept"] = kept[episode["best_episode"]]
+        real["snapshot_best_runtime_ms"] = episode["episode_best_runtime_ms"]
     interactions = real_interactions(encoder.rollout_steps, training_interactions(), real["steps"])
     metrics = {"model": model, "method": method, "platform": platform.as_dict(), "reward": repr(reward),
                "real": real,

@@ -137,9 +137,18 @@ def run_episodes(one_episode: Callable[[bool, torch.Generator], dict], episodes:
     if episodes < 1:
         raise ValueError("episodes must be >= 1")
     gen = torch.Generator().manual_seed(seed)
-    runs = [one_episode(greedy and i == 0, gen) for i in range(episodes)]
-    best = min(range(episodes), key=lambda i: (runs[i]["best"]["runtime_ms"], i))
-    return {**runs[best], "steps": sum(r["steps"] for r in runs), "best_episode": best, "episodes": episodes,
+    return best_run([one_episode(greedy and i == 0, gen) for i in range(episodes)])
+
+
+def best_run(runs: list[dict]) -> dict:
+    """Several real episodes (:func:`run_episode`'s results) as one run: the episode whose best graph is the
+    fastest (the earliest on ties), with ``steps`` and ``turned_down`` summed over ALL of them (each step is a
+    real-environment interaction) and ``best_episode``, ``episodes``, ``episode_steps`` and
+    ``episode_best_runtime_ms`` (per episode) added."""
+    if not runs:
+        raise ValueError("best_run: no episodes")
+    best = min(range(len(runs)), key=lambda i: (runs[i]["best"]["runtime_ms"], i))
+    return {**runs[best], "steps": sum(r["steps"] for r in runs), "best_episode": best, "episodes": len(runs),
             "turned_down": sum(r.get("turned_down", 0) for r in runs),
             "episode_steps": [r["steps"] for r in runs],
             "episode_best_runtime_ms": [r["best"]["runtime_ms"] for r in runs]}

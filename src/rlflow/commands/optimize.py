@@ -17,9 +17,10 @@ paths of one rewrite at a time):
           eqsat.rl_leaves leaves, default 2, each scored by a short ILP), whose time is part of the optimisation
           time; the pipeline's stage search_eqsat_rl runs the tree search
   rlflow  a trained agent (--agent CKPT) chooses the rewrites in the rewrite environment, from your graph, for
-          at most the horizon it was trained with, keeping the cheapest graph seen: the model-free agent one
-          greedy episode; the controller as many as it was trained to (controller.eval_episodes: the first
-          greedy, the others sampled with a fixed seed, so a rerun gives the same graph). CKPT is
+          at most the horizon it was trained with, keeping the cheapest graph seen, in the episodes it was
+          trained to run: one greedy episode of the policy snapshot its stage kept (eval_policies: snapshots,
+          the default), or eval_episodes episodes (eval_policies: final: the first greedy, the others sampled
+          with a fixed seed); a rerun gives the same graph either way. CKPT is
           the checkpoint of the pipeline's train_controller stage (RLFlow's controller, trained in the world
           model's dream: results/<model>/controller/controller.pt) or of train_model_free (the model-free PPO
           baseline: results/<model>/model_free/model_free.pt); it holds the policy, the graph encoder and (the

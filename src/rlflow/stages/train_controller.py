@@ -4,7 +4,9 @@ train_controller; the sweep stages sweep_temperature and sweep_reward run this s
 PPO with the hierarchical masked heads (rule, then location) on input [z, h] is trained ONLY in the dream
 (rlflow.env.dream: the world model, temperature controller.temperature, reward env.reward on predicted metric
 deltas, horizon env.max_steps). Then it runs in the real environment from the original graph
-(controller.eval_episodes episodes: the first greedy, the others sampled, seeded); the best graph seen,
+(controller.eval_episodes episodes: by default one greedy episode each of that many policy snapshots taken
+over training, the best snapshot kept as the agent; with controller.eval_policies final the trained policy's,
+the first greedy, the others sampled, seeded); the best graph seen,
 weight-only nodes folded, is checked equal to the original under onnxruntime and written.
 Real-environment interactions = the rollouts' steps (the encoder's and the world model's data) + this run's
 steps; training used none. The code is rlflow.agents.driver, which train_model_free runs too.
