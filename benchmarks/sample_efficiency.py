@@ -11,8 +11,9 @@ also sets the controller beside the model-free agent of the FIRST budget, or wit
 pipeline's own model-free agent (its metrics.json), so that a smaller rollout budget for the controller can be read
 against the model-free agent as the pipeline trains it.
 
-  python benchmarks/sample_efficiency.py --model bert --episodes 100 25
-  python benchmarks/sample_efficiency.py --model vit --episodes 25 --against pipeline   # beside the pipeline's agent
+  python benchmarks/sample_efficiency.py --model bert --episodes 100 20
+  python benchmarks/sample_efficiency.py --model bert --seeds 0 1 2      # the default budget, three seeds
+  python benchmarks/sample_efficiency.py --model vit --episodes 20 --against pipeline   # beside the pipeline's agent
 
 The default pipeline collects one shard of 20 episodes (config.yaml ``rollouts``), so ``--episodes 20`` with the
 config's seed reruns the pipeline's own learning chain. About 7 minutes per budget on paper-size bert on a 2-core
@@ -42,8 +43,7 @@ def _run(args: list[str], log: Path) -> None:
         sys.exit(f"sample_efficiency: `rlflow {args[0]}` failed (exit {r.returncode}); see {log}")
 
 
-def one_budget(model: str, episodes: int, config: list[str], tmp: Path) -> dict:
-    d = tmp / f"episodes-{episodes}"
+def one_budget(model: str, episodes: int, config: list[str], d: Path) -> dict:
     (d / "rollouts").mkdir(parents=True)
     log = d / "log.txt"
     conf = [x for c in config for x in ("--config", c)] + ["--set", f"rollouts.episodes={episodes}",
@@ -77,12 +77,16 @@ def one_budget(model: str, episodes: int, config: list[str], tmp: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="bert", help="a model the pipeline exported (results/<model>/model.onnx)")
-    ap.add_argument("--episodes", type=int, nargs="+", default=[100, 25],
-                    help="rollout budgets: random episodes in one shard (default: 100 25)")
+    ap.add_argument("--episodes", type=int, nargs="+", default=[20],
+                    help="rollout budgets: random episodes in one shard (default: 20, the pipeline's)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None,
+                    help="run every budget with each of these seeds (config key seed: other rollouts, weights and "
+                         "samples) and print the spread; default: the config's seed only")
     ap.add_argument("--config", action="append", default=None, help="config files (default config.yaml)")
     ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
                     help="write each budget's stage outputs (rollouts, encoder, world model, both agents' metrics, "
-                         "traces and graphs) under DIR/episodes-<N> and keep them (default: a temporary folder)")
+                         "traces and graphs) under DIR/episodes-<N> (DIR/seed-<S>/episodes-<N> with --seeds) and keep them "
+                         "(default: a temporary folder)")
     ap.add_argument("--against", choices=("first", "pipeline"), default="first",
                     help="the model-free agent each row's controller is set beside: that of the first budget "
                          "(default), or the pipeline's own (results/<model>/model_free/metrics.json: the config's "
@@ -99,35 +103,52 @@ def main() -> int:
         return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     rows = []
-    if a.keep is not None and any((a.keep / f"episodes-{ep}").exists() for ep in a.episodes):
-        print(f"sample_efficiency: {a.keep} already holds an episodes-<N> folder of these budgets; name another "
-              "--keep folder", file=sys.stderr)
+    seeds = a.seeds or [None]
+    folder = lambda work, seed, ep: work / ("" if seed is None else f"seed-{seed}") / f"episodes-{ep}"  # noqa: E731
+    if a.keep is not None and any(folder(a.keep, s, ep).exists() for s in seeds for ep in a.episodes):
+        print(f"sample_efficiency: {a.keep} already holds a folder of these budgets; name another --keep folder",
+              file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         work = a.keep.resolve() if a.keep is not None else Path(tmp)
-        for ep in a.episodes:
-            print(f"rollout budget {ep} episodes ...", file=sys.stderr, flush=True)
-            rows.append((ep, one_budget(a.model, ep, a.config or ["config.yaml"], work)))
+        for seed in seeds:
+            config = list(a.config or ["config.yaml"])
+            if seed is not None:
+                (work / f"seed-{seed}").mkdir(parents=True, exist_ok=True)
+                config.append(str(work / f"seed-{seed}/seed.yaml"))
+                Path(config[-1]).write_text(f"seed: {seed}\n")
+            for ep in a.episodes:
+                print(f"rollout budget {ep} episodes" + ("" if seed is None else f", seed {seed}") + " ...",
+                      file=sys.stderr, flush=True)
+                rows.append((seed, ep, one_budget(a.model, ep, config, folder(work, seed, ep))))
     if a.against == "pipeline":
         m = json.loads(pipeline_mf.read_text())
         mf0, ref = {"improvement_pct": m["real"]["improvement_pct"], "interactions": m["real_interactions"]}, \
             "the pipeline's model-free agent"
     else:
-        mf0, ref = rows[0][1]["model_free"], f"model-free of {rows[0][0]} episodes"
+        mf0, ref = rows[0][2]["model_free"], f"model-free of {rows[0][1]} episodes"
     print(f"reference: {ref}: {mf0['improvement_pct']:.2f}%, {mf0['interactions']['total']:,} interactions")
-    print("| rollout episodes | rollout steps | controller: improvement | controller: interactions | model-free: "
+    print("| seed | rollout episodes | rollout steps | controller: improvement | controller: interactions | model-free: "
           "improvement | model-free: interactions | controller / model-free (same rollouts): improvement, "
           f"interactions | controller / {ref}: improvement, interactions |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     last = []
-    for ep, r in rows:
+    ratio = lambda x, y: (x["improvement_pct"] / y["improvement_pct"],  # noqa: E731
+                          x["interactions"]["total"] / y["interactions"]["total"])
+    share = lambda x, y: "{:.2f}, {:.2f}".format(*ratio(x, y))  # noqa: E731
+    for seed, ep, r in rows:
         c, m = r["rlflow"], r["model_free"]
-        share = lambda x, y: f"{x['improvement_pct'] / y['improvement_pct']:.2f}, " \
-                             f"{x['interactions']['total'] / y['interactions']['total']:.2f}"  # noqa: E731
-        print(f"| {ep} | {c['interactions']['rollouts']:,} | {c['improvement_pct']:.2f}% | "
+        print(f"| {'config' if seed is None else seed} | {ep} | {c['interactions']['rollouts']:,} | {c['improvement_pct']:.2f}% | "
               f"{c['interactions']['total']:,} | {m['improvement_pct']:.2f}% | {m['interactions']['total']:,} | "
               f"{share(c, m)} | {share(c, mf0)} |")
-        last.append(f"{ep}: {share(c, m)} ({share(c, mf0)} against {ref})")
+        if seed is None:
+            last.append(f"{ep}: {share(c, m)} ({share(c, mf0)} against {ref})")
+    if a.seeds:  # the spread over seeds, each controller beside the model-free agent of its own rollouts
+        for ep in a.episodes:
+            rs = [ratio(r["rlflow"], r["model_free"]) for _, e, r in rows if e == ep]
+            last.append(f"{ep}: improvement {min(g for g, _ in rs):.2f}-{max(g for g, _ in rs):.2f}, interactions "
+                        f"{min(n for _, n in rs):.2f}-{max(n for _, n in rs):.2f} over seeds "
+                        + " ".join(map(str, a.seeds)))
     print(f"sample_efficiency {a.model}: controller/model-free improvement, interactions at rollout episodes "
           + "; ".join(last))
     return 0
