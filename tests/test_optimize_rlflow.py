@@ -594,7 +594,8 @@ def test_snapshot_evaluation_keeps_the_best_snapshot(trained, root, tmp_path, mo
     trace = json.loads((out / "trace.json").read_text())
     assert real["snapshots"] == [2, 4] and real["snapshot_kept"] in (2, 4)
     kept = real["snapshots"].index(real["snapshot_kept"])
-    assert min(real["snapshot_best_runtime_ms"]) == real["snapshot_best_runtime_ms"][kept] == real["best"]["runtime_ms"]
+    best = real["snapshot_best_runtime_ms"]
+    assert min(best) == best[kept] == real["best"]["runtime_ms"]
     assert trace["stats"]["episodes"] == 2 and trace["stats"]["best_episode"] == kept
     assert trace["settings"]["snapshots"] == 2 and trace["real_interactions"]["evaluation"] == real["steps"]
     assert real["steps"] <= 2 * (5 + 1)  # two episodes of tiny.yaml's horizon 5 (and the NO-OP)
@@ -610,3 +611,39 @@ def test_snapshot_evaluation_keeps_the_best_snapshot(trained, root, tmp_path, mo
     mine = json.loads(mine.read_text())
     assert mine["steps"] == trace["steps"] and mine["final"] == trace["final"]
     assert mine["real_interactions"]["evaluation"] <= trace["real_interactions"]["evaluation"]
+
+
+@pytest.mark.parametrize("good_first", [True, False])
+def test_optimise_over_snapshots_keeps_the_one_that_finds_the_better_graph(trained, tmp_path, good_first):
+    """Two snapshots, one that makes tiny bert's improving rewrite and one that stops at once: whichever order
+    they come in, the improving one's graph is the result, the policy is left holding it, and both episodes'
+    steps are counted."""
+    from rlflow.agents.checkpoint import load_agent
+    from rlflow.cost import AnalyticCost
+    from rlflow.graph import load_onnx
+    from rlflow.rewrite.rule import load_rules
+
+    good = load_agent(_forced_agent(trained, tmp_path, "add-associativity", location=0)).policy.state_dict()
+    stop = load_agent(_forced_agent(trained, tmp_path, None)).policy.state_dict()
+    snaps = [good, stop] if good_first else [stop, good]
+    agent = load_agent(trained / "mf/model_free.pt")
+    graph, cost = load_onnx(trained / "bert.onnx"), AnalyticCost("cpu")
+    result, run = agent.optimise(graph, load_rules(trained / "rules.json"), cost, snapshots=snaps)
+    kept = 0 if good_first else 1
+    assert run["best_episode"] == kept and run["episodes"] == 2
+    assert result.final.runtime_ms < result.initial.runtime_ms and result.trace[0].rule_name == "add-associativity"
+    assert run["steps"] == sum(run["episode_steps"]) and run["episode_steps"][1 - kept] == 1  # the NO-OP alone
+    assert result.settings["snapshots"] == 2 and result.settings["snapshot_kept"] == kept
+    assert all(torch.equal(v, snaps[kept][k]) for k, v in agent.policy.state_dict().items())
+
+
+def test_snapshots_from_before_a_refit_of_the_world_model_are_dropped(trained, root, tmp_path):
+    """controller.iterations=2 refits the world model after update 2 of 4: the snapshots after updates 1 and 2
+    read h from the old world model, so only those after updates 3 and 4 run their real episodes."""
+    out = tmp_path / "ctl"
+    _run(_agent_args(root, trained, "controller", out, "--set", "controller.updates=4", "--set",
+                     "controller.iterations=2", "--set", "controller.collect_episodes=1", "--set",
+                     "controller.eval_episodes=4", "--set", "controller.eval_policies=snapshots"))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert len(metrics["iterations"]) == 1 and metrics["real"]["snapshots"] == [3, 4]
+    assert json.loads((out / "trace.json").read_text())["stats"]["episodes"] == 2

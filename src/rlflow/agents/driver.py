@@ -349,6 +349,8 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
         while world.iteration < sum(b <= done for b in bounds):
             dream_before += venv.steps_taken
             refits.append(world.refit(policy, seed, progress))
+            for n in [n for n in snapshots if n <= done]:  # their h came from the world model just replaced
+                del snapshots[n]
             r = refits[-1]
             print(f"{label}: iteration {r['iteration']}: {r['real_episodes']} real episodes of the controller so "
                   f"far ({r['real_steps']} steps), world model trained again (held-out reward RMSE "
@@ -367,7 +369,8 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
     # with snapshots the agent kept is the best snapshot, run as in its evaluation episode: greedily, once
     agent = Agent(method, policy, policy_args, encoder, rules_fingerprint(problem.rules),
                   {"max_steps": max_steps, "max_locations": max_locations,
-                   "episodes": 1 if snapshots else section["eval_episodes"], "no_revisit": get(config, "env.no_revisit")},
+                   "episodes": 1 if snapshots else section["eval_episodes"],
+                   "no_revisit": get(config, "env.no_revisit")},
                   world_model=world.wm, config=used,
                   info={"model": model, "cost": problem.cost.describe(), "trained_seconds": train_s})
     kept = sorted(snapshots)
