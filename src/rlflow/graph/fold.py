@@ -150,7 +150,8 @@ def additive_masks(graph: Graph) -> Graph:
         elif i not in drop:
             nodes.append(n)
     g.nodes = nodes
-    g.types = {k: t for k, t in g.types.items() if k not in {graph.nodes[d].outputs[0] for d in drop}}
+    gone = {graph.nodes[d].outputs[0] for d in drop}
+    g.types = {k: t for k, t in g.types.items() if k not in gone}
     return drop_unused_constants(g)
 
 
