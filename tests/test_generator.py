@@ -446,6 +446,10 @@ def test_stage_writes_rules_and_stats(tmp_path):
 
     builtin = [x for x in rules if x.origin == "builtin"]
     assert stats["builtin_rules"] == len(builtin) == 60
+    from collections import Counter
+
+    assert stats["builtin_families"] == dict(sorted(Counter(x.name for x in builtin).items()))
+    assert "attention-fuse" not in stats["builtin_families"]  # the fused-kernel family is off by default
     assert builtin == verified_builtin_rules(3, doc["generator"]["max_dim"], doc["generator"]["seed"])
     assert sorted(p.name for p in out.parent.iterdir()) == ["rules.json", "stats.json"]  # no temp files
     # the same file from another process (another str-hash seed): DVC sees a reproducible output

@@ -741,3 +741,22 @@ def test_model_based_claim_is_checked_against_both_bounds(tmp_path):
     mf["real"]["improvement_pct"] = 0.0
     write_json(res / "model_free" / "metrics.json", mf)
     assert model_based_claim(data()) is None
+
+
+def test_rules_section_lists_the_builtin_families_and_the_fused_kernels_only_when_on(tmp_path, rlflow):
+    """The rule section lists stats.json's builtin families; the table of what each backend runs for Attention
+    appears when the fused-kernel family is in the rule file, and not otherwise."""
+    stats_path = tmp_path / "results" / "rules" / "stats.json"
+    out = tmp_path / "results" / "bert" / "report.html"
+    make_results(tmp_path)
+    stats = json.loads(stats_path.read_text())
+    for families, fused in (({"conv-relu": 2, "matmul-merge": 3}, False),
+                            ({"attention-fuse": 18, "attention-unfuse": 2, "conv-relu": 2}, True)):
+        write_json(stats_path, {**stats, "builtin_families": families})
+        code, err = rlflow(*report_args(tmp_path, out))
+        assert code == 0, err
+        rules = text(section(out.read_text(), "rules"))
+        assert f"Builtin rule families ({len(families)}, {sum(families.values())} rules)" in rules
+        assert all(f in rules for f in families) and "builtin_families" not in rules
+        assert ("scaled_dot_product_attention" in rules) is fused
+        assert ("onnxruntime's own Attention kernel" in rules) is fused

@@ -14,6 +14,7 @@ from typing import Callable
 
 import yaml
 
+from rlflow.graph.ops.attention import ATTENTION_OPSET, KERNELS
 from rlflow.report import answer, figures, headline, paper
 from rlflow.report import html as h
 from rlflow.report import passes as xla_passes
@@ -614,7 +615,17 @@ def rules(d: ReportData, hl: Headline) -> str:
     if d.rules_stats.ok:
         parts.append(h.p("TASO's generator, numeric verification and pruning (stage generate_rules): the count "
                          "after every step and the seconds each step took."))
-        parts.append(_kv([(k, v) for k, v in t.flatten(d.rules_stats.data) if k != "format"]))
+        stats = d.rules_stats.data
+        parts.append(_kv(t.flatten({k: v for k, v in stats.items() if k not in ("format", "builtin_families")})))
+        families = stats.get("builtin_families") or {}
+        if families:
+            parts.append(h.details(f"Builtin rule families ({len(families)}, {sum(families.values())} rules)",
+                                   h.table(["family", "rules"], [(f, h.count(n)) for f, n in families.items()])))
+        if any(f.startswith("attention-") for f in families):
+            parts.append(h.p(f"The fused-kernel family is on: attention-fuse rewrites the primitive attention "
+                             f"pattern into ONNX's Attention in graphs of opset {ATTENTION_OPSET} and above, "
+                             f"attention-unfuse writes it back. What each backend runs for one Attention node:"))
+            parts.append(h.table(["backend", "kernel"], [(BACKEND_LABEL.get(b, b), k) for b, k in KERNELS.items()]))
     else:
         parts.append(h.missing(d.rules_stats.why()))
     parts.append(h.paper(f"{paper.TASO_RULES_SOURCE}: "

@@ -22,6 +22,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from dataclasses import replace
 
 from rlflow.config import get, load_config
@@ -97,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     doc = rules_document(rules, params)
     stats = {"format": STATS_FORMAT, **res.stats, "builtin_rules": len(builtins),
              "after_each_final_pruning_step": {"generated_and_builtin": len(res.rules) + len(builtins), **final_steps},
-             "final_rules": len(rules), "final_generated_rules": len(generated)}
+             "final_rules": len(rules), "final_generated_rules": len(generated),
+             "builtin_families": dict(sorted(Counter(r.name for r in rules if r.origin != "generated").items()))}
     stats["seconds"] = {**res.stats["seconds"], "builtin": round(t_builtin, 2), "final_prune": round(t_final, 2),
                         "total": round(time.perf_counter() - t0, 2)}
     with atomic_path(args.out) as tmp_rules, atomic_path(stats_path) as tmp_stats:  # both appear, or neither

@@ -39,6 +39,16 @@ from rlflow.graph.types import TensorType
 FLOATS = ("float16", "float32", "float64")
 #: the opset that defines ONNX's fused ``Attention``
 ATTENTION_OPSET = 23
+#: what each backend runs for one ``Attention`` node (the lowerings below; the report's rule section lists it)
+KERNELS = {
+    "torch": "torch.nn.functional.scaled_dot_product_attention (one fused kernel: flash, memory-efficient or "
+             "math, as torch picks for the device)",
+    "ort": "onnxruntime's own Attention kernel (opset 23)",
+    "jax": "jax.nn.dot_product_attention when V's head size equals Q's, else composed (matmul, softmax, matmul)",
+    "tf": "composed: tf.linalg.matmul, tf.nn.softmax, tf.linalg.matmul (TensorFlow has no fused attention op; "
+          "Grappler or XLA may fuse the pieces)",
+    "below opset 23": "the ONNX export writes the primitive ops (MatMul, Mul, Add, Softmax, MatMul)",
+}
 
 
 # ---------------------------------------------------------------------------------------------------- shapes
