@@ -46,11 +46,12 @@ from gemm_share import GEMM_OPS, per_node_times, profiler_share  # noqa: E402
 def _search(method: str, graph, rules, cost, config):
     from rlflow.search.common import finish
     from rlflow.search.output import run_method
+    from rlflow.stages.search_common import eqsat_settings
 
     s = config["search"]
     t0 = time.perf_counter()
     found = run_method(method, graph, rules, cost, alpha=s["alpha"], budget=s["budget"],
-                       time_limit_s=s["time_limit_s"], eqsat=dict(config["eqsat"]))
+                       time_limit_s=s["time_limit_s"], eqsat=eqsat_settings(config, method))
     out, metrics = finish(found.graph, cost)
     return out, metrics.runtime_ms, time.perf_counter() - t0
 
