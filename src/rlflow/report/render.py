@@ -625,7 +625,8 @@ def rules(d: ReportData, hl: Headline) -> str:
             parts.append(h.p(f"The fused-kernel family is on: attention-fuse rewrites the primitive attention "
                              f"pattern into ONNX's Attention in graphs of opset {ATTENTION_OPSET} and above, "
                              f"attention-unfuse writes it back. What each backend runs for one Attention node:"))
-            parts.append(h.table(["backend", "kernel"], [(BACKEND_LABEL.get(b, b), k) for b, k in KERNELS.items()]))
+            parts.append(h.table(["backend", "kernel"], [(BACKEND_LABEL.get(b, b), k) for b, k in KERNELS.items()],
+                                 cls="kv"))
     else:
         parts.append(h.missing(d.rules_stats.why()))
     parts.append(h.paper(f"{paper.TASO_RULES_SOURCE}: "
