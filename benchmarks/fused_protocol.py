@@ -24,6 +24,12 @@ the original is at most ``1 - share / 2``, and it is at least 5% faster than TAS
 
   python benchmarks/fused_protocol.py --models bert vit gpt2 --budget-s 60
   python benchmarks/fused_protocol.py --models bert --size tiny --budget-s 5 --methods greedy   # a quick look
+  python benchmarks/fused_protocol.py --device cuda --methods taso greedy --budget-s 20   # on a GPU (gpu_check's
+                                                                                          # part "fused")
+
+On ``--device cuda`` the target is ``cuda`` (each op timed with CUDA events), the share outside the GEMMs is the
+kernels' GPU time outside cuBLAS' and CUTLASS' GEMM kernels (torch.profiler; SDPA's kernels count as outside),
+and onnxruntime is not compared (the GPU machines lent here carry its CPU build).
 
 The last lines are ``fused_protocol <model>: ...``, one per model.
 """
@@ -56,19 +62,49 @@ def _search(method: str, graph, rules, cost, config):
     return out, metrics.runtime_ms, time.perf_counter() - t0
 
 
-def _outside_ms(graph, feeds, rounds: int) -> tuple[float, float, float]:
-    """(op-by-op ms per run, of it outside MatMul/Gemm/Conv/Attention by per-node wall time, outside the GEMM
-    kernels by torch.profiler's self CPU time), all in ms per run."""
+def _outside_ms(graph, feeds, rounds: int, device: str) -> tuple[float, float, float]:
+    """(op-by-op ms per run; of it, ms outside MatMul/Gemm/Conv/Attention by per-node wall time (NaN on cuda,
+    where a node's wall time is its launch, not its kernel); ms outside the GEMM kernels by torch.profiler: self
+    CPU time on the CPU, kernel time on cuda, scaled to the op-by-op time)."""
+    import torch
+
     from rlflow.graph.exec.torch_exec import TorchRunner
 
-    r = TorchRunner(graph)
+    r = TorchRunner(graph, device)
     for _ in range(3):
         r.run_tensors(feeds)
-    by_op = per_node_times(r, feeds, rounds)
-    total = sum(by_op.values())
-    gemm = sum(by_op.get(op, 0.0) for op in GEMM_OPS)
-    pg, pt = profiler_share(r, feeds, rounds)
-    return 1e3 * total / rounds, 1e3 * (total - gemm) / rounds, 1e3 * total / rounds * (1 - pg / pt)
+    if device == "cpu":
+        by_op = per_node_times(r, feeds, rounds)
+        total = sum(by_op.values())
+        node_out = total - sum(by_op.get(op, 0.0) for op in GEMM_OPS)
+        pg, pt = profiler_share(r, feeds, rounds)
+        return 1e3 * total / rounds, 1e3 * node_out / rounds, 1e3 * total / rounds * (1 - pg / pt)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        r.run_tensors(feeds)
+    torch.cuda.synchronize()
+    total = time.perf_counter() - t0
+    pg, pt = kernel_share(r, feeds, rounds)
+    return 1e3 * total / rounds, float("nan"), 1e3 * total / rounds * (1 - pg / pt)
+
+
+def kernel_share(runner, feeds, rounds: int) -> tuple[float, float]:
+    """(GEMM kernels' GPU seconds, all kernels' GPU seconds) under torch.profiler: a kernel counts as GEMM when
+    its name says gemm or matmul (cuBLAS' and CUTLASS' kernels); SDPA's flash kernels count as outside."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(rounds):
+            runner.run_tensors(feeds)
+        torch.cuda.synchronize()
+    # device-side events, as rlflow.cost.gpu_profile reads them (which the H200 calibration ran on)
+    kernels = [(e.name.lower(), float(e.time_range.end - e.time_range.start)) for e in prof.events()
+               if "CUDA" in str(getattr(e, "device_type", "")).upper()]
+    total = sum(us for _, us in kernels) / 1e6
+    gemm = sum(us for name, us in kernels if "gemm" in name or "matmul" in name) / 1e6
+    return gemm, total
 
 
 def run(model: str, args, config) -> str:
@@ -91,7 +127,7 @@ def run(model: str, args, config) -> str:
         graph = at_opset(load_onnx(path), 23)
     shipped = load_rules(args.rules) if args.rules else load_rules()
     fused_rules = [r for r in verified_builtin_rules(fused_kernels=True) if r.name.startswith("attention-")]
-    cost = make_cost_model(config, "cpu", kind=args.target)
+    cost = make_cost_model(config, args.device, kind=args.target)
     orig_ms = finish(graph, cost)[1].runtime_ms
     taso, taso_est, taso_s = _search("taso", graph, shipped, cost, config)
     print(f"{model}: TASO without the fused rules {taso_est:.4f} ms on {args.target} ({taso_s:.0f} s)", flush=True)
@@ -106,24 +142,30 @@ def run(model: str, args, config) -> str:
 
     feeds_np = make_inputs(graph, 0)
     diffs = {name: (check_equal(graph, g, tol=1e-4),
-                    max_rel_diff(get_runner(graph, "torch")(feeds_np), get_runner(g, "torch")(feeds_np)))
+                    max_rel_diff(get_runner(graph, "torch", args.device)(feeds_np),
+                                 get_runner(g, "torch", args.device)(feeds_np)))
              for name, g in (("taso", taso), ("fused", fused))}
 
-    feeds = {k: torch.from_numpy(v) for k, v in feeds_np.items()}
-    outside = {name: _outside_ms(g, feeds, args.rounds) for name, g in
+    feeds = {k: torch.from_numpy(v).to(args.device) for k, v in feeds_np.items()}
+    outside = {name: _outside_ms(g, feeds, args.rounds, args.device) for name, g in
                (("original", graph), ("taso", taso), ("fused", fused))}
 
     protocol = Protocol(sessions=args.sessions, budget_s=args.budget_s, seed=0)
-    with backend_runner("torch", "cpu") as make:
+    with backend_runner("torch", args.device) as make:
         c = compare([("taso", taso), ("fused", fused), ("original", graph), ("aa", aa_copy(taso))], feeds_np,
                     protocol, make)
     f_t, o_t, aa = c["fused"], c["original"], c["aa"]
     r, lo, hi, _ = ratio_interval(o_t.times_ms, f_t.times_ms, confidence=protocol.confidence)
-    with backend_runner("ort", "cpu") as make:
-        c_ort = compare([("original", graph), ("fused", fused), ("aa", aa_copy(graph))], feeds_np, protocol, make)
+    ort_line = "not run (--device cuda: onnxruntime's verdict is the CPU's)"
+    if args.device == "cpu":
+        with backend_runner("ort", "cpu") as make:
+            c_ort = compare([("original", graph), ("fused", fused), ("aa", aa_copy(graph))], feeds_np, protocol,
+                            make)
+        ort_line = (f"fused (ungated) / original {c_ort['fused'].interval()} ({c_ort['fused'].verdict}); A/A "
+                    f"{c_ort['aa'].interval()} ({c_ort['aa'].verdict})")
 
     total, node_out, prof_out = outside["original"]
-    share = node_out / total
+    share = prof_out / total
     removed = {k: 1 - outside["fused"][k] / outside["original"][k] for k in (1, 2)}
     goal_half = hi <= 1 - share / 2
     goal_taso = f_t.ci_high <= 0.95
@@ -135,13 +177,12 @@ def run(model: str, args, config) -> str:
             f"max rel diff ort/torch taso {diffs['taso'][0]:.1e}/{diffs['taso'][1]:.1e}, fused "
             f"{diffs['fused'][0]:.1e}/{diffs['fused'][1]:.1e}\n"
             f"  torch op by op, {args.rounds} runs each: {ms}; original's share outside the GEMMs {share:.1%} "
-            f"(profiler {prof_out / total:.1%}); the fused graph removes {removed[1]:.0%} of it (profiler "
-            f"{removed[2]:.0%})\n"
+            f"(per node {node_out / total:.1%}); the fused graph removes {removed[2]:.0%} of it (per node "
+            f"{removed[1]:.0%})\n"
             f"  protocol on torch ({protocol.sessions} sessions, {protocol.budget_s:g} s): fused / TASO "
             f"{f_t.interval()} ({f_t.verdict}); original / TASO {o_t.interval()}; fused / original {r:.3f} "
             f"[{lo:.3f}, {hi:.3f}] ({verdict(lo, hi)}); A/A {aa.interval()} ({aa.verdict})\n"
-            f"  protocol on onnxruntime: fused (ungated) / original {c_ort['fused'].interval()} "
-            f"({c_ort['fused'].verdict}); A/A {c_ort['aa'].interval()} ({c_ort['aa'].verdict})\n"
+            f"  protocol on onnxruntime: {ort_line}\n"
             f"  goals: removes >= half of the time outside the GEMMs (fused / original <= {1 - share / 2:.3f}): "
             f"{'met' if goal_half else 'not met'}; >= 5% faster than TASO (interval below 0.95): "
             f"{'met' if goal_taso else 'not met'}")
@@ -151,7 +192,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["bert", "vit", "gpt2"])
     p.add_argument("--size", choices=("tiny", "paper"), default="paper")
-    p.add_argument("--target", default="torch-eager", help="the cost target every search optimises for")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where torch runs the graphs (cuda: a GPU; onnxruntime is then not compared)")
+    p.add_argument("--target", help="the cost target every search optimises for (default: torch-eager on the "
+                                    "CPU, cuda on a GPU: each op timed on the device)")
     p.add_argument("--methods", nargs="+", default=["taso", "greedy", "eqsat"],
                    help="searches run with the fused rules; the lowest estimate is the fused graph")
     p.add_argument("--rules", help="rules file (default: the shipped rule set)")
@@ -160,7 +204,11 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=60.0, help="protocol seconds of timing per comparison")
     p.add_argument("--config", help="config file (default: the schema defaults)")
     args = p.parse_args()
+    args.target = args.target or ("cuda" if args.device == "cuda" else "torch-eager")
     import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.exit(2, "fused_protocol: --device cuda needs a CUDA GPU and torch sees none\n")
 
     from rlflow.config import load_config
 

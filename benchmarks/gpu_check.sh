@@ -13,6 +13,8 @@
 #              dvc repro --force of its two GPU-heaviest stages
 #   evaluate   evaluate on paper-size bert with torch on the GPU (beside pipeline: read its timings with care)
 #   tests      the tests marked gpu (pytest -m gpu), beside pipeline and evaluate
+#   fused      (only when named: about 5 minutes alone) fused attention against TASO on paper-size bert, vit and
+#              gpt2, torch on the GPU, op by op, with the protocol (benchmarks/fused_protocol.py --device cuda)
 # Writes DIR/gpu_check.json (each part's exit code and seconds; the files each part wrote) and DIR/gpu_check.log.
 # onnxruntime-gpu and TensorFlow do not fit in the 64 MiB a call may carry: their rows are "not run" there.
 # --dry-run checks the wheel folder against envs/gpu-check-wheels.txt, the pack and each part's command, and
@@ -27,7 +29,7 @@ while [ $# -gt 0 ]; do
     --parts) PARTS="env,$2"; shift 2 ;;
     --out) OUTDIR="$2"; shift 2 ;;
     --dry-run) DRY=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -97,7 +99,7 @@ if [ "$DRY" = 0 ]; then
   } 2>&1 | tee -a "$LOG" > "$OUTDIR/env.txt"
 fi
 if [ "$DRY" = 1 ]; then
-  for s in gpu_calibrate agent_device gpu_pipeline; do
+  for s in gpu_calibrate agent_device gpu_pipeline fused_protocol; do
     "$PY" "benchmarks/$s.py" --help > /dev/null || { echo "gpu_check: benchmarks/$s.py --help failed" >&2; exit 2; }
   done
 fi
@@ -105,6 +107,8 @@ fi
 # ---- timing-sensitive parts, one at a time
 has calibrate && part calibrate "$PY" benchmarks/gpu_calibrate.py --from .gpu/cal_pack --out "$OUTDIR/calibration.json" \
   --runs 5 --rounds 2 --sessions 4 --budget 1 --limit 150
+has fused && part fused "$PY" benchmarks/fused_protocol.py --device cuda --models bert vit gpt2 --methods greedy \
+  --budget-s 20 --rounds 5
 has agents && part agents "$PY" benchmarks/agent_device.py --devices cuda,cpu --updates 3 --limit 120 \
   --out "$OUTDIR/agent_device.json"
 

@@ -69,6 +69,9 @@ def test_gpu_check_dry_run_checks_the_wheel_folder_and_prints_the_commands(tmp_p
     for part in ("agents", "pipeline", "evaluate", "tests"):
         assert f"would run [{part}]" in r.stdout
     assert "would run [calibrate]" not in r.stdout
+    assert "would run [fused]" not in r.stdout  # only when named
+    r = run("--parts", "fused")
+    assert r.returncode == 0 and "would run [fused]" in r.stdout and "fused_protocol.py --device cuda" in r.stdout
     missing = _pins()[0].split("==")[0]
     _fake_wheels(tmp_path / "whl3", skip=missing)
     env["GPU_CHECK_WHEELS"] = str(tmp_path / "whl3")
