@@ -226,3 +226,37 @@ def test_real_process_prints_one_line_and_no_onnxruntime_log(tmp_path, rules, ro
                           cwd=root, env={"PYTHONPATH": str(root / "src"), "PATH": "/usr/bin:/bin"})
     _one_line_error(proc.returncode, proc.stderr, "onnxruntime failed on node 'gath' (Gather)")
     assert proc.stdout == "" and not out.exists()
+
+
+# ------------------------------------------------------------------------------------------- fused attention
+def _attention_model(q_shape, opset=23, mask=None, **attrs) -> onnx.ModelProto:
+    shapes = [("q", q_shape), ("k", [1, 2, 5, 4]), ("v", [1, 2, 5, 4])] + ([("m", mask)] if mask else [])
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in shapes]
+    node = helper.make_node("Attention", [n for n, _ in shapes], ["y"], name="attn", **attrs)
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 4])
+    m = helper.make_model(helper.make_graph([node], "g", ins, [out]), opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 10
+    return m
+
+
+@pytest.mark.parametrize("case, model, wanted", [
+    ("rank", _attention_model([1, 2, 3]), "3D inputs expected to have q_num_heads"),
+    ("heads", _attention_model([1, 3, 3, 4]), "shape inference failed"),
+    ("mask", _attention_model([1, 2, 3, 4], mask=[7, 7]), "mask shape (7, 7) does not broadcast to (1, 2, 3, 5)"),
+    ("causal", _attention_model([1, 2, 3, 4], is_causal=5), "is_causal must be 0 or 1, got 5"),
+    ("opset", _attention_model([1, 2, 3, 4], opset=18), "No Op registered for Attention with domain_version of 18"),
+])
+def test_malformed_attention_is_one_line_and_writes_nothing(case, model, wanted, tmp_path, rules, capfd):
+    """ONNX's fused Attention (opset 23) with a wrong rank, head counts that do not fit, a mask that does not
+    broadcast, a bad attribute, or used below its opset: one line naming the cause, exit 2, no output file."""
+    path = _save(tmp_path, case, model)
+    code, out = _optimize(path, tmp_path, rules)
+    _one_line_error(code, capfd.readouterr().err, f"{path}: ", wanted)
+    assert not out.exists() and not list(tmp_path.glob(".out.onnx*"))
+
+
+def test_a_well_formed_attention_model_optimises(tmp_path, rules, capfd):
+    """The control for the malformed cases above: the same model, well formed, is written."""
+    code, out = _optimize(_save(tmp_path, "ok", _attention_model([1, 2, 3, 4])), tmp_path, rules)
+    assert code == 0, capfd.readouterr().err
+    assert out.exists()
