@@ -95,13 +95,14 @@ def kernel_share(runner, feeds, rounds: int) -> tuple[float, float]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from rlflow.cost.gpu_profile import is_device_event
+
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(rounds):
             runner.run_tensors(feeds)
         torch.cuda.synchronize()
-    # device-side events, as rlflow.cost.gpu_profile reads them (which the H200 calibration ran on)
     kernels = [(e.name.lower(), float(e.time_range.end - e.time_range.start)) for e in prof.events()
-               if "CUDA" in str(getattr(e, "device_type", "")).upper()]
+               if is_device_event(e)]  # read as the H200 calibration's profile reads them
     total = sum(us for _, us in kernels) / 1e6
     gemm = sum(us for name, us in kernels if "gemm" in name or "matmul" in name) / 1e6
     return gemm, total

@@ -53,7 +53,8 @@ def _device_us(event) -> tuple[float, int]:
     return total, count
 
 
-def _is_device_event(e) -> bool:
+def is_device_event(e) -> bool:
+    """A profiler event that ran on the GPU (a kernel or a copy), not on the host."""
     return "CUDA" in str(getattr(e, "device_type", "")).upper()
 
 
@@ -141,7 +142,7 @@ def _profile(graph: Graph, device: str, runs: int, profiled: int, warmup: int, s
         events = prof.events()
         spans = []
         for e in events:
-            if _is_device_event(e):
+            if is_device_event(e):
                 if not e.name.startswith(RANGE):  # the GPU-side copy of a user range is no kernel
                     spans.append((float(e.time_range.start), float(e.time_range.end)))
                 continue
