@@ -12,6 +12,7 @@ saturation extracts its graph from the e-graph and returns no trace, so only TAS
   python benchmarks/rule_sets.py --old /tmp/old_rules.json                  # new: the shipped default set
   python benchmarks/rule_sets.py --old OLD --new NEW --models resnet50 inceptionv3 --methods greedy taso
   python benchmarks/rule_sets.py --old OLD --models bert --methods --env-step --pairs 10
+  python benchmarks/rule_sets.py --old OLD --methods --agents             # both agents, old and new rules
 
 --reach: "no lost reach", per model: every graph the old set makes in one rewrite (matched as the matcher did
 before it bound commutative ops in either order: each pattern node reads its inputs in the pattern's order), the
@@ -20,6 +21,10 @@ new set makes in at most one rewrite (the current matcher), compared up to the o
 (up to that order), how many of the old set's the new set lacks; last line: reach_lost=N over all models.
 
   python benchmarks/rule_sets.py --old OLD --methods --reach                # the 9 zoo models
+
+--agents: both agents trained with each rule file (the pipeline's learning chain, benchmarks/sample_efficiency.py's
+one_budget, the config's budgets, --target as the cost target): each agent's % below the original, old -> new,
+and its real interactions. Seeded, so deterministic; the minutes depend on the load.
 
 --env-step: the environment step time on bert (benchmarks/env_step.py's environment, random agent), old and new
 rules in interleaved pairs (the order alternating pair by pair), and the ratio new/old of the median step time
@@ -175,6 +180,42 @@ def env_step(args, config: dict) -> None:
     print(f"env_step_ratio={ratio:.3f} low={lo:.3f} high={hi:.3f}")
 
 
+def agents(args) -> None:
+    """Both agents trained with each rule file on each model: the pipeline's learning chain
+    (sample_efficiency.one_budget: rollouts, encoder, world model, controller, model-free agent), the config's
+    budgets, cost target ``args.target``."""
+    from sample_efficiency import one_budget
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "target.yaml"
+        target.write_text(f"cost: {{target: {args.target}}}\n")
+        for name in args.models:
+            onnx = Path(tmp) / f"{name}.onnx"
+            zoo.export_model(name, onnx, None)
+            res = {}
+            for label, path in (("old", args.old), ("new", args.new)):
+                t0 = time.perf_counter()
+                res[label] = one_budget(name, args.episodes, [args.config, str(target)], Path(tmp) / name / label,
+                                        onnx=str(onnx), rules=str(Path(path).resolve()))
+                print(f"  {name} agents, {label} rules: controller {res[label]['rlflow']['improvement_pct']:.2f}%, "
+                      f"model-free {res[label]['model_free']['improvement_pct']:.2f}% "
+                      f"({time.perf_counter() - t0:.0f} s)", flush=True)
+            rows.append((name, res))
+    print(f"\nagents, target {args.target}, {args.episodes} rollout episodes (% below the original, real "
+          "interactions), old -> new rules:")
+    print(f"{'model':<12}{'controller':<36}{'model-free':<36}")
+    for name, res in rows:
+        cells = []
+        for method in ("rlflow", "model_free"):
+            o, n = res["old"][method], res["new"][method]
+            change = ("same" if abs(n["improvement_pct"] - o["improvement_pct"]) < 1e-6 else
+                      "better" if n["improvement_pct"] > o["improvement_pct"] else "WORSE")
+            cells.append(f"{o['improvement_pct']:.2f} -> {n['improvement_pct']:.2f} {change} "
+                         f"({o['interactions']['total']:,} / {n['interactions']['total']:,})")
+        print(f"{name:<12}{cells[0]:<36}{cells[1]:<36}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", required=True, help="the old rules file")
@@ -188,6 +229,10 @@ def main() -> None:
                     help="TASO and greedy time limit, s (default: the config's search.time_limit_s)")
     ap.add_argument("--reach", action="store_true", help="also check that the new set loses no one-step rewrite")
     ap.add_argument("--env-step", action="store_true", help="also time the env step on bert, old vs new rules")
+    ap.add_argument("--agents", action="store_true",
+                    help="also train both agents (the pipeline's learning chain) with each rule file; ~15 min per "
+                         "paper-size transformer here")
+    ap.add_argument("--episodes", type=int, default=20, help="--agents: rollout episodes (default: the pipeline's)")
     ap.add_argument("--pairs", type=int, default=5, help="--env-step: interleaved pairs (>= 2)")
     ap.add_argument("--steps", type=int, default=200, help="--env-step: timed steps per run")
     args = ap.parse_args()
@@ -243,6 +288,8 @@ def main() -> None:
         reach(args.models, old, new)
     if args.env_step:
         env_step(args, config)
+    if args.agents:
+        agents(args)
 
 
 if __name__ == "__main__":

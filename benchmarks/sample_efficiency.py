@@ -43,15 +43,18 @@ def _run(args: list[str], log: Path) -> None:
         sys.exit(f"sample_efficiency: `rlflow {args[0]}` failed (exit {r.returncode}); see {log}")
 
 
-def one_budget(model: str, episodes: int, config: list[str], d: Path) -> dict:
+def one_budget(model: str, episodes: int, config: list[str], d: Path, onnx: str | None = None,
+               rules: str = "results/rules/rules.json") -> dict:
+    """The learning chain in folder ``d`` on ``onnx`` (default: the pipeline's results/<model>/model.onnx) with
+    the rule file ``rules``; each agent's real improvement (%) and real interactions."""
     (d / "rollouts").mkdir(parents=True)
     log = d / "log.txt"
     conf = [x for c in config for x in ("--config", c)] + ["--set", f"rollouts.episodes={episodes}",
                                                             "--set", "rollouts.shards=[0]"]
     quick = ["--set", "timing.budget_s=1", "--set", "timing.sessions=2"]  # the never-slower check: not measured here
-    prob = ["--model", model, "--onnx", f"results/{model}/model.onnx", "--rules", "results/rules/rules.json"]
+    prob = ["--model", model, "--onnx", onnx or f"results/{model}/model.onnx", "--rules", rules]
     costs = ROOT / f"results/costs/auto/{model}.json"
-    if costs.is_file():
+    if onnx is None and costs.is_file():  # the pipeline's measured costs belong to the pipeline's export
         prob += ["--costs", str(costs)]
     _run(["collect-rollouts", *conf, *prob, "--shard", "0", "--out", str(d / "rollouts/shard-0.json"),
           "--graphs", str(d / "rollouts/shard-0.graphs.npz")], log)

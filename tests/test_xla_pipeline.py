@@ -19,7 +19,7 @@ from rlflow.pipeline.registry import REPO_ROOT  # noqa: E402
 
 TINY = ["--config", str(REPO_ROOT / "config.yaml"), "--config", str(REPO_ROOT / "tests/configs/tiny.yaml"),
         "--set", "xla.updates=1", "--set", "xla.steps_per_update=4", "--set", "xla.max_steps=3",
-        "--set", "xla.train_models=[resnet18]", "--set", "xla.variants=[plain]", "--set", "xla.random_orders=1",
+        "--set", "xla.train_on=models", "--set", "xla.train_models=[resnet18]", "--set", "xla.variants=[plain]", "--set", "xla.random_orders=1",
         "--set", "xla.greedy_steps=1", "--set", "xla.time_budget_s=1", "--set", "timing.sessions=2",
         "--set", "xla.select_budget_s=0.5"]
 

@@ -100,6 +100,46 @@ def test_an_agent_trains_on_the_suites_training_split(suite, capsys):
     assert "give --manifest" in capsys.readouterr().err
 
 
+def test_the_agents_are_evaluated_on_every_held_out_module(suite, tmp_path):
+    from types import SimpleNamespace
+
+    from rlflow.report import passes
+    from rlflow.xla.metric import geomean_ratio
+
+    small = [*TINY, "--set", "xla.train_on=suite", "--set", "xla.updates=1", "--set", "xla.steps_per_update=4",
+             "--set", "xla.max_steps=2", "--set", "xla.variants=[plain]", "--set", "xla.random_orders=1",
+             "--set", "xla.greedy_steps=1", "--set", "xla.suite_time_budget_s=0.5",
+             "--set", "xla.suite_select_budget_s=0.3", "--set", "timing.sessions=2"]
+    agents = tmp_path / "xla"
+    assert main(["train-pass-agent", *small, "--variant", "plain", "--results-dir", str(suite),
+                 "--manifest", str(suite / "suite.json"), "--out", str(agents / "agent-plain.pt"),
+                 "--metrics", str(agents / "agent-plain.json")]) == 0
+    out = tmp_path / "xla-suite/passes.json"
+    assert main(["evaluate-passes-suite", *small, "--manifest", str(suite / "suite.json"), "--agents-dir",
+                 str(agents), "--out", str(out), "--csv", str(out.with_suffix(".csv"))]) == 0
+    doc = json.loads(out.read_text())
+    assert [m["model"] for m in doc["modules"]] == ["vit-layers1-inference", "vit-layers1-training"]
+    assert all(m["held_out"] and m["train_models"] == ["gpt2"] for m in doc["modules"])
+    for method in ("xla_default", "random", "greedy", "ppo-plain"):
+        ratios = [next(x for x in m["methods"] if x["method"] == method)["ratio_vs_default"] for m in doc["modules"]]
+        s = doc["summary"][method]
+        assert s["geomean_ratio"] == pytest.approx(geomean_ratio(ratios))
+        assert s["modules_with_ratio"] + s["no_ratio"] == 2
+    for m in doc["modules"]:  # timed, the agent's module chosen by latency with the default a candidate
+        ppo = next(x for x in m["methods"] if x["method"] == "ppo-plain")
+        assert ppo["selection"]["chosen"] in ("xla_default", *(c["name"] for c in ppo["selection"]["candidates"]))
+        assert m["runtime"]["aa"]["verdict"] and ppo["runtime"]["verdict"]
+    verdicts = doc["summary"]["ppo-plain"]["verdicts"]
+    assert sum(verdicts.values()) == 2 and "reference" not in verdicts
+    rows = out.with_suffix(".csv").read_text().splitlines()
+    assert rows[0].startswith("model,method,ops") and len(rows) == 1 + 2 * 4
+    table = passes.suite_summary(tmp_path)
+    assert "2 held-out modules" in table and "ppo-plain" in table
+    assert "evaluate_passes_suite has not run" in passes.suite_summary(tmp_path / "none")
+    _, _, body = passes.section(SimpleNamespace(results=tmp_path))  # the per-model section is not the suite's
+    assert "has not run" in body
+
+
 def test_training_modules_compile_for_timing(suite):
     from rlflow.evaluation.protocol import Protocol
     from rlflow.xla.timing import time_modules, timing_disabled

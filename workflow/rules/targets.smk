@@ -14,10 +14,12 @@ rule multi:
 
 
 # XLA pass ordering: export_hlo (results/<model>/xla/module.hlo, the JAX lowering of the model's ONNX graph),
-# train_pass_agent (one PPO agent per xla.variants on the HLO of every model in xla.train_models ->
-# results/xla/agent-<variant>.pt) and evaluate_passes (per model: the agents vs XLA's default pipeline, random
-# orders and greedy -> results/<model>/xla/passes.json and .csv), export_hlo_suite (the HLO suite of xla.suite,
-# split by family -> results/xla/suite/ and results/xla/suite.json). Not in `rule all`: every pass step is a real XLA
+# export_hlo_suite (the HLO suite of xla.suite, split by family -> results/xla/suite/ and results/xla/suite.json),
+# train_pass_agent (one PPO agent per xla.variants on the suite's training split, or with xla.train_on=models on
+# the HLO of xla.train_models -> results/xla/agent-<variant>.pt), evaluate_passes (per model: the agents vs XLA's
+# default pipeline, random orders and greedy -> results/<model>/xla/passes.json and .csv) and
+# evaluate_passes_suite (the same on every held-out module of the suite -> results/xla-suite/passes.json and
+# .csv). Not in `rule all`: every pass step is a real XLA
 # compile of the whole module (about 30 s on paper-size ResNet-18), so build them on purpose:
 #   snakemake xla --cores 2                                        every model in config `models`
 #   snakemake xla --cores 2 --configfile tests/configs/tiny.yaml   tiny sizes (a few minutes)
@@ -25,3 +27,4 @@ rule xla:
     input:
         stage_targets("evaluate_passes", config["models"]),
         stage_targets("export_hlo_suite", config["models"]),
+        stage_targets("evaluate_passes_suite", config["models"]),

@@ -483,6 +483,15 @@ XLA_ENV_PARAMS = {"seed": "seed", "max_steps": "xla.max_steps", "reward_scale": 
                   "shaping": "xla.shaping", "gamma": "ppo.gamma", "runtime_reward": "xla.runtime_reward",
                   "runtime_budget_s": "xla.runtime_budget_s", "runtime_screen": "xla.runtime_screen"}
 
+#: what evaluate_passes and evaluate_passes_suite both read (each adds its own timing budgets)
+EVALUATE_PASSES_PARAMS = {
+    **{k: v for k, v in XLA_ENV_PARAMS.items()
+       if k not in ("shaping", "gamma", "runtime_reward", "runtime_budget_s", "runtime_screen")},
+    "variants": "xla.variants", "train_models": "xla.train_models", "train_on": "xla.train_on",
+    "train_families": "xla.suite.train_families", "random_orders": "xla.random_orders",
+    "greedy_steps": "xla.greedy_steps", "time_modules": "xla.time_modules", "timing": "timing",
+    "select_by_latency": "xla.select_by_latency", "tolerance": "evaluate.tolerance"}
+
 
 #: RLFlow's controller (trained in the dream only); the sweep stages run the same code with one key fixed
 CONTROLLER = Stage(
@@ -862,15 +871,26 @@ STAGES: dict[str, Stage] = {
                 "the paper's ratio.",
             inputs={"hlo": "results/{model}/xla/module.hlo", "agents": "results/xla/agent-{variant}.pt"},
             outputs={"passes": "results/{model}/xla/passes.json", "passes_csv": "results/{model}/xla/passes.csv"},
-            params={**{k: v for k, v in XLA_ENV_PARAMS.items()
-                       if k not in ("shaping", "gamma", "runtime_reward", "runtime_budget_s", "runtime_screen")},
-                    "variants": "xla.variants", "train_models": "xla.train_models",
-                    "random_orders": "xla.random_orders", "greedy_steps": "xla.greedy_steps",
-                    "time_modules": "xla.time_modules", "time_budget_s": "xla.time_budget_s", "timing": "timing",
-                    "select_by_latency": "xla.select_by_latency", "select_budget_s": "xla.select_budget_s",
-                    "tolerance": "evaluate.tolerance"},
+            params={**EVALUATE_PASSES_PARAMS, "time_budget_s": "xla.time_budget_s",
+                    "select_budget_s": "xla.select_budget_s"},
             args=(("--model", "{model}"), ("--hlo", "{input.hlo}"), ("--agents-dir", "results/xla"),
                   ("--out", "{output.passes}"), ("--csv", "{output.passes_csv}")),
+            expand={"variant": "xla.variants"},
+            metrics=("passes",),
+        ),
+        Stage(
+            name="evaluate_passes_suite",
+            pipeline="xla",
+            all_cores=True,  # as evaluate_passes: it times modules on XLA CPU
+            doc="The pass agents vs XLA's default pipeline, random orders and greedy on every held-out module of the "
+                "HLO suite: op counts, the paper's ratio and its geometric mean, XLA CPU verdicts.",
+            inputs={"manifest": "results/xla/suite.json", "agents": "results/xla/agent-{variant}.pt"},
+            outputs={"passes": "results/xla-suite/passes.json", "passes_csv": "results/xla-suite/passes.csv"},
+            params={**EVALUATE_PASSES_PARAMS, "time_budget_s": "xla.suite_time_budget_s",
+                    "select_budget_s": "xla.suite_select_budget_s", "heldout_families": "xla.suite.heldout_families"},
+            args=(("--manifest", "{input.manifest}"), ("--agents-dir", "results/xla"),
+                  ("--out", "{output.passes}"), ("--csv", "{output.passes_csv}")),
+            wildcards=(),
             expand={"variant": "xla.variants"},
             metrics=("passes",),
         ),

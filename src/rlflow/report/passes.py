@@ -107,3 +107,41 @@ def summary_line(results_root: Path, models: list[str]) -> str:
     figures = "; ".join(f"{k} {h.num(v)}" for k, v in means.items() if k != "xla_default")
     return h.p(f"XLA pass ordering ({len(have)} models: {', '.join(have)}; held out: {', '.join(held) or 'none'}): "
                f"geometric mean of the op-count reduction ratio vs XLA's default pipeline: {figures}.")
+
+
+SUITE_STAGE = "evaluate_passes_suite"
+
+
+def suite_file(results_root: Path) -> Path:
+    """evaluate_passes_suite's output under the results root."""
+    return Path(results_root) / "xla-suite" / "passes.json"
+
+
+def suite_summary(results_root: Path) -> str:
+    """The summary page's table of the HLO suite's held-out modules: per method, the paper's geometric-mean
+    ratio, the modules it covers and the XLA CPU verdicts against the default pipeline's module; or one line
+    saying the stage has not run."""
+    inp = read_json(suite_file(results_root), SUITE_STAGE)
+    if not inp.ok:
+        return h.missing(inp.why() + " (the HLO suite's held-out modules; `snakemake xla --cores 2`).")
+    doc = inp.data
+    summary = doc.get("summary")
+    modules = doc.get("modules")
+    if not isinstance(summary, dict) or not isinstance(modules, list):
+        raise inp.damaged("has no summary or module list")
+    rows = []
+    for method, s in summary.items():
+        verdicts = ", ".join(f"{k} {v}" for k, v in sorted((s.get("verdicts") or {}).items()))
+        rows.append((method, h.num(s.get("geomean_ratio")), h.count(s.get("modules_with_ratio")),
+                     h.count(s.get("no_ratio")), verdicts or h.DASH))
+    trained = "the suite's training split" if doc.get("train_on") == "suite" else "the training models"
+    return h.p(f"XLA pass ordering on the HLO suite's {len(modules)} held-out modules (families "
+               f"{', '.join(doc.get('families') or []) or h.DASH}; the agents trained on {trained}, never on these "
+               "families). Ratio: the paper's (ops_0 - ops_method) / (ops_0 - ops_default), its geometric mean "
+               "over the modules where XLA's default pipeline removes ops (the others have none). Verdicts: each "
+               "module's XLA CPU latency against the default pipeline's module with the protocol (an agent's "
+               "module chosen by latency, the default's always a candidate; 'too_noisy' where that module's A/A "
+               "control failed). The paper (Ganapathy et al.) reports its averages on GPT-2 training graphs and a "
+               "300+ graph suite; its stored text has lost the figures, so none is set beside these.") + \
+        h.table(["method", "geometric-mean ratio vs XLA default", "modules with a ratio", "modules without",
+                 "XLA CPU verdicts vs the default (modules)"], rows)

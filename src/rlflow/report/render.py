@@ -21,7 +21,7 @@ from rlflow.report import passes as xla_passes
 from rlflow.report import tables as t
 from rlflow.report import roofline
 from rlflow.report import targets as cost_target
-from rlflow.report.data import AA, BACKEND_LABEL, METHOD_LABEL, METHOD_ORDER, ReportData, reported_config
+from rlflow.report.data import BACKEND_LABEL, METHOD_LABEL, METHOD_ORDER, ReportData, reported_config
 from rlflow.report.headline import Headline
 
 

@@ -188,4 +188,5 @@ def to_html(rows: pd.DataFrame, headlines: list[dict], out: Path, headline_dir: 
     if missing_models:
         parts.append(h.missing("Not evaluated yet (no headline file): " + ", ".join(missing_models) + "."))
     parts.append(xla_passes.summary_line(results, [str(d["model"]) for d in headlines] + list(missing_models)))
+    parts.append(xla_passes.suite_summary(results))
     return h.page("RLFlow summary: every model evaluated", "", [], "".join(parts))
