@@ -70,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     for i, path in enumerate(paths, 1):
         print(f"evaluate_passes_suite: module {i}/{len(paths)}: {path.stem}", flush=True)
         docs.append(evaluate_module(config, path, path.stem, agents, True, float(x["suite_time_budget_s"]),
-                                    float(x["suite_select_budget_s"])))
+                                    float(x["suite_select_budget_s"]),
+                                    log=lambda line: print(f"evaluate_passes_suite: {line}", flush=True)))
     summary = summarise(docs)
     doc = {"format": FORMAT, "split": "heldout", "families": list(x["suite"]["heldout_families"]),
            "train_on": x["train_on"], "modules": docs, "summary": summary, "seconds": time.perf_counter() - t0}

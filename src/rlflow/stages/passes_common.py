@@ -7,6 +7,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+def _log(line: str) -> None:
+    """Progress lines of the functions below (``log``: another stage's own prefix)."""
+    print(f"evaluate_passes: {line}", flush=True)
+
+
 CSV_COLUMNS = ("model", "method", "ops", "initial_ops", "reduction", "ratio_vs_default", "passes_run", "seconds",
                "runtime_ratio", "runtime_ci_low", "runtime_ci_high", "runtime_verdict", "max_rel_diff",
                "latency_choice")
@@ -28,7 +33,7 @@ def to_csv(doc: dict) -> str:
 
 
 def select_by_latency(config: dict, timer, disabled: list[str], texts: dict[str, str], method: dict,
-                      candidates: list[dict], model: str, budget_s: float) -> None:
+                      candidates: list[dict], model: str, budget_s: float, log=None) -> None:
     """The agent's final module, chosen by measured latency among its candidates and XLA's default pipeline's
     module (:func:`rlflow.xla.timing.choose_by_latency`, protocol ``timing`` with ``budget_s`` seconds): sets ``texts[method]`` (what the runtime comparison times) and the method's ``selection``."""
     from rlflow.config import get
@@ -53,12 +58,12 @@ def select_by_latency(config: dict, timer, disabled: list[str], texts: dict[str,
         "final_ops": float(sum(histogram(parse(texts[name])).values())),
         "final_passes": chosen["passes"] if chosen else ["<XLA default pipeline>"], "candidates": rows}
     seen = ", ".join(f"{n} {e['ratio']:.3f} {e['verdict']}" for n, e in timed.items())
-    print(f"evaluate_passes: {model} {name}: final module by latency: {choice['chosen']} "
-          f"(candidates vs XLA default: {seen or 'all equal to it'})", flush=True)
+    (log or _log)(f"{model} {name}: final module by latency: {choice['chosen']} "
+                  f"(candidates vs XLA default: {seen or 'all equal to it'})")
 
 
 def time_methods(config: dict, timer, disabled: list[str], texts: dict[str, str], methods: list[dict],
-                 model: str, budget_s: float) -> dict:
+                 model: str, budget_s: float, log=None) -> dict:
     """Time the methods' modules on XLA CPU against XLA's default one (:mod:`rlflow.xla.timing`, in ``timer``);
     adds each method's ``runtime`` entry and returns the comparison's summary (protocol, A/A control, too
     noisy)."""
@@ -70,7 +75,7 @@ def time_methods(config: dict, timer, disabled: list[str], texts: dict[str, str]
     order = ["xla_default", AA_NAME] + [m["method"] for m in methods if m["method"] != "xla_default"
                                         and m["method"] in texts]
     modules = [(n, texts["xla_default" if n == AA_NAME else n]) for n in order]
-    print(f"evaluate_passes: {model}: timing {len(modules)} modules on XLA CPU ({protocol.describe()})", flush=True)
+    (log or _log)(f"{model}: timing {len(modules)} modules on XLA CPU ({protocol.describe()})")
     result = timer.time(modules, protocol, disabled, seed=int(get(config, "seed")))
     tolerance = float(get(config, "evaluate.tolerance"))
     for m in methods:
@@ -85,7 +90,7 @@ def time_methods(config: dict, timer, disabled: list[str], texts: dict[str, str]
         m["runtime"]["max_rel_diff"] = diff
         vs = "the reference" if est["ci_low"] is None else \
             f"{est['ratio']:.3f} [{est['ci_low']:.3f}, {est['ci_high']:.3f}] of it, {est['verdict']}"
-        print(f"evaluate_passes: {model} {m['method']}: XLA CPU median {est['median_ms']:.3f} ms, {vs}", flush=True)
+        (log or _log)(f"{model} {m['method']}: XLA CPU median {est['median_ms']:.3f} ms, {vs}")
     aa = result["estimates"][AA_NAME]
     return {"backend": "xla-cpu", "reference": "xla_default", "protocol": protocol.describe(),
             "aa": {k: aa[k] for k in ("ratio", "ci_low", "ci_high", "verdict")}, "too_noisy": aa["verdict"] != SAME,
@@ -107,7 +112,7 @@ def load_agents(config: dict, agents_dir) -> dict:
 
 
 def evaluate_module(config: dict, hlo, model: str, agents: dict, held_out: bool, time_budget_s: float,
-                    select_budget_s: float) -> dict:
+                    select_budget_s: float, log=None) -> dict:
     """Every method on one HLO module (the file ``hlo``, named ``model``): op counts, the paper's ratio and, with
     ``xla.time_modules``, the XLA CPU timing (``time_budget_s`` seconds; each agent's module chosen by latency in
     ``select_budget_s``); the document evaluate_passes writes (``rlflow.xla-passes/1``)."""
@@ -136,7 +141,7 @@ def evaluate_module(config: dict, hlo, model: str, agents: dict, held_out: bool,
                             "passes": list(out.passes), "seconds": time.perf_counter() - t0})
             if out.text is not None:
                 texts[name] = out.text
-            print(f"evaluate_passes: {model} {name}: {out.ops:g} ops (initial {ops0})", flush=True)
+            (log or _log)(f"{model} {name}: {out.ops:g} ops (initial {ops0})")
             if name.startswith("ppo-") and x["time_modules"] and x["select_by_latency"]:
                 candidates[name] = latency_candidates(env, out)
         pipeline = env.pipeline
@@ -151,8 +156,8 @@ def evaluate_module(config: dict, hlo, model: str, agents: dict, held_out: bool,
             for m in methods:
                 if m["method"] in candidates:
                     select_by_latency(config, timer, disabled, texts, m, candidates[m["method"]], model,
-                                      select_budget_s)
-            runtime = time_methods(config, timer, disabled, texts, methods, model, time_budget_s)
+                                      select_budget_s, log)
+            runtime = time_methods(config, timer, disabled, texts, methods, model, time_budget_s, log)
     default = methods[0]["ops"]
     for m in methods:
         m["ratio_vs_default"] = reduction_ratio(ops0, m["ops"], default)
