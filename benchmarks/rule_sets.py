@@ -204,7 +204,7 @@ def agents(args) -> None:
             rows.append((name, res))
     print(f"\nagents, target {args.target}, {args.episodes} rollout episodes (% below the original, real "
           "interactions), old -> new rules:")
-    print(f"{'model':<12}{'controller':<36}{'model-free':<36}")
+    print(f"{'model':<12}{'controller':<40} model-free")
     for name, res in rows:
         cells = []
         for method in ("rlflow", "model_free"):
@@ -213,7 +213,7 @@ def agents(args) -> None:
                       "better" if n["improvement_pct"] > o["improvement_pct"] else "WORSE")
             cells.append(f"{o['improvement_pct']:.2f} -> {n['improvement_pct']:.2f} {change} "
                          f"({o['interactions']['total']:,} / {n['interactions']['total']:,})")
-        print(f"{name:<12}{cells[0]:<36}{cells[1]:<36}")
+        print(f"{name:<12}{cells[0]:<40} {cells[1]}")
 
 
 def main() -> None:
