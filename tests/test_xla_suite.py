@@ -152,3 +152,26 @@ def test_training_modules_compile_for_timing(suite):
     r = time_modules([("a", text), ("b", text)], Protocol(sessions=2, warmup=1, budget_s=0.1, min_rounds=3),
                      timing_disabled(discover_pipeline()))
     assert r["max_rel_diff"]["b"] == 0.0
+
+
+def test_an_agent_module_that_is_the_defaults_own_is_not_timed_again():
+    from rlflow.config import load_config
+    from rlflow.stages.passes_common import AA_NAME, time_methods
+
+    class Timer:  # records what it is asked to time; every module as fast as the default
+        def time(self, modules, protocol, disabled, seed):
+            self.names = [n for n, _ in modules]
+            est = {n: {"ratio": 1.0, "ci_low": None if n == "xla_default" else 0.99, "ci_high": None
+                       if n == "xla_default" else 1.01, "verdict": "reference" if n == "xla_default" else
+                       "no detectable difference", "detectable": 0.02, "median_ms": 2.0} for n in self.names}
+            return {"estimates": est, "max_rel_diff": {n: 0.0 for n in self.names}, "rounds": 3, "seconds": 1.0}
+
+    config = load_config([REPO_ROOT / "config.yaml"])
+    methods = [{"method": "xla_default"}, {"method": "greedy"}, {"method": "ppo-plain"}]
+    texts = {"xla_default": "HloModule d", "greedy": "HloModule g", "ppo-plain": "HloModule d"}
+    timer = Timer()
+    time_methods(config, timer, [], texts, methods, "m", 1.0, log=lambda line: None)
+    assert timer.names == ["xla_default", AA_NAME, "greedy"]  # the agent's module is the default's
+    ppo = methods[2]["runtime"]
+    assert ppo["same_as"] == "xla_default" and ppo["ratio"] == 1.0 and ppo["verdict"] == "no detectable difference"
+    assert "same_as" not in methods[1]["runtime"]

@@ -78,6 +78,8 @@ def _runtime_cells(r: dict | None, noisy: bool) -> tuple[str, str, str]:
     if not r:
         return h.DASH, h.DASH, h.DASH
     verdict = r.get("verdict", h.DASH)
+    if r.get("same_as"):  # the agent's final module is the default's own: not timed again
+        return h.num(r.get("median_ms")), h.DASH, f"the {r['same_as']} module itself"
     return h.num(r.get("median_ms")), _interval(r), ("too noisy" if noisy and verdict != "reference" else verdict)
 
 

@@ -66,19 +66,29 @@ def time_methods(config: dict, timer, disabled: list[str], texts: dict[str, str]
                  model: str, budget_s: float, log=None) -> dict:
     """Time the methods' modules on XLA CPU against XLA's default one (:mod:`rlflow.xla.timing`, in ``timer``);
     adds each method's ``runtime`` entry and returns the comparison's summary (protocol, A/A control, too
-    noisy)."""
+    noisy). A method whose module is the default's own (an agent whose choice by latency fell back to it) is not
+    timed again: timing a module against itself is the A/A control's job, and under another name its false
+    positives would read as verdicts; its entry is the default's, ratio 1, ``same_as: xla_default``."""
     from rlflow.config import get
     from rlflow.errors import RLFlowError
     from rlflow.evaluation.protocol import SAME, Protocol
 
     protocol = Protocol.from_config(config, budget_s=budget_s)
+    same = {m["method"] for m in methods if m["method"] != "xla_default"
+            and texts.get(m["method"]) == texts["xla_default"]}
     order = ["xla_default", AA_NAME] + [m["method"] for m in methods if m["method"] != "xla_default"
-                                        and m["method"] in texts]
+                                        and m["method"] in texts and m["method"] not in same]
     modules = [(n, texts["xla_default" if n == AA_NAME else n]) for n in order]
     (log or _log)(f"{model}: timing {len(modules)} modules on XLA CPU ({protocol.describe()})")
     result = timer.time(modules, protocol, disabled, seed=int(get(config, "seed")))
     tolerance = float(get(config, "evaluate.tolerance"))
+    default_ms = result["estimates"]["xla_default"]["median_ms"]
     for m in methods:
+        if m["method"] in same:
+            m["runtime"] = {"ratio": 1.0, "ci_low": 1.0, "ci_high": 1.0, "verdict": SAME, "detectable": None,
+                            "median_ms": default_ms, "max_rel_diff": 0.0, "same_as": "xla_default"}
+            (log or _log)(f"{model} {m['method']}: XLA default's own module (not timed again)")
+            continue
         est = result["estimates"].get(m["method"])
         if est is None:
             continue
