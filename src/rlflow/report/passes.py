@@ -133,7 +133,7 @@ def suite_summary(results_root: Path) -> str:
         raise inp.damaged("has no summary or module list")
     rows = []
     for method, s in summary.items():
-        verdicts = ", ".join(f"{k} {v}" for k, v in sorted((s.get("verdicts") or {}).items()))
+        verdicts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted((s.get("verdicts") or {}).items()))
         rows.append((method, h.num(s.get("geomean_ratio")), h.count(s.get("modules_with_ratio")),
                      h.count(s.get("no_ratio")), verdicts or h.DASH))
     trained = "the suite's training split" if doc.get("train_on") == "suite" else "the training models"
@@ -142,7 +142,7 @@ def suite_summary(results_root: Path) -> str:
                "families). Ratio: the paper's (ops_0 - ops_method) / (ops_0 - ops_default), its geometric mean "
                "over the modules where XLA's default pipeline removes ops (the others have none). Verdicts: each "
                "module's XLA CPU latency against the default pipeline's module with the protocol (an agent's "
-               "module chosen by latency, the default's always a candidate; 'too_noisy' where that module's A/A "
+               "module chosen by latency, the default's always a candidate; 'too noisy' where that module's A/A "
                "control failed). The paper (Ganapathy et al.) reports its averages on GPT-2 training graphs and a "
                "300+ graph suite; its stored text has lost the figures, so none is set beside these.") + \
         h.table(["method", "geometric-mean ratio vs XLA default", "modules with a ratio", "modules without",
