@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.atomic import write_text
     from rlflow.config import get, load_config
     from rlflow.errors import RLFlowError
-    from rlflow.stages.passes_common import evaluate_module, load_agents, to_csv
+    from rlflow.stages.passes_common import evaluate_module, load_agents, to_csv, trained_on
 
     config = load_config(args.config, args.overrides)
     x = get(config, "xla")
@@ -49,8 +49,7 @@ def run(args: argparse.Namespace) -> int:
         raise RLFlowError(f"{args.hlo}: no such HLO module (stage export_hlo)")
     agents = load_agents(config, args.agents_dir)
     # held out: not trained on (with xla.train_on=suite, a model of none of the suite's training families)
-    trained = x["suite"]["train_families"] if x["train_on"] == "suite" else x["train_models"]
-    doc = evaluate_module(config, args.hlo, args.model, agents, args.model not in trained,
+    doc = evaluate_module(config, args.hlo, args.model, agents, args.model not in trained_on(x),
                           float(x["time_budget_s"]), float(x["select_budget_s"]))
     write_text(args.out, json.dumps(doc, indent=2, allow_nan=False) + "\n")
     write_text(args.csv, to_csv(doc))

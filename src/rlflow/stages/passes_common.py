@@ -107,6 +107,12 @@ def time_methods(config: dict, timer, disabled: list[str], texts: dict[str, str]
             "rounds": result["rounds"], "seconds": result["seconds"], "disabled_passes": disabled}
 
 
+def trained_on(x: dict) -> list[str]:
+    """What the pass agents trained on, from the config's ``xla`` section: the suite's training families
+    (``train_on: suite``) or ``train_models``."""
+    return list(x["suite"]["train_families"]) if x["train_on"] == "suite" else list(x["train_models"])
+
+
 def load_agents(config: dict, agents_dir) -> dict:
     """The pass agent of every variant in ``xla.variants`` (``<agents_dir>/agent-<variant>.pt``); a missing
     checkpoint is a one-line error naming it."""
@@ -171,7 +177,6 @@ def evaluate_module(config: dict, hlo, model: str, agents: dict, held_out: bool,
     default = methods[0]["ops"]
     for m in methods:
         m["ratio_vs_default"] = reduction_ratio(ops0, m["ops"], default)
-    trained_on = list(x["suite"]["train_families"]) if x["train_on"] == "suite" else list(x["train_models"])
     return {"format": "rlflow.xla-passes/1", "model": model, "initial_ops": ops0, "held_out": held_out,
-            "train_on": x["train_on"], "train_models": trained_on, "max_steps": int(x["max_steps"]),
+            "train_on": x["train_on"], "train_models": trained_on(x), "max_steps": int(x["max_steps"]),
             "methods": methods, "runtime": runtime}
