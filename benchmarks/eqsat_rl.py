@@ -63,6 +63,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=TrainConfig.lr)
     ap.add_argument("--all-bias", type=float, default=TrainConfig.all_bias,
                     help="the untrained policy's logit of `all` (exploration around eqsat's schedule)")
+    ap.add_argument("--proxy-ilp", type=float, default=TrainConfig.proxy_ilp_s,
+                    help="the ILP's seconds in the training rewards (default %(default)s: the cheap proxy; the "
+                         "budget's ILP limit scores schedules as they will be used)")
     ap.add_argument("--skip", nargs="+", default=[], choices=("tree", "random"), help="methods not to run")
     ap.add_argument("--depth", type=int, default=3)
     ap.add_argument("--simulations", type=int, default=16)
@@ -89,7 +92,8 @@ def main() -> None:
             zoo.export_model(name, path, zoo.TINY_SIZES[name] if args.sizes == "tiny" else None)
             graphs[name] = load_onnx(path)
     policy, history = train_policy({m: graphs[m] for m in args.train}, rules, cost, budget,
-                                   TrainConfig(epochs=args.epochs, lr=args.lr, all_bias=args.all_bias, seed=args.seed), log=print)
+                                   TrainConfig(epochs=args.epochs, lr=args.lr, all_bias=args.all_bias, seed=args.seed,
+                                               proxy_ilp_s=args.proxy_ilp), log=print)
     train_s = policy.info["train_seconds"]
     if args.save_policy:
         policy.save(args.save_policy)
@@ -133,7 +137,7 @@ def main() -> None:
           f"{budget.ilp_time_limit_s} s; tree depth {args.depth}, {args.simulations} simulations; "
           f"{args.random_seeds} random seeds")
     print(f"learned agent: trained on {', '.join(args.train)} ({args.epochs} epochs, lr {args.lr}, all-bias "
-          f"{args.all_bias}) in {train_s:.1f} s; best "
+          f"{args.all_bias}, reward ILP {args.proxy_ilp} s) in {train_s:.1f} s; best "
           f"greedy proxy reward {policy.info['best_greedy_reward']:+.4f}")
     print(f"{'model':<12}{'input':>8}{'eqsat':>9}{'random':>9}{'rnd best':>9}{'tree':>9}{'learned':>9}"
           f"{'eqsat s':>9}{'random s':>9}{'tree s':>9}{'learned s':>10}  learned/eqsat time")

@@ -352,7 +352,14 @@ def test_each_stop_reason():
     assert stop == StopReason.NODE_LIMIT and len(runner.iterations) == 1
     stop, runner = run(deadline=time.perf_counter())
     assert stop == StopReason.TIME_LIMIT and len(runner.iterations) == 1
-    assert [s.value for s in StopReason] == ["saturated", "node_limit", "iteration_limit", "time_limit"]
+
+    class StopAfterTwo(Scheduler):
+        def stop(self, iteration, egraph):
+            return iteration == 2
+
+    stop, runner = run(scheduler=StopAfterTwo())
+    assert stop == StopReason.SCHEDULER and len(runner.iterations) == 2
+    assert [s.value for s in StopReason] == ["saturated", "node_limit", "iteration_limit", "time_limit", "scheduler"]
     with pytest.raises(RuntimeError, match="stopped"):
         full.step()
 

@@ -4,6 +4,8 @@ the REINFORCE gradient; `rlflow optimize --method eqsat-rl`; bad input in one li
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -48,6 +50,23 @@ def test_scheduler_runs_only_the_chosen_families():
     # an iteration of some families that changes nothing is followed by one of every family before stopping
     assert r.stats["schedule"][-1] == "all" and r.stop_reason == "saturated"
     assert check_equal(g, r.graph) <= 1e-5
+
+
+def test_the_stop_action_ends_saturation_and_the_ilp_extracts_what_is_there():
+    g, cost = shared_input_graph(), AnalyticCost("cpu")
+    ref = eqsat_search(g, BUILTIN, cost, **replace(BUDGET, iter_limit=1).search_kwargs())
+    r, sched = run_schedule(g, BUILTIN, cost, fixed("all", "stop"), BUDGET)
+    assert r.stop_reason == "scheduler" and r.stats["schedule"] == ["all", "stop"] and r.stats["iterations"] == 1
+    assert r.stats["egraph_nodes"] == ref.stats["egraph_nodes"] and r.final.runtime_ms == ref.final.runtime_ms
+    assert [action_names()[a] for _, a in sched.decisions] == ["all", "stop"]
+    assert check_equal(g, r.graph) <= 1e-5
+    # stopping before the first iteration extracts the input itself
+    r0, _ = run_schedule(g, BUILTIN, cost, fixed("stop"), BUDGET)
+    assert r0.stats["iterations"] == 0 and r0.final.runtime_ms == r0.initial.runtime_ms
+    # in the tree search a stop ends its branch: no leaf runs an action after one
+    t = tree_search(g, BUILTIN, cost, BUDGET, depth=3, simulations=12, seed=0)
+    sched_t = t.stats["schedule"]
+    assert "stop" not in sched_t[:-1] and check_equal(g, t.graph) <= 1e-5
 
 
 def test_untrained_policy_is_eqsats_schedule():

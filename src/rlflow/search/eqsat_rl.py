@@ -15,7 +15,9 @@ multi-pattern (two-root) rules, then by the first of conv, matmul, concat-split,
 source holds, else other. A family is present on a graph if one of its rules has every source op in the graph.
 
 **Actions.** In each runner iteration the agent picks one action (:func:`action_names`): ``all`` (every family:
-what eqsat runs), ``only:F`` (family F alone) or ``no:F`` (every family but F). The chosen families' rules then run
+what eqsat runs), ``only:F`` (family F alone), ``no:F`` (every family but F) or ``stop`` (saturation ends
+here and the e-graph as it is goes to the ILP: a smaller e-graph the ILP can solve within its time limit can hold
+a cheaper graph than the bigger one it cannot). The chosen families' rules then run
 under eqsat's backoff scheduler (its match limits and bans: :class:`FamilyScheduler` is a
 :class:`~rlflow.search.eqsat.runner.BackoffScheduler`), and multi-pattern rules in at most ``multi_iterations``
 iterations, the first ones in which the agent chooses them (eqsat: the first ones), so an agent that always
@@ -64,6 +66,7 @@ FAMILIES = ("multi", "conv", "matmul", "concat-split", "transpose", "elementwise
 _FAMILY_OPS = (("conv", {"Conv"}), ("matmul", {"MatMul", "Gemm"}), ("concat-split", {"Concat", "Split"}),
                ("transpose", {"Transpose"}), ("elementwise", {"Add", "Sub", "Mul", "Div", "ScalarMul"}))
 POLICY_FORMAT = "rlflow.eqsat-rl-policy/1"
+STOP = "stop"  # the action that ends saturation
 
 
 def family_of(p: Pattern) -> str:
@@ -78,17 +81,20 @@ def family_of(p: Pattern) -> str:
 
 
 def action_names() -> list[str]:
-    """Every action: ``all``, then ``only:F`` and ``no:F`` per family F of :data:`FAMILIES`."""
-    return ["all"] + [f"only:{f}" for f in FAMILIES] + [f"no:{f}" for f in FAMILIES]
+    """Every action: ``all``, then ``only:F`` and ``no:F`` per family F of :data:`FAMILIES`, then ``stop``."""
+    return ["all"] + [f"only:{f}" for f in FAMILIES] + [f"no:{f}" for f in FAMILIES] + [STOP]
 
 
 def action_families(action: str) -> frozenset[str]:
-    """The families an action runs."""
+    """The families an action runs (``stop``: none)."""
     if action == "all":
         return frozenset(FAMILIES)
+    if action == STOP:
+        return frozenset()
     kind, _, fam = action.partition(":")
     if fam not in FAMILIES or kind not in ("only", "no"):
-        raise RLFlowError(f"unknown eqsat-rl action {action!r} (all, only:F or no:F; F one of {', '.join(FAMILIES)})")
+        raise RLFlowError(f"unknown eqsat-rl action {action!r} (all, only:F, no:F or stop; F one of "
+                          f"{', '.join(FAMILIES)})")
     return frozenset({fam}) if kind == "only" else frozenset(FAMILIES) - {fam}
 
 
@@ -99,12 +105,13 @@ def present_families(graph: Graph, rules: Sequence[Rule]) -> frozenset[str]:
 
 
 def action_mask(present: frozenset[str]) -> np.ndarray:
-    """Per action of :func:`action_names`: True if it runs a present family and differs from ``all`` on them
-    (``only:F``/``no:F`` of an absent F would repeat ``all`` or run nothing). Shape (A,)."""
+    """Per action of :func:`action_names`: True for ``all`` and ``stop``, and for the others if they run a
+    present family and differ from ``all`` on them (``only:F``/``no:F`` of an absent F would repeat ``all`` or run
+    nothing). Shape (A,)."""
     out = []
     for a in action_names():
         fams = action_families(a) & present
-        out.append(a == "all" or (bool(fams) and fams != present))
+        out.append(a in ("all", STOP) or (bool(fams) and fams != present))
     return np.array(out)
 
 
@@ -135,8 +142,9 @@ Chooser = Callable[[int, np.ndarray, np.ndarray], int]
 
 class FamilyScheduler(BackoffScheduler):
     """eqsat's backoff scheduler restricted, in each iteration, to the families of the action ``choose`` picks
-    (see the module docstring). ``decisions`` keeps (features, action) per iteration the agent chose;
-    ``schedule`` the action names run, forced ``all`` iterations included."""
+    (see the module docstring); the action ``stop`` ends saturation (:meth:`stop`). ``decisions`` keeps
+    (features, action) per iteration the agent chose; ``schedule`` the action names run, forced ``all``
+    iterations included, and ``stop`` last if the agent stopped."""
 
     def __init__(self, choose: Chooser, present: frozenset[str], budget: EqsatBudget):
         super().__init__(budget.multi_iterations, match_limit_base=RULE_MATCH_LIMIT, ban_length=BAN_LENGTH)
@@ -148,6 +156,7 @@ class FamilyScheduler(BackoffScheduler):
         self.runner: Runner | None = None
         self._force_all = False
         self._family: dict[str, str] = {}
+        self._pending: str | None = None  # the action decided in stop(), run by the select() that follows
         self.multi_runs = 0  # iterations in which multi-pattern rules ran
 
     def start(self, runner: Runner) -> None:
@@ -168,7 +177,7 @@ class FamilyScheduler(BackoffScheduler):
         return np.concatenate([[1.0, iteration / self.budget.iter_limit, egraph.n_nodes / self.budget.node_limit,
                                 growth / self.budget.node_limit], share])
 
-    def select(self, iteration: int, egraph: EGraph, patterns: Sequence[Pattern]) -> list[Pattern]:
+    def _decide(self, iteration: int, egraph: EGraph) -> str:
         if self._force_all:
             action = "all"
             self._force_all = False
@@ -180,6 +189,15 @@ class FamilyScheduler(BackoffScheduler):
             self.decisions.append((x, a))
             action = self.actions[a]
         self.schedule.append(action)
+        return action
+
+    def stop(self, iteration: int, egraph: EGraph) -> bool:
+        self._pending = self._decide(iteration, egraph)
+        return self._pending == STOP
+
+    def select(self, iteration: int, egraph: EGraph, patterns: Sequence[Pattern]) -> list[Pattern]:
+        action = self._pending if self._pending is not None else self._decide(iteration, egraph)
+        self._pending = None
         fams = action_families(action)
         multi_ok = self.multi_runs < self.multi_iterations
         out = [p for p in patterns if self._family[p.rule.id] in fams and (multi_ok or not p.multi)
@@ -279,6 +297,10 @@ class LinearPolicy:
         return cls(w, doc.get("info", {}))
 
 
+#: the ILP's time limit (s) in the cheap proxy of a schedule's cost
+PROXY_ILP_S = 3.0
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """REINFORCE on the training models (see :func:`train_policy`)."""
@@ -287,10 +309,7 @@ class TrainConfig:
     lr: float = 0.5        # step size on the normalised advantages
     all_bias: float = 2.0  # the initial logit of ``all`` (the others 0): sampling explores near eqsat's schedule
     seed: int = 0
-
-
-#: the ILP's time limit (s) in the cheap proxy of a schedule's cost
-PROXY_ILP_S = 3.0
+    proxy_ilp_s: float = PROXY_ILP_S  # the ILP's seconds in the rewards (the budget's own limit: no proxy)
 
 
 def proxy_cost(graph: Graph, rules: Sequence[Rule], cost: CostModel, choose: Chooser, budget: EqsatBudget,
@@ -317,7 +336,8 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
     rng = np.random.default_rng(config.seed)
     policy = LinearPolicy.untrained()
     policy.weights[0, 0] = config.all_bias
-    ref = {m: proxy_cost(g, rules, cost, _fixed([]), budget)[0] for m, g in graphs.items()}
+    score_of = lambda g, choose: proxy_cost(g, rules, cost, choose, budget, config.proxy_ilp_s)  # noqa: E731
+    ref = {m: score_of(g, _fixed([]))[0] for m, g in graphs.items()}
     initial = {m: cost.graph_metrics(g).runtime_ms for m, g in graphs.items()}
     reward = lambda m, c: (ref[m] - c) / initial[m]  # noqa: E731
     best, best_score = policy.weights.copy(), 0.0  # the initial greedy policy is eqsat's schedule: reward 0
@@ -326,7 +346,7 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
     for epoch in range(config.epochs):
         episodes = []
         for m, g in graphs.items():
-            c, sched = proxy_cost(g, rules, cost, policy.sampler(rng), budget)
+            c, sched = score_of(g, policy.sampler(rng))
             r = reward(m, c)
             base = float(np.mean(means[m])) if means[m] else 0.0
             means[m].append(r)
@@ -341,7 +361,7 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
                 grad += reinforce_grad(policy.weights, x, acts, sched.mask, a / scale)
                 loss += reinforce_loss(policy.weights, x, acts, sched.mask, a / scale)
         policy.weights -= config.lr * grad / len(episodes)
-        score = float(np.mean([reward(m, proxy_cost(g, rules, cost, policy.greedy(), budget)[0])
+        score = float(np.mean([reward(m, score_of(g, policy.greedy())[0])
                                for m, g in graphs.items()]))
         if score > best_score:
             best, best_score = policy.weights.copy(), score
@@ -376,8 +396,8 @@ def random_schedule_search(graph: Graph, rules: Sequence[Rule], cost: CostModel,
 
 def tree_search(graph: Graph, rules: Sequence[Rule], cost: CostModel, budget: EqsatBudget, depth: int = 3,
                 simulations: int = 16, c_uct: float = 1.0, seed: int = 0, extraction: str = "ilp") -> SearchResult:
-    """UCT over the actions of the first ``depth`` iterations (MCTS-GEB style; see the module docstring):
-    ``simulations`` leaves, each scored by :func:`proxy_cost` (value: the input's cost over the leaf's, so
+    """UCT over the actions of the first ``depth`` iterations (MCTS-GEB style; see the module docstring; a
+    ``stop`` ends its branch): ``simulations`` leaves, each scored by :func:`proxy_cost` (value: the input's cost over the leaf's, so
     higher is better), a leaf seen before not run again; then the best leaf's schedule with the ILP. The
     result's seconds include the search; stats add ``tree_simulations``, ``tree_seconds``, ``tree_best_proxy_ms``."""
     if depth < 1 or simulations < 1:
@@ -398,9 +418,10 @@ def tree_search(graph: Graph, rules: Sequence[Rule], cost: CostModel, budget: Eq
         return c0 / leaves[prefix] if leaves[prefix] > 0 else 1.0
 
     order = [0] + [a for a in allowed if a != 0]
+    stop = names.index(STOP)
     for sim in range(simulations):
         path, prefix = [()], ()
-        while len(prefix) < depth:
+        while len(prefix) < depth and stop not in prefix:
             untried = [a for a in order if prefix + (a,) not in visits]
             if untried:  # expand: ``all`` first (eqsat's schedule is the first leaf), then in random order
                 a = untried[0] if sim == 0 else int(rng.choice(untried))
@@ -411,7 +432,8 @@ def tree_search(graph: Graph, rules: Sequence[Rule], cost: CostModel, budget: Eq
             prefix += (max(order, key=lambda b: value[prefix + (b,)] / visits[prefix + (b,)]
                            + c_uct * math.sqrt(math.log(n) / visits[prefix + (b,)])),)
             path.append(prefix)
-        leaf = prefix + (0,) * (depth - len(prefix))  # the rest of the schedule: ``all`` (eqsat's)
+        # the rest of the schedule: ``all`` (eqsat's), unless it stopped
+        leaf = prefix if stop in prefix else prefix + (0,) * (depth - len(prefix))
         v = evaluate(leaf)
         for p in path:
             visits[p] = visits.get(p, 0) + 1

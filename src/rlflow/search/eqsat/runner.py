@@ -16,7 +16,8 @@ found again later) and the scheduler is told (:meth:`Scheduler.over_limit`).
 within its pattern's depth above what changed since (identical results, about 3x faster on BERT): a match of such
 a rule is new only if one of its op instances was added or changed class since the last iteration began.
 
-**Stopping.** At the node limit (reached while applying, or after the rebuild), at the time limit (checked after
+**Stopping.** Before an iteration if the scheduler ends saturation there (:meth:`Scheduler.stop`: an agent's
+``stop`` action), at the node limit (reached while applying, or after the rebuild), at the time limit (checked after
 each rule's search and after the rebuild), at the iteration limit, or saturated: an iteration changed nothing (no
 merge, no new e-node or e-class) and the scheduler agrees (:meth:`Scheduler.can_stop`: the backoff scheduler
 first lifts its bans and runs the banned rules again).
@@ -55,6 +56,7 @@ class StopReason(enum.StrEnum):
     NODE_LIMIT = "node_limit"
     ITERATION_LIMIT = "iteration_limit"
     TIME_LIMIT = "time_limit"
+    SCHEDULER = "scheduler"  # the scheduler ended saturation (Scheduler.stop)
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,11 @@ class Scheduler:
     def start(self, runner: "Runner") -> None:
         """Called once by the runner that this scheduler drives, before its first iteration (a scheduler that
         reads the iteration records keeps ``runner``)."""
+
+    def stop(self, iteration: int, egraph: EGraph) -> bool:
+        """End saturation before ``iteration`` (0-based)? :meth:`Runner.run` asks before each iteration; this
+        base never does."""
+        return False
 
     def select(self, iteration: int, egraph: EGraph, patterns: Sequence[Pattern]) -> Sequence[Pattern]:
         """The rules to search in ``iteration`` (0-based), in the order their matches are applied."""
@@ -190,10 +197,14 @@ class Runner:
         self.scheduler.start(self)
 
     def run(self) -> StopReason:
-        """Iterate until a stop reason; returns it."""
+        """Iterate until a stop reason; returns it. Before each iteration the scheduler may end saturation
+        (:meth:`Scheduler.stop`; :meth:`step` alone does not ask it)."""
         if self.stop_reason is None and len(self.iterations) >= self.iter_limit:
             self.stop_reason = StopReason.ITERATION_LIMIT
         while self.stop_reason is None:
+            if self.scheduler.stop(len(self.iterations), self.egraph):
+                self.stop_reason = StopReason.SCHEDULER
+                break
             self.step()
         return self.stop_reason
 
