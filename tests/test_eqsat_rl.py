@@ -58,11 +58,11 @@ def test_the_stop_action_ends_saturation_and_the_ilp_extracts_what_is_there():
     r, sched = run_schedule(g, BUILTIN, cost, fixed("all", "stop"), BUDGET)
     assert r.stop_reason == "scheduler" and r.stats["schedule"] == ["all", "stop"] and r.stats["iterations"] == 1
     assert r.stats["egraph_nodes"] == ref.stats["egraph_nodes"] and r.final.runtime_ms == ref.final.runtime_ms
-    assert [action_names()[a] for _, a in sched.decisions] == ["all", "stop"]
+    assert [action_names()[a] for _, a, _ in sched.decisions] == ["all", "stop"]
     assert check_equal(g, r.graph) <= 1e-5
-    # stopping before the first iteration extracts the input itself
-    r0, _ = run_schedule(g, BUILTIN, cost, fixed("stop"), BUDGET)
-    assert r0.stats["iterations"] == 0 and r0.final.runtime_ms == r0.initial.runtime_ms
+    # stopping before the first iteration (the input itself) is not an action
+    with pytest.raises(RLFlowError, match="not one allowed here"):
+        run_schedule(g, BUILTIN, cost, fixed("stop"), BUDGET)
     # in the tree search a stop ends its branch: no leaf runs an action after one
     t = tree_search(g, BUILTIN, cost, BUDGET, depth=3, simulations=12, seed=0)
     sched_t = t.stats["schedule"]
@@ -117,6 +117,19 @@ def test_reinforce_gradient_matches_finite_differences():
             d[i, j] = 1e-6
             num[i, j] = (reinforce_loss(w + d, x, acts, mask, 0.7) - reinforce_loss(w - d, x, acts, mask, 0.7)) / 2e-6
     assert np.allclose(grad, num, atol=1e-5) and not grad[3].any()
+    # a mask per step (T, A): an action allowed at no step gets no gradient
+    masks = np.ones((T, A), bool)
+    masks[:, 7] = False
+    masks[1, 4] = False
+    g2 = reinforce_grad(w, x, acts, masks, 0.7)
+    num2 = np.zeros_like(w)
+    for i in range(A):
+        for j in range(D):
+            d = np.zeros_like(w)
+            d[i, j] = 1e-6
+            num2[i, j] = (reinforce_loss(w + d, x, acts, masks, 0.7)
+                          - reinforce_loss(w - d, x, acts, masks, 0.7)) / 2e-6
+    assert np.allclose(g2, num2, atol=1e-5) and not g2[7].any() and g2[4].any()
 
 
 def test_tiny_training_never_ends_below_eqsat_and_the_policy_round_trips(tmp_path):

@@ -104,14 +104,14 @@ def present_families(graph: Graph, rules: Sequence[Rule]) -> frozenset[str]:
     return frozenset(family_of(p) for p in map(Pattern, rules) if p.joined and {n.op for n in p.src} <= ops)
 
 
-def action_mask(present: frozenset[str]) -> np.ndarray:
-    """Per action of :func:`action_names`: True for ``all`` and ``stop``, and for the others if they run a
-    present family and differ from ``all`` on them (``only:F``/``no:F`` of an absent F would repeat ``all`` or run
-    nothing). Shape (A,)."""
+def action_mask(present: frozenset[str], first: bool = False) -> np.ndarray:
+    """Per action of :func:`action_names`: True for ``all``, for ``stop`` unless ``first`` (the first iteration:
+    stopping there would extract the input), and for the others if they run a present family and differ from
+    ``all`` on them (``only:F``/``no:F`` of an absent F would repeat ``all`` or run nothing). Shape (A,)."""
     out = []
     for a in action_names():
         fams = action_families(a) & present
-        out.append(a in ("all", STOP) or (bool(fams) and fams != present))
+        out.append(a == "all" or (a == STOP and not first) or (bool(fams) and fams != present))
     return np.array(out)
 
 
@@ -142,16 +142,16 @@ Chooser = Callable[[int, np.ndarray, np.ndarray], int]
 
 class FamilyScheduler(BackoffScheduler):
     """eqsat's backoff scheduler restricted, in each iteration, to the families of the action ``choose`` picks
-    (see the module docstring); the action ``stop`` ends saturation (:meth:`stop`). ``decisions`` keeps
-    (features, action) per iteration the agent chose; ``schedule`` the action names run, forced ``all``
-    iterations included, and ``stop`` last if the agent stopped."""
+    (see the module docstring); the action ``stop`` ends saturation (:meth:`stop`). ``schedule`` the action names run, forced ``all``
+    iterations included, and ``stop`` last if the agent stopped. ``decisions`` keeps (features, action, mask) per
+    iteration the agent chose."""
 
     def __init__(self, choose: Chooser, present: frozenset[str], budget: EqsatBudget):
         super().__init__(budget.multi_iterations, match_limit_base=RULE_MATCH_LIMIT, ban_length=BAN_LENGTH)
         self.choose, self.present, self.budget = choose, present, budget
-        self.mask = action_mask(present)
+        self.mask, self.first_mask = action_mask(present), action_mask(present, first=True)
         self.actions = action_names()
-        self.decisions: list[tuple[np.ndarray, int]] = []
+        self.decisions: list[tuple[np.ndarray, int, np.ndarray]] = []
         self.schedule: list[str] = []
         self.runner: Runner | None = None
         self._force_all = False
@@ -183,10 +183,11 @@ class FamilyScheduler(BackoffScheduler):
             self._force_all = False
         else:
             x = self.features(iteration, egraph)
-            a = int(self.choose(iteration, x, self.mask))
-            if not (0 <= a < len(self.actions)) or not self.mask[a]:
-                raise RLFlowError(f"eqsat-rl: the agent chose action {a}, not one allowed on this graph")
-            self.decisions.append((x, a))
+            mask = self.mask if iteration else self.first_mask
+            a = int(self.choose(iteration, x, mask))
+            if not (0 <= a < len(self.actions)) or not mask[a]:
+                raise RLFlowError(f"eqsat-rl: the agent chose action {a}, not one allowed here")
+            self.decisions.append((x, a, mask))
             action = self.actions[a]
         self.schedule.append(action)
         return action
@@ -237,7 +238,7 @@ def _fixed(actions: Sequence[str]) -> Chooser:
 # ---------------------------------------------------------------------------------------------- learned policy
 
 def softmax_masked(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Softmax over the allowed actions. logits (..., A), mask (A,) bool -> probabilities (..., A)."""
+    """Softmax over the allowed actions. logits (..., A), mask (A,) or (..., A) bool -> probabilities (..., A)."""
     z = np.where(mask, logits, -np.inf)
     z = z - z.max(axis=-1, keepdims=True)
     e = np.exp(z)
@@ -247,7 +248,8 @@ def softmax_masked(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def reinforce_loss(weights: np.ndarray, features: np.ndarray, actions: np.ndarray, mask: np.ndarray,
                    advantage: float) -> float:
     """REINFORCE's loss of one episode: ``-advantage * sum_t log pi(a_t | x_t)``, pi = softmax_masked(W x).
-    weights (A, D), features (T, D), actions (T,) int, mask (A,) bool; returns a scalar."""
+    weights (A, D), features (T, D), actions (T,) int, mask (A,) or (T, A) bool (the actions allowed at each
+    step); returns a scalar."""
     p = softmax_masked(features @ weights.T, mask)
     return float(-advantage * np.log(p[np.arange(len(actions)), actions]).sum())
 
@@ -358,8 +360,9 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
             if sched.decisions:
                 x = np.stack([d[0] for d in sched.decisions])
                 acts = np.array([d[1] for d in sched.decisions])
-                grad += reinforce_grad(policy.weights, x, acts, sched.mask, a / scale)
-                loss += reinforce_loss(policy.weights, x, acts, sched.mask, a / scale)
+                masks = np.stack([d[2] for d in sched.decisions])
+                grad += reinforce_grad(policy.weights, x, acts, masks, a / scale)
+                loss += reinforce_loss(policy.weights, x, acts, masks, a / scale)
         policy.weights -= config.lr * grad / len(episodes)
         score = float(np.mean([reward(m, score_of(g, policy.greedy())[0])
                                for m, g in graphs.items()]))
@@ -422,14 +425,15 @@ def tree_search(graph: Graph, rules: Sequence[Rule], cost: CostModel, budget: Eq
     for sim in range(simulations):
         path, prefix = [()], ()
         while len(prefix) < depth and stop not in prefix:
-            untried = [a for a in order if prefix + (a,) not in visits]
+            moves = order if prefix else [a for a in order if a != stop]  # (no stop before the first iteration)
+            untried = [a for a in moves if prefix + (a,) not in visits]
             if untried:  # expand: ``all`` first (eqsat's schedule is the first leaf), then in random order
                 a = untried[0] if sim == 0 else int(rng.choice(untried))
                 prefix += (a,)
                 path.append(prefix)
                 break
             n = visits[prefix]
-            prefix += (max(order, key=lambda b: value[prefix + (b,)] / visits[prefix + (b,)]
+            prefix += (max(moves, key=lambda b: value[prefix + (b,)] / visits[prefix + (b,)]
                            + c_uct * math.sqrt(math.log(n) / visits[prefix + (b,)])),)
             path.append(prefix)
         # the rest of the schedule: ``all`` (eqsat's), unless it stopped
