@@ -17,6 +17,11 @@ The table comes last; costs are the cost target's estimate (ms).
   python benchmarks/eqsat_rl.py --models bert vit --time-pairs 4
   python benchmarks/eqsat_rl.py --sizes paper --node-limit 50000  # paper sizes (slow: minutes per model)
   python benchmarks/eqsat_rl.py --save-policy policy.json         # keep the agent for rlflow optimize --agent
+  python benchmarks/eqsat_rl.py --target ort-cpu --costs-dir costs  # a measured target: one cost cache per model
+
+A measured target (ort-cpu, torch-eager, cuda) scores each model with its own cost cache, DIR/<model>.json: made
+first by `rlflow measure-costs` (the pipeline's measure_costs stage, the config's cost section) where missing,
+then reused.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from rlflow.cli import main as rlflow_main  # noqa: E402
 from rlflow.config import load_config  # noqa: E402
 from rlflow.cost import make_cost_model  # noqa: E402
 from rlflow.cost.targets import MEASURED  # noqa: E402
@@ -48,13 +54,32 @@ from rlflow.search.eqsat_rl import (EqsatBudget, TrainConfig, eqsat_rl_search, r
 TRAIN = ("bert", "inceptionv3", "squeezenet", "taso-bert")
 
 
+def model_cost(cfg: dict, args: argparse.Namespace, name: str, onnx: Path):
+    """The cost model ``name`` is scored with: the analytic target, or the measured target with the model's own
+    cost cache (made by `rlflow measure-costs` if --costs-dir has none)."""
+    if args.target not in MEASURED:
+        return make_cost_model(cfg, "cpu", kind=args.target)
+    cache = args.costs_dir / f"{name}.json"
+    if not cache.is_file():
+        args.costs_dir.mkdir(parents=True, exist_ok=True)
+        print(f"measuring {args.target} costs of {name} -> {cache}", flush=True)
+        code = rlflow_main(["measure-costs", "--model", name, "--onnx", str(onnx), "--rules", str(args.rules),
+                            "--out", str(cache), "--set", f"cost.target={args.target}", "--no-progress"])
+        if code != 0:
+            raise SystemExit(f"rlflow measure-costs failed for {name} (exit {code})")
+    return make_cost_model(cfg, "cpu", cache, kind=args.target)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(zoo.MODEL_NAMES), choices=zoo.MODEL_NAMES)
     ap.add_argument("--train", nargs="+", default=list(TRAIN), choices=zoo.MODEL_NAMES,
                     help=f"the learned agent's training models (default: {' '.join(TRAIN)})")
     ap.add_argument("--sizes", choices=("tiny", "paper"), default="tiny")
-    ap.add_argument("--target", default="sim-h100", help="an analytic cost target (sim-h100, sim-a100, analytic)")
+    ap.add_argument("--target", default="sim-h100",
+                    help="the cost target: analytic (sim-h100, sim-a100, analytic) or measured (ort-cpu, ...: "
+                         "needs --costs-dir)")
+    ap.add_argument("--costs-dir", type=Path, help="a measured target's cost caches, <model>.json (made where missing)")
     ap.add_argument("--rules", type=Path, default=DEFAULT_RULES, help="default: the shipped rule set")
     ap.add_argument("--node-limit", type=int, default=5000, help="e-nodes (default 5,000: tiny.yaml's cap)")
     ap.add_argument("--ilp-limit", type=float, default=None, help="ILP seconds (default: the config's)")
@@ -74,23 +99,23 @@ def main() -> None:
     ap.add_argument("--save-policy", type=Path)
     ap.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = ap.parse_args()
-    if args.target in MEASURED:
-        raise SystemExit(f"--target {args.target}: a measured target needs its cost caches (rlflow measure-costs); "
-                         "this benchmark takes analytic targets only")
-    cfg = load_config(None, [])
+    if args.target in MEASURED and args.costs_dir is None:
+        raise SystemExit(f"--target {args.target}: a measured target needs --costs-dir (one cost cache per model, "
+                         "made there by rlflow measure-costs where missing)")
+    cfg = load_config(None, [f"cost.target={args.target}"])
     e = cfg["eqsat"]
     budget = EqsatBudget(node_limit=args.node_limit, iter_limit=e["iter_limit"], time_limit_s=e["time_limit_s"],
                          ilp_time_limit_s=e["ilp_time_limit_s"] if args.ilp_limit is None else args.ilp_limit,
                          multi_iterations=e["multi_iterations"])
-    cost = make_cost_model(cfg, "cpu", kind=args.target)
     rules = load_rules(args.rules)
-    graphs = {}
+    graphs, costs = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in dict.fromkeys([*args.train, *args.models]):
             path = Path(tmp) / f"{name}.onnx"
             zoo.export_model(name, path, zoo.TINY_SIZES[name] if args.sizes == "tiny" else None)
             graphs[name] = load_onnx(path)
-    policy, history = train_policy({m: graphs[m] for m in args.train}, rules, cost, budget,
+            costs[name] = model_cost(cfg, args, name, path)
+    policy, history = train_policy({m: graphs[m] for m in args.train}, rules, costs, budget,
                                    TrainConfig(epochs=args.epochs, lr=args.lr, all_bias=args.all_bias, seed=args.seed,
                                                proxy_ilp_s=args.proxy_ilp), log=print)
     train_s = policy.info["train_seconds"]
@@ -98,7 +123,7 @@ def main() -> None:
         policy.save(args.save_policy)
     rows = []
     for name in args.models:
-        g = graphs[name]
+        g, cost = graphs[name], costs[name]
         ref = eqsat_search(g, rules, cost, **budget.search_kwargs())
         learned = eqsat_rl_search(g, rules, cost, policy, budget)
         tree = None if "tree" in args.skip else tree_search(g, rules, cost, budget, depth=args.depth,

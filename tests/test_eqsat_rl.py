@@ -138,6 +138,15 @@ def test_tiny_training_never_ends_below_eqsat_and_the_policy_round_trips(tmp_pat
     assert eqsat_rl_search(g, BUILTIN, cost, again, BUDGET).stats["schedule"] == r.stats["schedule"]
 
 
+def test_training_takes_a_cost_model_per_model():
+    g, cost = shared_input_graph(), AnalyticCost("cpu")
+    one, _ = train_policy({"a": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1, seed=0))
+    each, _ = train_policy({"a": g}, BUILTIN, {"a": cost}, BUDGET, TrainConfig(epochs=1, seed=0))
+    assert np.array_equal(one.weights, each.weights)
+    with pytest.raises(RLFlowError, match="no cost model for a"):
+        train_policy({"a": g}, BUILTIN, {"b": cost}, BUDGET, TrainConfig(epochs=1))
+
+
 def test_bad_input_is_one_line(tmp_path):
     with pytest.raises(RLFlowError, match="node_limit >= 1"):
         EqsatBudget(node_limit=0)

@@ -324,10 +324,11 @@ def proxy_cost(graph: Graph, rules: Sequence[Rule], cost: CostModel, choose: Cho
     return r.final.runtime_ms, sched
 
 
-def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostModel, budget: EqsatBudget,
-                 config: TrainConfig = TrainConfig(), log: Callable[[str], None] | None = None
+def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostModel | Mapping[str, CostModel],
+                 budget: EqsatBudget, config: TrainConfig = TrainConfig(), log: Callable[[str], None] | None = None
                  ) -> tuple[LinearPolicy, list[dict]]:
-    """REINFORCE on ``graphs``. Per model the reward of an episode is (proxy cost of eqsat's schedule - the
+    """REINFORCE on ``graphs``; ``cost`` is one cost model, or one per model (a measured target's cost cache is
+    a model's own). Per model the reward of an episode is (proxy cost of eqsat's schedule - the
     episode's) / the input's cost; the advantage is the reward less the model's mean reward so far, normalised
     over the epoch. After each epoch the greedy policy is scored on every training model (the mean reward); the
     best policy so far (the untrained one, eqsat's schedule, first) is returned, with one history row per
@@ -338,17 +339,22 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
     rng = np.random.default_rng(config.seed)
     policy = LinearPolicy.untrained()
     policy.weights[0, 0] = config.all_bias
-    score_of = lambda g, choose: proxy_cost(g, rules, cost, choose, budget, config.proxy_ilp_s)  # noqa: E731
-    ref = {m: score_of(g, _fixed([]))[0] for m, g in graphs.items()}
-    initial = {m: cost.graph_metrics(g).runtime_ms for m, g in graphs.items()}
+    costs = dict(cost) if isinstance(cost, Mapping) else dict.fromkeys(graphs, cost)
+    missing = sorted(set(graphs) - set(costs))
+    if missing:
+        raise RLFlowError(f"eqsat-rl: train_policy has no cost model for {', '.join(missing)}")
+    score_of = lambda m, choose: proxy_cost(graphs[m], rules, costs[m], choose, budget,  # noqa: E731
+                                            config.proxy_ilp_s)
+    ref = {m: score_of(m, _fixed([]))[0] for m in graphs}
+    initial = {m: costs[m].graph_metrics(g).runtime_ms for m, g in graphs.items()}
     reward = lambda m, c: (ref[m] - c) / initial[m]  # noqa: E731
     best, best_score = policy.weights.copy(), 0.0  # the initial greedy policy is eqsat's schedule: reward 0
     means: dict[str, list[float]] = {m: [] for m in graphs}
     history = []
     for epoch in range(config.epochs):
         episodes = []
-        for m, g in graphs.items():
-            c, sched = score_of(g, policy.sampler(rng))
+        for m in graphs:
+            c, sched = score_of(m, policy.sampler(rng))
             r = reward(m, c)
             base = float(np.mean(means[m])) if means[m] else 0.0
             means[m].append(r)
@@ -364,8 +370,7 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
                 grad += reinforce_grad(policy.weights, x, acts, masks, a / scale)
                 loss += reinforce_loss(policy.weights, x, acts, masks, a / scale)
         policy.weights -= config.lr * grad / len(episodes)
-        score = float(np.mean([reward(m, score_of(g, policy.greedy())[0])
-                               for m, g in graphs.items()]))
+        score = float(np.mean([reward(m, score_of(m, policy.greedy())[0]) for m in graphs]))
         if score > best_score:
             best, best_score = policy.weights.copy(), score
         row = {"epoch": epoch, "loss": loss / len(episodes), "sampled_reward": float(np.mean([means[m][-1] for m in graphs])),
