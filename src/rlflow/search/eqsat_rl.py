@@ -142,9 +142,9 @@ Chooser = Callable[[int, np.ndarray, np.ndarray], int]
 
 class FamilyScheduler(BackoffScheduler):
     """eqsat's backoff scheduler restricted, in each iteration, to the families of the action ``choose`` picks
-    (see the module docstring); the action ``stop`` ends saturation (:meth:`stop`). ``schedule`` the action names run, forced ``all``
-    iterations included, and ``stop`` last if the agent stopped. ``decisions`` keeps (features, action, mask) per
-    iteration the agent chose."""
+    (see the module docstring); the action ``stop`` ends saturation (:meth:`stop`). ``schedule`` keeps the action
+    names run, forced ``all`` iterations included, and ``stop`` last if the agent stopped; ``decisions`` keeps
+    (features, action, mask) per iteration the agent chose."""
 
     def __init__(self, choose: Chooser, present: frozenset[str], budget: EqsatBudget):
         super().__init__(budget.multi_iterations, match_limit_base=RULE_MATCH_LIMIT, ban_length=BAN_LENGTH)
