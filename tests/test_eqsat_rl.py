@@ -14,10 +14,12 @@ from rlflow.errors import RLFlowError
 from rlflow.graph.exec.check import check_equal
 from rlflow.rewrite.builtin import builtin_rules
 from rlflow.search.eqsat import Pattern, eqsat_search
-from rlflow.search.eqsat_rl import (FAMILIES, EqsatBudget, LinearPolicy, TrainConfig, action_families,
-                                    action_mask, action_names, eqsat_rl_search, family_of, present_families,
-                                    random_schedule_search, reinforce_grad, reinforce_loss, run_schedule,
-                                    train_policy, tree_search)
+import rlflow.search.eqsat_rl as eqsat_rl
+from rlflow.rewrite.rule import PatternNode, Rule
+from rlflow.search.eqsat_rl import (FAMILIES, EqsatBudget, LinearPolicy, TrainConfig, _fixed, action_families,
+                                    action_mask, action_names, constant_rewards, eqsat_rl_search, family_of,
+                                    is_reorder, present_families, random_schedule_search, reinforce_grad,
+                                    reinforce_loss, run_schedule, train_policy, tree_search)
 from test_eqsat import shared_input_graph
 
 BUILTIN = [r for r, _ in builtin_rules()]
@@ -37,6 +39,58 @@ def test_families_group_every_rule_and_the_graph_has_several():
     mask = action_mask(present)
     names = action_names()
     assert mask[0] and mask[names.index("only:conv")] and not mask[names.index("only:transpose")]
+
+
+def test_reorders_are_the_rules_whose_target_has_the_sources_ops():
+    def rule(src, dst):
+        return Rule(id="r", name="r", src=tuple(PatternNode(op, ins, {}) for op, ins in src),
+                    dst=tuple(PatternNode(op, ins, {}) for op, ins in dst), outputs=(("n1", "n1"),), origin="builtin")
+    swap = rule([("Add", ("a", "b")), ("Add", ("n0", "c"))], [("Add", ("b", "c")), ("Add", ("a", "n0"))])
+    fold = rule([("Mul", ("a", "s")), ("Mul", ("n0", "t"))], [("Mul", ("s", "t")), ("Mul", ("a", "n0")),
+                                                               ("Identity", ("n1",))])
+    assert is_reorder(swap) and not is_reorder(fold)
+    # a rule with fewer (or other) ops on its target side is not one, however its inputs are wired
+    assert not is_reorder(rule([("Add", ("a", "b")), ("Add", ("n0", "c"))], [("Add", ("a", "c"))]))
+    fams = {p.rule.id: family_of(p) for p in map(Pattern, BUILTIN) if p.joined}
+    assert {fams[r.id] == "reorder" for r in BUILTIN if r.id in fams and is_reorder(r) and not Pattern(r).multi} \
+        <= {True}
+
+
+def test_a_fixed_schedule_repeats_its_last_action():
+    g, cost = shared_input_graph(), AnalyticCost("cpu")
+    r, sched = run_schedule(g, BUILTIN, cost, _fixed(["no:conv"]), BUDGET)
+    chosen = [action_names()[a] for _, a, _ in sched.decisions]
+    assert chosen and set(chosen) == {"no:conv"}  # (the iterations between are forced `all` ones)
+    assert set(r.stats["schedule"]) <= {"no:conv", "all"} and check_equal(g, r.graph) <= 1e-5
+    r0, _ = run_schedule(g, BUILTIN, cost, _fixed([]), BUDGET)
+    assert set(r0.stats["schedule"]) == {"all"}
+
+
+def test_training_starts_from_the_best_constant_schedule(monkeypatch):
+    """With a scorer under which one action beats eqsat's schedule, the policy starts from (and keeps) it; with
+    none better, it starts from eqsat's schedule."""
+    g, cost = shared_input_graph(), AnalyticCost("cpu")
+    names = action_names()
+    present = present_families(g, BUILTIN)
+    mask = action_mask(present)
+
+    def scorer(best):
+        def proxy(graph, rules, cost_model, choose, budget, ilp_s):
+            a = choose(0, np.zeros(4 + len(FAMILIES)), mask)
+            return (1.0 if names[a] == best else 2.0), type("S", (), {"decisions": []})()
+        return proxy
+
+    monkeypatch.setattr(eqsat_rl, "proxy_cost", scorer("no:conv"))
+    rewards = constant_rewards({"g": g}, BUILTIN, lambda m, c: eqsat_rl.proxy_cost(g, BUILTIN, cost, c, BUDGET, 1),
+                               lambda m, c: 2.0 - c)
+    assert rewards["all"] == 0 and rewards["no:conv"] == 1.0 and "stop" not in rewards
+    assert set(rewards) == {n for n, ok in zip(names, mask) if ok and n != "stop"}
+    policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1))
+    assert names[policy.greedy()(3, np.ones(4 + len(FAMILIES)), mask)] == "no:conv"
+    assert policy.info["constant_rewards"]["no:conv"] > 0 and policy.info["best_greedy_reward"] > 0
+    monkeypatch.setattr(eqsat_rl, "proxy_cost", scorer("all"))  # nothing beats eqsat's schedule
+    policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1))
+    assert names[policy.greedy()(3, np.ones(4 + len(FAMILIES)), mask)] == "all"
 
 
 def test_scheduler_runs_only_the_chosen_families():

@@ -10,9 +10,12 @@ X-RLflow authors; MCTS-GEB, He et al. 2023, attacks it with tree search). eqsat'
 rule in every iteration until the e-graph fills its node limit; on a model it cannot saturate, the rewrites that
 fill the e-graph first crowd out the rest.
 
-**Families.** The rules are grouped into :data:`FAMILIES` by their source pattern (:func:`family_of`): the
-multi-pattern (two-root) rules, then by the first of conv, matmul, concat-split, transpose, elementwise ops the
-source holds, else other. A family is present on a graph if one of its rules has every source op in the graph.
+**Families.** The rules are grouped into :data:`FAMILIES` (:func:`family_of`): the multi-pattern (two-root)
+rules; the reorders (:func:`is_reorder`: the target has exactly the source's ops, as commuting, reassociating or
+moving an op does: they change nothing by themselves, only enable other rewrites, and they fill an e-graph with
+equivalent graphs of equal cost, which is what makes the ILP slow); then by the first of conv, matmul,
+concat-split, transpose, elementwise ops the source holds, else other. A family is present on a graph if one of
+its rules has every source op in the graph.
 
 **Actions.** In each runner iteration the agent picks one action (:func:`action_names`): ``all`` (every family:
 what eqsat runs), ``only:F`` (family F alone), ``no:F`` (every family but F) or ``stop`` (saturation ends
@@ -30,10 +33,12 @@ eqsat, and extract with the same ILP:
 
 - the learned policy (:class:`LinearPolicy`): a softmax over actions, linear in the iteration's features
   (:meth:`FamilyScheduler.features`: iteration, e-graph size and growth against the node limit, and each
-  family's share of the last iteration's merges), absent families' actions masked; trained by REINFORCE
-  (:func:`train_policy`) on some models with the ILP's cost under a short time limit as the cheap proxy,
-  the reward the proxy cost's gain over eqsat's schedule on the same model; used greedily (argmax);
-- a tree search (:func:`tree_search`): UCT over the first ``depth`` iterations' actions (the rest ``all``), each
+  family's share of the last iteration's merges), absent families' actions masked; trained
+  (:func:`train_policy`) on some models with the ILP's cost (under a short time limit: the cheap proxy) as
+  the reward, its gain over eqsat's schedule on the same model: first each constant schedule (one action
+  throughout) is scored and the policy starts from the best, then REINFORCE; used greedily (argmax);
+- a tree search (:func:`tree_search`): UCT over the first ``depth`` iterations' actions (the rest: the last
+  action again), each
   leaf the whole saturation scored by the same cheap proxy (MCTS-GEB scores leaves cheaply too); eqsat's own
   schedule is the first leaf, so the proxy of the schedule chosen is never worse than eqsat's;
 - random schedules (:func:`random_schedule_search`): a uniformly random present action per iteration.
@@ -46,6 +51,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -62,17 +68,25 @@ from rlflow.search.eqsat.runner import BAN_LENGTH, RULE_MATCH_LIMIT
 from rlflow.search.result import SearchResult
 
 #: the rule families, in the order of the actions and features
-FAMILIES = ("multi", "conv", "matmul", "concat-split", "transpose", "elementwise", "other")
+FAMILIES = ("multi", "reorder", "conv", "matmul", "concat-split", "transpose", "elementwise", "other")
 _FAMILY_OPS = (("conv", {"Conv"}), ("matmul", {"MatMul", "Gemm"}), ("concat-split", {"Concat", "Split"}),
                ("transpose", {"Transpose"}), ("elementwise", {"Add", "Sub", "Mul", "Div", "ScalarMul"}))
 POLICY_FORMAT = "rlflow.eqsat-rl-policy/1"
 STOP = "stop"  # the action that ends saturation
 
 
+def is_reorder(rule: Rule) -> bool:
+    """True if the rule's target has exactly its source's ops (commuting, reassociating or moving ops): it changes
+    no op count by itself and only helps by enabling other rewrites."""
+    return Counter(n.op for n in rule.src) == Counter(n.op for n in rule.dst)
+
+
 def family_of(p: Pattern) -> str:
     """The family of a rule's source pattern (see the module docstring)."""
     if p.multi:
         return "multi"
+    if is_reorder(p.rule):
+        return "reorder"
     ops = {n.op for n in p.src}
     for name, fam_ops in _FAMILY_OPS:
         if ops & fam_ops:
@@ -229,10 +243,11 @@ def run_schedule(graph: Graph, rules: Sequence[Rule], cost: CostModel, choose: C
 
 
 def _fixed(actions: Sequence[str]) -> Chooser:
-    """The chooser that plays ``actions`` in order, then ``all``."""
+    """The chooser that plays ``actions`` in order, then the last of them again (none: ``all``); ``all`` where
+    the action is not allowed. The chooser is asked only for the agent's own iterations (not forced ones)."""
     names = action_names()
-    idx = [names.index(a) for a in actions]
-    return lambda it, x, mask: idx[it] if it < len(idx) and mask[idx[it]] else 0
+    idx = [names.index(a) for a in actions] or [0]
+    return lambda it, x, mask: idx[min(it, len(idx) - 1)] if mask[idx[min(it, len(idx) - 1)]] else 0
 
 
 # ---------------------------------------------------------------------------------------------- learned policy
@@ -309,9 +324,10 @@ class TrainConfig:
 
     epochs: int = 6        # each: one sampled episode and one greedy evaluation per training model
     lr: float = 0.5        # step size on the normalised advantages
-    all_bias: float = 2.0  # the initial logit of ``all`` (the others 0): sampling explores near eqsat's schedule
+    all_bias: float = 2.0  # the initial logit of the start action (the others 0): sampling explores near it
     seed: int = 0
     proxy_ilp_s: float = PROXY_ILP_S  # the ILP's seconds in the rewards (the budget's own limit: no proxy)
+    constant_start: bool = True  # score every constant schedule first and start from the best (see train_policy)
 
 
 def proxy_cost(graph: Graph, rules: Sequence[Rule], cost: CostModel, choose: Chooser, budget: EqsatBudget,
@@ -327,12 +343,17 @@ def proxy_cost(graph: Graph, rules: Sequence[Rule], cost: CostModel, choose: Cho
 def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostModel | Mapping[str, CostModel],
                  budget: EqsatBudget, config: TrainConfig = TrainConfig(), log: Callable[[str], None] | None = None
                  ) -> tuple[LinearPolicy, list[dict]]:
-    """REINFORCE on ``graphs``; ``cost`` is one cost model, or one per model (a measured target's cost cache is
-    a model's own). Per model the reward of an episode is (proxy cost of eqsat's schedule - the
-    episode's) / the input's cost; the advantage is the reward less the model's mean reward so far, normalised
-    over the epoch. After each epoch the greedy policy is scored on every training model (the mean reward); the
-    best policy so far (the untrained one, eqsat's schedule, first) is returned, with one history row per
-    epoch."""
+    """Train a policy on ``graphs``; ``cost`` is one cost model, or one per model (a measured target's cost cache
+    is a model's own). Per model the reward of an episode is (proxy cost of eqsat's schedule - the episode's) /
+    the input's cost.
+
+    With ``config.constant_start`` every constant schedule is scored first (:func:`constant_rewards`: one
+    action throughout, a bandit over the actions); if the best has a positive mean reward the policy starts
+    from it (its logit ``all_bias``, the others 0), else from eqsat's schedule (``all``). Then REINFORCE: the
+    advantage is the reward less the model's mean reward so far, normalised over the epoch. After each epoch
+    the greedy policy is scored on every training model (the mean reward); the best policy so far (the
+    starting one first) is returned, with one history row per epoch. The policy's ``info`` keeps the constant
+    schedules' rewards."""
     if not graphs:
         raise RLFlowError("eqsat-rl: train_policy needs at least one training graph")
     t0 = time.perf_counter()
@@ -349,6 +370,14 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
     initial = {m: costs[m].graph_metrics(g).runtime_ms for m, g in graphs.items()}
     reward = lambda m, c: (ref[m] - c) / initial[m]  # noqa: E731
     best, best_score = policy.weights.copy(), 0.0  # the initial greedy policy is eqsat's schedule: reward 0
+    constant: dict[str, float] = {}
+    if config.constant_start:
+        constant = constant_rewards(graphs, rules, score_of, reward, log)
+        start = max(constant, key=lambda a: (constant[a], a == "all"))  # (ties: eqsat's schedule)
+        if constant[start] > 0:
+            policy.weights[:, 0] = 0.0
+            policy.weights[action_names().index(start), 0] = config.all_bias
+            best, best_score = policy.weights.copy(), constant[start]
     means: dict[str, list[float]] = {m: [] for m in graphs}
     history = []
     for epoch in range(config.epochs):
@@ -380,8 +409,29 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
             log(f"eqsat-rl epoch {epoch}: sampled reward {row['sampled_reward']:+.4f}, greedy {score:+.4f} "
                 f"(best {best_score:+.4f}), {row['seconds']:.0f} s")
     info = {"trained_on": sorted(graphs), "budget": asdict(budget), "train": asdict(config),
-            "train_seconds": time.perf_counter() - t0, "best_greedy_reward": best_score}
+            "train_seconds": time.perf_counter() - t0, "best_greedy_reward": best_score,
+            "constant_rewards": constant}
     return LinearPolicy(best, info), history
+
+
+def constant_rewards(graphs: Mapping[str, Graph], rules: Sequence[Rule],
+                     score_of: Callable[[str, Chooser], tuple[float, FamilyScheduler]],
+                     reward: Callable[[str, float], float], log: Callable[[str], None] | None = None
+                     ) -> dict[str, float]:
+    """The mean reward over ``graphs`` of each constant schedule: one action (not ``stop``) in every iteration,
+    ``all`` where the action is not allowed on a model (so ``all`` itself is eqsat's schedule, reward 0).
+    Actions allowed on no training model are left out."""
+    names = action_names()
+    present = {m: present_families(g, [r for r in rules if r.min_opset <= g.opset]) for m, g in graphs.items()}
+    out: dict[str, float] = {}
+    for a, name in enumerate(names):
+        if name == STOP or not any(action_mask(p)[a] for p in present.values()):
+            continue
+        choose = (lambda a: lambda it, x, mask: a if mask[a] else 0)(a)
+        out[name] = 0.0 if name == "all" else float(np.mean([reward(m, score_of(m, choose)[0]) for m in graphs]))
+        if log:
+            log(f"eqsat-rl constant schedule {name}: mean reward {out[name]:+.4f}")
+    return out
 
 
 def eqsat_rl_search(graph: Graph, rules: Sequence[Rule], cost: CostModel, policy: LinearPolicy,
@@ -441,8 +491,8 @@ def tree_search(graph: Graph, rules: Sequence[Rule], cost: CostModel, budget: Eq
             prefix += (max(moves, key=lambda b: value[prefix + (b,)] / visits[prefix + (b,)]
                            + c_uct * math.sqrt(math.log(n) / visits[prefix + (b,)])),)
             path.append(prefix)
-        # the rest of the schedule: ``all`` (eqsat's), unless it stopped
-        leaf = prefix if stop in prefix else prefix + (0,) * (depth - len(prefix))
+        # the rest of the schedule: the last action again (``all`` throughout is eqsat's), unless it stopped
+        leaf = prefix if stop in prefix else prefix + prefix[-1:] * (depth - len(prefix))
         v = evaluate(leaf)
         for p in path:
             visits[p] = visits.get(p, 0) + 1
