@@ -59,9 +59,13 @@ def test_reorders_are_the_rules_whose_target_has_the_sources_ops():
 def test_a_fixed_schedule_repeats_its_last_action():
     g, cost = shared_input_graph(), AnalyticCost("cpu")
     r, sched = run_schedule(g, BUILTIN, cost, _fixed(["no:conv"]), BUDGET)
-    chosen = [action_names()[a] for _, a, _ in sched.decisions]
-    assert chosen and set(chosen) == {"no:conv"}  # (the iterations between are forced `all` ones)
-    assert set(r.stats["schedule"]) <= {"no:conv", "all"} and check_equal(g, r.graph) <= 1e-5
+    ran = r.stats["schedule"]
+    k = ran.index("all")  # the forced `all` once no:conv changed nothing
+    assert k >= 2 and set(ran[:k]) == {"no:conv"} and check_equal(g, r.graph) <= 1e-5
+    # from then on the agent chooses between `all` and `stop` only: the fixed schedule's no:conv is not allowed
+    assert sched.released and set(ran[k:]) == {"all"} and r.stop_reason == "saturated"
+    late = [m for _, _, m in sched.decisions[k:]]
+    assert late and all(set(np.array(action_names())[m]) == {"all", "stop"} for m in late)
     r0, _ = run_schedule(g, BUILTIN, cost, _fixed([]), BUDGET)
     assert set(r0.stats["schedule"]) == {"all"}
 

@@ -26,7 +26,9 @@ under eqsat's backoff scheduler (its match limits and bans: :class:`FamilySchedu
 iterations, the first ones in which the agent chooses them (eqsat: the first ones), so an agent that always
 picks ``all`` is eqsat. When an
 iteration that did not run every family changes nothing, the next one runs ``all`` (forced, not the agent's
-choice), so saturation only stops once no rule of any family matches anything new.
+choice), so saturation only stops once no rule of any family matches anything new; from then on the agent
+chooses between ``all`` and ``stop`` only (a restricted action has had its fixpoint: alternating it with forced
+``all`` iterations would only spend iterations).
 
 **Agents.** All run under the same :class:`EqsatBudget` (node, iteration and time limits, ILP time limit) as
 eqsat, and extract with the same ILP:
@@ -169,6 +171,8 @@ class FamilyScheduler(BackoffScheduler):
         self.schedule: list[str] = []
         self.runner: Runner | None = None
         self._force_all = False
+        self.released = False  # a restricted action reached its fixpoint: from then on only ``all`` or ``stop``
+        self.late_mask = np.array([a in ("all", STOP) for a in self.actions])
         self._family: dict[str, str] = {}
         self._pending: str | None = None  # the action decided in stop(), run by the select() that follows
         self.multi_runs = 0  # iterations in which multi-pattern rules ran
@@ -197,7 +201,7 @@ class FamilyScheduler(BackoffScheduler):
             self._force_all = False
         else:
             x = self.features(iteration, egraph)
-            mask = self.mask if iteration else self.first_mask
+            mask = self.late_mask if self.released else self.mask if iteration else self.first_mask
             a = int(self.choose(iteration, x, mask))
             if not (0 <= a < len(self.actions)) or not mask[a]:
                 raise RLFlowError(f"eqsat-rl: the agent chose action {a}, not one allowed here")
@@ -222,7 +226,7 @@ class FamilyScheduler(BackoffScheduler):
 
     def can_stop(self, iteration: int) -> bool:
         if self.schedule and self.schedule[-1] != "all":  # only some families ran: the others may still match
-            self._force_all = True
+            self._force_all = self.released = True
             return False
         return super().can_stop(iteration)
 
