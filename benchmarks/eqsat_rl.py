@@ -86,10 +86,14 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--lr", type=float, default=TrainConfig.lr)
     ap.add_argument("--all-bias", type=float, default=TrainConfig.all_bias,
-                    help="the untrained policy's logit of `all` (exploration around eqsat's schedule)")
+                    help="the starting policy's logit of its action (the best constant schedule, else `all`): "
+                         "sampling explores around it")
     ap.add_argument("--proxy-ilp", type=float, default=TrainConfig.proxy_ilp_s,
                     help="the ILP's seconds in the training rewards (default %(default)s: the cheap proxy; the "
                          "budget's ILP limit scores schedules as they will be used)")
+    ap.add_argument("--time-weight", type=float, default=TrainConfig.time_weight,
+                    help="the training reward's weight on optimisation time (default %(default)s: a schedule in half "
+                         "of eqsat's time earns what 0.5%% of the input's cost does)")
     ap.add_argument("--skip", nargs="+", default=[], choices=("tree", "random"), help="methods not to run")
     ap.add_argument("--depth", type=int, default=3)
     ap.add_argument("--simulations", type=int, default=16)
@@ -117,7 +121,7 @@ def main() -> None:
             costs[name] = model_cost(cfg, args, name, path)
     policy, history = train_policy({m: graphs[m] for m in args.train}, rules, costs, budget,
                                    TrainConfig(epochs=args.epochs, lr=args.lr, all_bias=args.all_bias, seed=args.seed,
-                                               proxy_ilp_s=args.proxy_ilp), log=print)
+                                               proxy_ilp_s=args.proxy_ilp, time_weight=args.time_weight), log=print)
     train_s = policy.info["train_seconds"]
     if args.save_policy:
         policy.save(args.save_policy)
@@ -161,8 +165,12 @@ def main() -> None:
           f"{budget.ilp_time_limit_s} s; tree depth {args.depth}, {args.simulations} simulations; "
           f"{args.random_seeds} random seeds")
     print(f"learned agent: trained on {', '.join(args.train)} ({args.epochs} epochs, lr {args.lr}, all-bias "
-          f"{args.all_bias}, reward ILP {args.proxy_ilp} s) in {train_s:.1f} s; best "
+          f"{args.all_bias}, reward ILP {args.proxy_ilp} s, time weight {args.time_weight}) in {train_s:.1f} s; best "
           f"greedy proxy reward {policy.info['best_greedy_reward']:+.4f}")
+    constant = policy.info.get("constant_rewards", {})
+    if constant:
+        print("constant schedules' mean rewards: " + ", ".join(
+            f"{a} {r:+.4f}" for a, r in sorted(constant.items(), key=lambda t: -t[1])))
     print(f"{'model':<12}{'input':>8}{'eqsat':>9}{'random':>9}{'rnd best':>9}{'tree':>9}{'learned':>9}"
           f"{'eqsat s':>9}{'random s':>9}{'tree s':>9}{'learned s':>10}  learned/eqsat time")
     for r in rows:

@@ -81,12 +81,12 @@ def test_training_starts_from_the_best_constant_schedule(monkeypatch):
     def scorer(best):
         def proxy(graph, rules, cost_model, choose, budget, ilp_s):
             a = choose(0, np.zeros(4 + len(FAMILIES)), mask)
-            return (1.0 if names[a] == best else 2.0), type("S", (), {"decisions": []})()
+            return (1.0 if names[a] == best else 2.0), 1.0, type("S", (), {"decisions": []})()
         return proxy
 
     monkeypatch.setattr(eqsat_rl, "proxy_cost", scorer("no:conv"))
     rewards = constant_rewards({"g": g}, BUILTIN, lambda m, c: eqsat_rl.proxy_cost(g, BUILTIN, cost, c, BUDGET, 1),
-                               lambda m, c: 2.0 - c)
+                               lambda m, c, t: 2.0 - c)
     assert rewards["all"] == 0 and rewards["no:conv"] == 1.0 and "stop" not in rewards
     assert set(rewards) == {n for n, ok in zip(names, mask) if ok and n != "stop"}
     policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1))
@@ -95,6 +95,34 @@ def test_training_starts_from_the_best_constant_schedule(monkeypatch):
     monkeypatch.setattr(eqsat_rl, "proxy_cost", scorer("all"))  # nothing beats eqsat's schedule
     policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1))
     assert names[policy.greedy()(3, np.ones(4 + len(FAMILIES)), mask)] == "all"
+
+
+def test_the_training_reward_weighs_time(monkeypatch):
+    """At equal cost a schedule in half of eqsat's time earns time_weight / 2; with no weight on time it earns 0."""
+    g, cost = shared_input_graph(), AnalyticCost("cpu")
+    names = action_names()
+    mask = action_mask(present_families(g, BUILTIN))
+
+    def proxy(graph, rules, cost_model, choose, budget, ilp_s):
+        a = choose(0, np.zeros(4 + len(FAMILIES)), mask)
+        return 1.0, (1.0 if names[a] == "no:conv" else 2.0), type("S", (), {"decisions": []})()
+
+    monkeypatch.setattr(eqsat_rl, "proxy_cost", proxy)
+    policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1, time_weight=0.02))
+    assert policy.info["constant_rewards"]["no:conv"] == pytest.approx(0.01)
+    assert names[policy.greedy()(3, np.ones(4 + len(FAMILIES)), mask)] == "no:conv"
+    policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1, time_weight=0.0))
+    assert policy.info["constant_rewards"]["no:conv"] == 0 and policy.info["best_greedy_reward"] == 0
+    # a costlier graph earns nothing for its speed
+
+    def costlier(graph, rules, cost_model, choose, budget, ilp_s):
+        a = choose(0, np.zeros(4 + len(FAMILIES)), mask)
+        return (1.01 if names[a] == "no:conv" else 1.0), (0.1 if names[a] == "no:conv" else 2.0), \
+            type("S", (), {"decisions": []})()
+
+    monkeypatch.setattr(eqsat_rl, "proxy_cost", costlier)
+    policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1, time_weight=0.02))
+    assert policy.info["constant_rewards"]["no:conv"] < 0
 
 
 def test_scheduler_runs_only_the_chosen_families():
@@ -198,8 +226,8 @@ def test_tiny_training_never_ends_below_eqsat_and_the_policy_round_trips(tmp_pat
 
 def test_training_takes_a_cost_model_per_model():
     g, cost = shared_input_graph(), AnalyticCost("cpu")
-    one, _ = train_policy({"a": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1, seed=0))
-    each, _ = train_policy({"a": g}, BUILTIN, {"a": cost}, BUDGET, TrainConfig(epochs=1, seed=0))
+    one, _ = train_policy({"a": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1, seed=0, time_weight=0))
+    each, _ = train_policy({"a": g}, BUILTIN, {"a": cost}, BUDGET, TrainConfig(epochs=1, seed=0, time_weight=0))
     assert np.array_equal(one.weights, each.weights)
     with pytest.raises(RLFlowError, match="no cost model for a"):
         train_policy({"a": g}, BUILTIN, {"b": cost}, BUDGET, TrainConfig(epochs=1))

@@ -320,6 +320,8 @@ class LinearPolicy:
 
 #: the ILP's time limit (s) in the cheap proxy of a schedule's cost
 PROXY_ILP_S = 3.0
+#: the training reward's weight on time: a schedule in half of eqsat's time earns what 0.5% of the input's cost does
+TIME_WEIGHT = 0.01
 
 
 @dataclass(frozen=True)
@@ -331,17 +333,18 @@ class TrainConfig:
     all_bias: float = 2.0  # the initial logit of the start action (the others 0): sampling explores near it
     seed: int = 0
     proxy_ilp_s: float = PROXY_ILP_S  # the ILP's seconds in the rewards (the budget's own limit: no proxy)
+    time_weight: float = TIME_WEIGHT  # the reward's weight on optimisation time (see train_policy)
     constant_start: bool = True  # score every constant schedule first and start from the best (see train_policy)
 
 
 def proxy_cost(graph: Graph, rules: Sequence[Rule], cost: CostModel, choose: Chooser, budget: EqsatBudget,
-               ilp_s: float = PROXY_ILP_S) -> tuple[float, FamilyScheduler]:
+               ilp_s: float = PROXY_ILP_S) -> tuple[float, float, FamilyScheduler]:
     """The cheap proxy of a schedule: the cost (ms) of the graph the ILP extracts in at most ``ilp_s`` seconds
     after saturating with it (the greedy extraction, cheaper still, kept the input's cost on most tiny zoo
-    models, where the ILP found a gain: too flat to steer by)."""
+    models, where the ILP found a gain: too flat to steer by), the seconds it took, and the scheduler."""
     short = replace(budget, ilp_time_limit_s=min(budget.ilp_time_limit_s, ilp_s))
     r, sched = run_schedule(graph, rules, cost, choose, short)
-    return r.final.runtime_ms, sched
+    return r.final.runtime_ms, r.seconds, sched
 
 
 def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostModel | Mapping[str, CostModel],
@@ -349,7 +352,11 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
                  ) -> tuple[LinearPolicy, list[dict]]:
     """Train a policy on ``graphs``; ``cost`` is one cost model, or one per model (a measured target's cost cache
     is a model's own). Per model the reward of an episode is (proxy cost of eqsat's schedule - the episode's) /
-    the input's cost.
+    the input's cost; if that is not negative, plus ``config.time_weight`` x (eqsat's schedule's seconds - the
+    episode's) / eqsat's (a schedule as cheap as eqsat's in half its time earns what 0.5% of the input's cost
+    does, at the default; a costlier graph earns nothing for its speed, so a positive reward is never a costlier
+    graph). Rewards with time in them vary with the machine's load; ``time_weight`` 0 makes training
+    deterministic for a seed (unless a time limit binds).
 
     With ``config.constant_start`` every constant schedule is scored first (:func:`constant_rewards`: one
     action throughout, a bandit over the actions); if the best has a positive mean reward the policy starts
@@ -370,9 +377,13 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
         raise RLFlowError(f"eqsat-rl: train_policy has no cost model for {', '.join(missing)}")
     score_of = lambda m, choose: proxy_cost(graphs[m], rules, costs[m], choose, budget,  # noqa: E731
                                             config.proxy_ilp_s)
-    ref = {m: score_of(m, _fixed([]))[0] for m in graphs}
+    ref = {m: score_of(m, _fixed([]))[:2] for m in graphs}
     initial = {m: costs[m].graph_metrics(g).runtime_ms for m, g in graphs.items()}
-    reward = lambda m, c: (ref[m] - c) / initial[m]  # noqa: E731
+
+    def reward(m: str, c: float, t: float) -> float:
+        gain = (ref[m][0] - c) / initial[m]
+        return gain + config.time_weight * (ref[m][1] - t) / max(ref[m][1], 1e-9) if gain >= 0 else gain
+
     best, best_score = policy.weights.copy(), 0.0  # the initial greedy policy is eqsat's schedule: reward 0
     constant: dict[str, float] = {}
     if config.constant_start:
@@ -387,8 +398,8 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
     for epoch in range(config.epochs):
         episodes = []
         for m in graphs:
-            c, sched = score_of(m, policy.sampler(rng))
-            r = reward(m, c)
+            c, t, sched = score_of(m, policy.sampler(rng))
+            r = reward(m, c, t)
             base = float(np.mean(means[m])) if means[m] else 0.0
             means[m].append(r)
             episodes.append((r - base, sched))
@@ -403,7 +414,7 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
                 grad += reinforce_grad(policy.weights, x, acts, masks, a / scale)
                 loss += reinforce_loss(policy.weights, x, acts, masks, a / scale)
         policy.weights -= config.lr * grad / len(episodes)
-        score = float(np.mean([reward(m, score_of(m, policy.greedy())[0]) for m in graphs]))
+        score = float(np.mean([reward(m, *score_of(m, policy.greedy())[:2]) for m in graphs]))
         if score > best_score:
             best, best_score = policy.weights.copy(), score
         row = {"epoch": epoch, "loss": loss / len(episodes), "sampled_reward": float(np.mean([means[m][-1] for m in graphs])),
@@ -419,8 +430,8 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
 
 
 def constant_rewards(graphs: Mapping[str, Graph], rules: Sequence[Rule],
-                     score_of: Callable[[str, Chooser], tuple[float, FamilyScheduler]],
-                     reward: Callable[[str, float], float], log: Callable[[str], None] | None = None
+                     score_of: Callable[[str, Chooser], tuple[float, float, FamilyScheduler]],
+                     reward: Callable[[str, float, float], float], log: Callable[[str], None] | None = None
                      ) -> dict[str, float]:
     """The mean reward over ``graphs`` of each constant schedule: one action (not ``stop``) in every iteration,
     ``all`` where the action is not allowed on a model (so ``all`` itself is eqsat's schedule, reward 0).
@@ -432,7 +443,7 @@ def constant_rewards(graphs: Mapping[str, Graph], rules: Sequence[Rule],
         if name == STOP or not any(action_mask(p)[a] for p in present.values()):
             continue
         choose = (lambda a: lambda it, x, mask: a if mask[a] else 0)(a)
-        out[name] = 0.0 if name == "all" else float(np.mean([reward(m, score_of(m, choose)[0]) for m in graphs]))
+        out[name] = 0.0 if name == "all" else float(np.mean([reward(m, *score_of(m, choose)[:2]) for m in graphs]))
         if log:
             log(f"eqsat-rl constant schedule {name}: mean reward {out[name]:+.4f}")
     return out
