@@ -95,6 +95,24 @@ def test_training_starts_from_the_best_constant_schedule(monkeypatch):
     monkeypatch.setattr(eqsat_rl, "proxy_cost", scorer("all"))  # nothing beats eqsat's schedule
     policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1))
     assert names[policy.greedy()(3, np.ones(4 + len(FAMILIES)), mask)] == "all"
+    # stopping at the start action's fixpoint is scored too, and kept where it is better
+    late_mask = np.array([n in ("all", "stop") for n in names])
+
+    def late_scorer(graph, rules, cost_model, choose, budget, ilp_s):
+        x = np.zeros(4 + len(FAMILIES))
+        a, late = names[choose(1, x, mask)], names[choose(5, x, late_mask)]
+        return (1.0 if a == "no:conv" else 2.0) - (0.5 if a == "no:conv" and late == "stop" else 0.0), 1.0, \
+            type("S", (), {"decisions": []})()
+
+    monkeypatch.setattr(eqsat_rl, "proxy_cost", late_scorer)
+    policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1))
+    greedy = policy.greedy()
+    assert names[greedy(3, np.ones(4 + len(FAMILIES)), mask)] == "no:conv"
+    assert names[greedy(3, np.ones(4 + len(FAMILIES)), late_mask)] == "stop"
+    assert policy.info["constant_rewards"]["no:conv, then stop"] > policy.info["constant_rewards"]["no:conv"]
+    monkeypatch.setattr(eqsat_rl, "proxy_cost", scorer("no:conv"))  # stopping there gains nothing: not kept
+    policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1))
+    assert names[policy.greedy()(3, np.ones(4 + len(FAMILIES)), late_mask)] == "all"
 
 
 def test_the_training_reward_weighs_time(monkeypatch):

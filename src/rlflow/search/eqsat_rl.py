@@ -360,7 +360,9 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
 
     With ``config.constant_start`` every constant schedule is scored first (:func:`constant_rewards`: one
     action throughout, a bandit over the actions); if the best has a positive mean reward the policy starts
-    from it (its logit ``all_bias``, the others 0), else from eqsat's schedule (``all``). Then REINFORCE: the
+    from it (its logit ``all_bias``, the others 0), else from eqsat's schedule (``all``). The best is then
+    scored once more with ``stop`` wherever it is not allowed (once it reached its fixpoint, the agent chooses
+    between ``all`` and ``stop``); if that is better, ``stop`` gets half the logit. Then REINFORCE: the
     advantage is the reward less the model's mean reward so far, normalised over the epoch. After each epoch
     the greedy policy is scored on every training model (the mean reward); the best policy so far (the
     starting one first) is returned, with one history row per epoch. The policy's ``info`` keeps the constant
@@ -393,6 +395,16 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
             policy.weights[:, 0] = 0.0
             policy.weights[action_names().index(start), 0] = config.all_bias
             best, best_score = policy.weights.copy(), constant[start]
+            # the same, but stopping where the action is no longer allowed (its fixpoint: see FamilyScheduler)
+            a, stop = action_names().index(start), action_names().index(STOP)
+            late = f"{start}, then stop"
+            constant[late] = float(np.mean([reward(m, *score_of(m, lambda it, x, mask: (
+                a if mask[a] else stop if mask[stop] else 0))[:2]) for m in graphs]))
+            if log:
+                log(f"eqsat-rl schedule {late}: mean reward {constant[late]:+.4f}")
+            if constant[late] > constant[start]:
+                policy.weights[stop, 0] = config.all_bias / 2  # (below the start action, above `all`)
+                best, best_score = policy.weights.copy(), constant[late]
     means: dict[str, list[float]] = {m: [] for m in graphs}
     history = []
     for epoch in range(config.epochs):
