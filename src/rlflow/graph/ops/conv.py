@@ -86,6 +86,12 @@ def _conv_tf(tf, xs, a, c):
     pt, pl, pb, pr = a["pads"]
     padding = [[0, 0], [pt, pb], [pl, pr], [0, 0]] if any(a["pads"]) else "VALID"
     y = tf.nn.conv2d(xs[0], xs[1], (1, *a["strides"], 1), padding)
+    if a["group"] > 1:
+        # Grappler's remapper fuses Conv2D + BiasAdd (+ Relu), but on some CPUs its fused kernel refuses grouped
+        # convolutions ("Fused conv implementation does not support grouped convolutions"): the same values
+        # from ops it does not match
+        y = y + xs[2] if len(xs) > 2 else y
+        return [tf.maximum(y, tf.zeros((), y.dtype)) if a["activation"] == "relu" else y]
     if len(xs) > 2:
         y = tf.nn.bias_add(y, xs[2])  # Conv2D + BiasAdd (+ Relu) is what Grappler's remapper fuses
     return [tf.nn.relu(y) if a["activation"] == "relu" else y]
