@@ -17,6 +17,7 @@ The table comes last; costs are the cost target's estimate (ms).
   python benchmarks/eqsat_rl.py --models bert vit --time-pairs 4
   python benchmarks/eqsat_rl.py --sizes paper --node-limit 50000  # paper sizes (slow: minutes per model)
   python benchmarks/eqsat_rl.py --save-policy policy.json         # keep the agent for rlflow optimize --agent
+  python benchmarks/eqsat_rl.py --load-policy policy.json --models resnet50  # score a kept agent, no training
   python benchmarks/eqsat_rl.py --target ort-cpu --costs-dir costs  # a measured target: one cost cache per model
 
 A measured target (ort-cpu, torch-eager, cuda) scores each model with its own cost cache, DIR/<model>.json: made
@@ -42,14 +43,15 @@ from rlflow.cli import main as rlflow_main  # noqa: E402
 from rlflow.config import load_config  # noqa: E402
 from rlflow.cost import make_cost_model  # noqa: E402
 from rlflow.cost.targets import MEASURED  # noqa: E402
+from rlflow.errors import RLFlowError  # noqa: E402
 from rlflow.evaluation.protocol import ratio_interval  # noqa: E402
 from rlflow.graph import load_onnx, zoo  # noqa: E402
 from rlflow.graph.exec.check import check_equal  # noqa: E402
 from rlflow.rewrite import load_rules  # noqa: E402
 from rlflow.rewrite.rule import DEFAULT_RULES  # noqa: E402
 from rlflow.search.eqsat import eqsat_search  # noqa: E402
-from rlflow.search.eqsat_rl import (EqsatBudget, TrainConfig, eqsat_rl_search, random_schedule_search,  # noqa: E402
-                                    train_policy, tree_search)
+from rlflow.search.eqsat_rl import (EqsatBudget, LinearPolicy, TrainConfig, eqsat_rl_search,  # noqa: E402
+                                    random_schedule_search, train_policy, tree_search)
 
 TRAIN = ("bert", "inceptionv3", "squeezenet", "taso-bert")
 
@@ -85,6 +87,8 @@ def main() -> None:
     ap.add_argument("--ilp-limit", type=float, default=None, help="ILP seconds (default: the config's)")
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--lr", type=float, default=TrainConfig.lr)
+    ap.add_argument("--late-candidates", type=int, default=TrainConfig.late_candidates,
+                    help="the best constant schedules also scored stopping at their fixpoint (default %(default)s)")
     ap.add_argument("--all-bias", type=float, default=TrainConfig.all_bias,
                     help="the starting policy's logit of its action (the best constant schedule, else `all`): "
                          "sampling explores around it")
@@ -101,6 +105,8 @@ def main() -> None:
     ap.add_argument("--time-pairs", type=int, default=0, metavar="K")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save-policy", type=Path)
+    ap.add_argument("--load-policy", type=Path, help="score this saved policy instead of training one (--train: "
+                    "the models it was trained on, for the held-out marks)")
     ap.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = ap.parse_args()
     if args.target in MEASURED and args.costs_dir is None:
@@ -112,17 +118,29 @@ def main() -> None:
                          ilp_time_limit_s=e["ilp_time_limit_s"] if args.ilp_limit is None else args.ilp_limit,
                          multi_iterations=e["multi_iterations"])
     rules = load_rules(args.rules)
+    loaded = None
+    if args.load_policy:
+        try:
+            loaded = LinearPolicy.load(args.load_policy)
+        except RLFlowError as e:
+            raise SystemExit(str(e)) from None
+        args.train = loaded.info.get("trained_on", args.train)
     graphs, costs = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in dict.fromkeys([*args.train, *args.models]):
+        for name in dict.fromkeys([*([] if loaded else args.train), *args.models]):
             path = Path(tmp) / f"{name}.onnx"
             zoo.export_model(name, path, zoo.TINY_SIZES[name] if args.sizes == "tiny" else None)
             graphs[name] = load_onnx(path)
             costs[name] = model_cost(cfg, args, name, path)
-    policy, history = train_policy({m: graphs[m] for m in args.train}, rules, costs, budget,
-                                   TrainConfig(epochs=args.epochs, lr=args.lr, all_bias=args.all_bias, seed=args.seed,
-                                               proxy_ilp_s=args.proxy_ilp, time_weight=args.time_weight), log=print)
-    train_s = policy.info["train_seconds"]
+    if loaded is not None:
+        policy, history = loaded, []
+    else:
+        policy, history = train_policy({m: graphs[m] for m in args.train}, rules, costs, budget,
+                                       TrainConfig(epochs=args.epochs, lr=args.lr, all_bias=args.all_bias,
+                                                   seed=args.seed, proxy_ilp_s=args.proxy_ilp,
+                                                   time_weight=args.time_weight,
+                                                   late_candidates=args.late_candidates), log=print)
+    train_s = policy.info.get("train_seconds", float("nan"))
     if args.save_policy:
         policy.save(args.save_policy)
     rows = []
@@ -164,9 +182,14 @@ def main() -> None:
           f"{budget.node_limit} e-nodes, {budget.iter_limit} iterations, {budget.time_limit_s} s, ILP "
           f"{budget.ilp_time_limit_s} s; tree depth {args.depth}, {args.simulations} simulations; "
           f"{args.random_seeds} random seeds")
-    print(f"learned agent: trained on {', '.join(args.train)} ({args.epochs} epochs, lr {args.lr}, all-bias "
-          f"{args.all_bias}, reward ILP {args.proxy_ilp} s, time weight {args.time_weight}) in {train_s:.1f} s; best "
-          f"greedy proxy reward {policy.info['best_greedy_reward']:+.4f}")
+    if loaded is not None:
+        print(f"learned agent: loaded from {args.load_policy} (trained on {', '.join(args.train)}; its training "
+              f"settings: {policy.info.get('train', 'not recorded')})")
+    else:
+        print(f"learned agent: trained on {', '.join(args.train)} ({args.epochs} epochs, lr {args.lr}, all-bias "
+              f"{args.all_bias}, reward ILP {args.proxy_ilp} s, time weight {args.time_weight}, late candidates "
+              f"{args.late_candidates}) in {train_s:.1f} s; "
+              f"best greedy proxy reward {policy.info['best_greedy_reward']:+.4f}")
     constant = policy.info.get("constant_rewards", {})
     if constant:
         print("constant schedules' mean rewards: " + ", ".join(

@@ -16,7 +16,7 @@ from rlflow.rewrite.builtin import builtin_rules
 from rlflow.search.eqsat import Pattern, eqsat_search
 import rlflow.search.eqsat_rl as eqsat_rl
 from rlflow.rewrite.rule import PatternNode, Rule
-from rlflow.search.eqsat_rl import (FAMILIES, EqsatBudget, LinearPolicy, TrainConfig, _fixed, action_families,
+from rlflow.search.eqsat_rl import (FAMILIES, N_FEATURES, RELEASED, EqsatBudget, LinearPolicy, TrainConfig, _fixed, action_families,
                                     action_mask, action_names, constant_rewards, eqsat_rl_search, family_of,
                                     is_reorder, present_families, random_schedule_search, reinforce_grad,
                                     reinforce_loss, run_schedule, train_policy, tree_search)
@@ -80,7 +80,7 @@ def test_training_starts_from_the_best_constant_schedule(monkeypatch):
 
     def scorer(best):
         def proxy(graph, rules, cost_model, choose, budget, ilp_s):
-            a = choose(0, np.zeros(4 + len(FAMILIES)), mask)
+            a = choose(0, np.zeros(N_FEATURES), mask)
             return (1.0 if names[a] == best else 2.0), 1.0, type("S", (), {"decisions": []})()
         return proxy
 
@@ -90,29 +90,40 @@ def test_training_starts_from_the_best_constant_schedule(monkeypatch):
     assert rewards["all"] == 0 and rewards["no:conv"] == 1.0 and "stop" not in rewards
     assert set(rewards) == {n for n, ok in zip(names, mask) if ok and n != "stop"}
     policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1))
-    assert names[policy.greedy()(3, np.ones(4 + len(FAMILIES)), mask)] == "no:conv"
+    assert names[policy.greedy()(3, np.ones(N_FEATURES), mask)] == "no:conv"
     assert policy.info["constant_rewards"]["no:conv"] > 0 and policy.info["best_greedy_reward"] > 0
     monkeypatch.setattr(eqsat_rl, "proxy_cost", scorer("all"))  # nothing beats eqsat's schedule
     policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1))
-    assert names[policy.greedy()(3, np.ones(4 + len(FAMILIES)), mask)] == "all"
-    # stopping at the start action's fixpoint is scored too, and kept where it is better
+    assert names[policy.greedy()(3, np.ones(N_FEATURES), mask)] == "all"
+    # stopping at the fixpoint is scored too for the best constant schedules, and kept where it is better
     late_mask = np.array([n in ("all", "stop") for n in names])
+    before, after = np.zeros(N_FEATURES), np.zeros(N_FEATURES)
+    before[0] = after[0] = after[RELEASED] = 1.0  # (the constant feature; released)
 
-    def late_scorer(graph, rules, cost_model, choose, budget, ilp_s):
-        x = np.zeros(4 + len(FAMILIES))
-        a, late = names[choose(1, x, mask)], names[choose(5, x, late_mask)]
-        return (1.0 if a == "no:conv" else 2.0) - (0.5 if a == "no:conv" and late == "stop" else 0.0), 1.0, \
-            type("S", (), {"decisions": []})()
+    def late_scorer(costs, late_costs):
+        def proxy(graph, rules, cost_model, choose, budget, ilp_s):
+            a, late = names[choose(1, before, mask)], names[choose(5, after, late_mask)]
+            c = late_costs.get(a, costs.get(a, 2.0)) if late == "stop" else costs.get(a, 2.0)
+            return c, 1.0, type("S", (), {"decisions": []})()
+        return proxy
 
-    monkeypatch.setattr(eqsat_rl, "proxy_cost", late_scorer)
+    # the second-best constant schedule, stopping at its fixpoint, beats the best one
+    monkeypatch.setattr(eqsat_rl, "proxy_cost", late_scorer({"no:conv": 1.0, "only:conv": 1.5}, {"only:conv": 0.2}))
     policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1))
     greedy = policy.greedy()
-    assert names[greedy(3, np.ones(4 + len(FAMILIES)), mask)] == "no:conv"
-    assert names[greedy(3, np.ones(4 + len(FAMILIES)), late_mask)] == "stop"
-    assert policy.info["constant_rewards"]["no:conv, then stop"] > policy.info["constant_rewards"]["no:conv"]
-    monkeypatch.setattr(eqsat_rl, "proxy_cost", scorer("no:conv"))  # stopping there gains nothing: not kept
+    assert names[greedy(3, before, mask)] == "only:conv"
+    assert names[greedy(3, after, late_mask)] == "stop"
+    rewards = policy.info["constant_rewards"]
+    assert rewards["only:conv, then stop"] > rewards["no:conv"] > rewards["only:conv"]
+    # it stops only once released: where its action is not allowed (a model without its families), `all` runs
+    no_conv = mask & np.array([n != "only:conv" for n in names])
+    assert names[greedy(3, before, no_conv)] == "all"
+    monkeypatch.setattr(eqsat_rl, "proxy_cost", late_scorer({"no:conv": 1.0}, {}))  # stopping gains nothing
     policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1))
-    assert names[policy.greedy()(3, np.ones(4 + len(FAMILIES)), late_mask)] == "all"
+    assert names[policy.greedy()(3, after, late_mask)] == "all"
+    # only the late_candidates best are scored stopping
+    policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1, late_candidates=1))
+    assert [k for k in policy.info["constant_rewards"] if k.endswith(", then stop")] == ["no:conv, then stop"]
 
 
 def test_the_training_reward_weighs_time(monkeypatch):
@@ -122,19 +133,19 @@ def test_the_training_reward_weighs_time(monkeypatch):
     mask = action_mask(present_families(g, BUILTIN))
 
     def proxy(graph, rules, cost_model, choose, budget, ilp_s):
-        a = choose(0, np.zeros(4 + len(FAMILIES)), mask)
+        a = choose(0, np.zeros(N_FEATURES), mask)
         return 1.0, (1.0 if names[a] == "no:conv" else 2.0), type("S", (), {"decisions": []})()
 
     monkeypatch.setattr(eqsat_rl, "proxy_cost", proxy)
     policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1, time_weight=0.02))
     assert policy.info["constant_rewards"]["no:conv"] == pytest.approx(0.01)
-    assert names[policy.greedy()(3, np.ones(4 + len(FAMILIES)), mask)] == "no:conv"
+    assert names[policy.greedy()(3, np.ones(N_FEATURES), mask)] == "no:conv"
     policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, TrainConfig(epochs=1, time_weight=0.0))
     assert policy.info["constant_rewards"]["no:conv"] == 0 and policy.info["best_greedy_reward"] == 0
     # a costlier graph earns nothing for its speed
 
     def costlier(graph, rules, cost_model, choose, budget, ilp_s):
-        a = choose(0, np.zeros(4 + len(FAMILIES)), mask)
+        a = choose(0, np.zeros(N_FEATURES), mask)
         return (1.01 if names[a] == "no:conv" else 1.0), (0.1 if names[a] == "no:conv" else 2.0), \
             type("S", (), {"decisions": []})()
 
@@ -209,7 +220,7 @@ def test_random_schedules_and_tree_search_are_deterministic_and_equal_to_the_inp
 @pytest.mark.parametrize("per_step", [False, True])
 def test_reinforce_gradient_matches_finite_differences(per_step):
     rng = np.random.default_rng(0)
-    A, D, T = len(action_names()), 4 + len(FAMILIES), 3
+    A, D, T = len(action_names()), N_FEATURES, 3
     w, x = rng.normal(size=(A, D)), rng.normal(size=(T, D))
     acts = np.array([0, 5, 2])
     if per_step:  # a mask per step (T, A), as the scheduler's decisions keep them
@@ -260,9 +271,13 @@ def test_bad_input_is_one_line(tmp_path):
     with pytest.raises(RLFlowError, match="not an eqsat-rl policy") as e:
         LinearPolicy.load(tmp_path / "bad.json")
     assert "\n" not in str(e.value)
-    (tmp_path / "other.json").write_text('{"format": "rlflow.eqsat-rl-policy/1", "actions": ["all"], "weights": [[0]]}')
+    (tmp_path / "other.json").write_text('{"format": "rlflow.eqsat-rl-policy/2", "actions": ["all"], "weights": [[0]]}')
     with pytest.raises(RLFlowError, match="other actions or features"):
         LinearPolicy.load(tmp_path / "other.json")
+    # a policy of the previous format (12 features, no released one) is refused with what to do
+    (tmp_path / "old.json").write_text('{"format": "rlflow.eqsat-rl-policy/1", "weights": [[0]]}')
+    with pytest.raises(RLFlowError, match="older rlflow .*train it again"):
+        LinearPolicy.load(tmp_path / "old.json")
     with pytest.raises(RLFlowError, match="no rules"):
         eqsat_rl_search(shared_input_graph(), [], AnalyticCost("cpu"), LinearPolicy.untrained(), BUDGET)
     with pytest.raises(RLFlowError, match="depth >= 1"):

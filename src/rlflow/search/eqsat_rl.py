@@ -34,11 +34,12 @@ chooses between ``all`` and ``stop`` only (a restricted action has had its fixpo
 eqsat, and extract with the same ILP:
 
 - the learned policy (:class:`LinearPolicy`): a softmax over actions, linear in the iteration's features
-  (:meth:`FamilyScheduler.features`: iteration, e-graph size and growth against the node limit, and each
-  family's share of the last iteration's merges), absent families' actions masked; trained
-  (:func:`train_policy`) on some models with the ILP's cost (under a short time limit: the cheap proxy) as
-  the reward, its gain over eqsat's schedule on the same model: first each constant schedule (one action
-  throughout) is scored and the policy starts from the best, then REINFORCE; used greedily (argmax);
+  (:meth:`FamilyScheduler.features`: iteration, e-graph size and growth against the node limit, whether a
+  restricted action reached its fixpoint, and each family's share of the last iteration's merges), absent
+  families' actions masked; trained (:func:`train_policy`) on some models with the ILP's cost (under a short
+  time limit: the cheap proxy) as the reward, its gain over eqsat's schedule on the same model: first each
+  constant schedule (one action throughout) and the best of them stopping at their fixpoint are scored and the
+  policy starts from the best, then REINFORCE; used greedily (argmax);
 - a tree search (:func:`tree_search`): UCT over the first ``depth`` iterations' actions (the rest: the last
   action again), each
   leaf the whole saturation scored by the same cheap proxy (MCTS-GEB scores leaves cheaply too); eqsat's own
@@ -73,8 +74,11 @@ from rlflow.search.result import SearchResult
 FAMILIES = ("multi", "reorder", "conv", "matmul", "concat-split", "transpose", "elementwise", "other")
 _FAMILY_OPS = (("conv", {"Conv"}), ("matmul", {"MatMul", "Gemm"}), ("concat-split", {"Concat", "Split"}),
                ("transpose", {"Transpose"}), ("elementwise", {"Add", "Sub", "Mul", "Div", "ScalarMul"}))
-POLICY_FORMAT = "rlflow.eqsat-rl-policy/1"
+POLICY_FORMAT = "rlflow.eqsat-rl-policy/2"
 STOP = "stop"  # the action that ends saturation
+#: the features of an iteration (:meth:`FamilyScheduler.features`): 1, iteration, size, growth, released, shares
+N_FEATURES = 5 + len(FAMILIES)
+RELEASED = 4  # the index of the feature that is 1 once a restricted action reached its fixpoint
 
 
 def is_reorder(rule: Rule) -> bool:
@@ -182,8 +186,10 @@ class FamilyScheduler(BackoffScheduler):
         self._family = {p.rule.id: family_of(p) for p in runner.patterns}
 
     def features(self, iteration: int, egraph: EGraph) -> np.ndarray:
-        """The agent's view of an iteration, shape (4 + len(FAMILIES),): 1, iteration / iter_limit, e-nodes /
-        node_limit, the last iteration's growth / node_limit, each family's share of the last iteration's merges."""
+        """The agent's view of an iteration, shape (N_FEATURES,) = (5 + len(FAMILIES),): 1, iteration /
+        iter_limit, e-nodes / node_limit, the last iteration's growth / node_limit, 1 once released (a restricted
+        action reached its fixpoint: only ``all`` and ``stop`` are allowed from then on) else 0, each family's
+        share of the last iteration's merges."""
         records = self.runner.iterations if self.runner is not None else []
         before = records[-2].nodes if len(records) >= 2 else egraph.n_nodes
         growth = (records[-1].nodes - before) if records else 0
@@ -193,7 +199,7 @@ class FamilyScheduler(BackoffScheduler):
                 fired[FAMILIES.index(self._family[rid])] += n
         share = fired / fired.sum() if fired.sum() else fired
         return np.concatenate([[1.0, iteration / self.budget.iter_limit, egraph.n_nodes / self.budget.node_limit,
-                                growth / self.budget.node_limit], share])
+                                growth / self.budget.node_limit, float(self.released)], share])
 
     def _decide(self, iteration: int, egraph: EGraph) -> str:
         if self._force_all:
@@ -292,7 +298,7 @@ class LinearPolicy:
 
     @classmethod
     def untrained(cls) -> "LinearPolicy":
-        return cls(np.zeros((len(action_names()), 4 + len(FAMILIES))))
+        return cls(np.zeros((len(action_names()), N_FEATURES)))
 
     def greedy(self) -> Chooser:
         """The most probable allowed action (ties: the first, ``all`` before the others)."""
@@ -311,11 +317,26 @@ class LinearPolicy:
     @classmethod
     def load(cls, path: str | Path) -> "LinearPolicy":
         path = Path(path)
-        doc = read_document(path, POLICY_FORMAT, "an eqsat-rl policy")
+        try:
+            doc = read_document(path, POLICY_FORMAT, "an eqsat-rl policy")
+        except RLFlowError:
+            if str(_peek_format(path)).startswith(POLICY_FORMAT.rpartition("/")[0] + "/"):
+                raise RLFlowError(f"{path}: an eqsat-rl policy of an older rlflow (its features differ from this "
+                                  f"version's {POLICY_FORMAT}): train it again") from None
+            raise
         w = np.asarray(doc.get("weights"), dtype=float)
-        if doc.get("actions") != action_names() or w.shape != (len(action_names()), 4 + len(FAMILIES)):
+        if doc.get("actions") != action_names() or w.shape != (len(action_names()), N_FEATURES):
             raise RLFlowError(f"{path}: an eqsat-rl policy for other actions or features than this version's")
         return cls(w, doc.get("info", {}))
+
+
+def _peek_format(path: Path) -> object:
+    """The ``format`` field of a JSON file, or None where it has none or cannot be read."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc.get("format") if isinstance(doc, dict) else None
 
 
 #: the ILP's time limit (s) in the cheap proxy of a schedule's cost
@@ -335,6 +356,7 @@ class TrainConfig:
     proxy_ilp_s: float = PROXY_ILP_S  # the ILP's seconds in the rewards (the budget's own limit: no proxy)
     time_weight: float = TIME_WEIGHT  # the reward's weight on optimisation time (see train_policy)
     constant_start: bool = True  # score every constant schedule first and start from the best (see train_policy)
+    late_candidates: int = 3  # the best constant schedules also scored stopping at their fixpoint
 
 
 def proxy_cost(graph: Graph, rules: Sequence[Rule], cost: CostModel, choose: Chooser, budget: EqsatBudget,
@@ -359,10 +381,12 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
     deterministic for a seed (unless a time limit binds).
 
     With ``config.constant_start`` every constant schedule is scored first (:func:`constant_rewards`: one
-    action throughout, a bandit over the actions); if the best has a positive mean reward the policy starts
-    from it (its logit ``all_bias``, the others 0), else from eqsat's schedule (``all``). The best is then
-    scored once more with ``stop`` wherever it is not allowed (once it reached its fixpoint, the agent chooses
-    between ``all`` and ``stop``); if that is better, ``stop`` gets half the logit. Then REINFORCE: the
+    action throughout, a bandit over the actions). The ``config.late_candidates`` best of them (``all`` aside)
+    are scored once more stopping at their fixpoint ("A, then stop": A until it is no longer allowed, the forced
+    ``all`` iteration, then ``stop``; :func:`late_stop`). If the best of all these has a positive mean reward the
+    policy starts from it (A's logit ``all_bias`` on the constant feature; a late stop adds ``stop``'s logit
+    ``all_bias`` on the released feature, so it stops only once released), else from eqsat's schedule
+    (``all``). Then REINFORCE: the
     advantage is the reward less the model's mean reward so far, normalised over the epoch. After each epoch
     the greedy policy is scored on every training model (the mean reward); the best policy so far (the
     starting one first) is returned, with one history row per epoch. The policy's ``info`` keeps the constant
@@ -390,21 +414,20 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
     constant: dict[str, float] = {}
     if config.constant_start:
         constant = constant_rewards(graphs, rules, score_of, reward, log)
-        start = max(constant, key=lambda a: (constant[a], a == "all"))  # (ties: eqsat's schedule)
-        if constant[start] > 0:
-            policy.weights[:, 0] = 0.0
-            policy.weights[action_names().index(start), 0] = config.all_bias
-            best, best_score = policy.weights.copy(), constant[start]
-            # the same, but stopping where the action is no longer allowed (its fixpoint: see FamilyScheduler)
-            a, stop = action_names().index(start), action_names().index(STOP)
+        ranked = sorted((a for a in constant if a != "all"), key=lambda a: -constant[a])
+        for start in ranked[:config.late_candidates]:
             late = f"{start}, then stop"
-            constant[late] = float(np.mean([reward(m, *score_of(m, lambda it, x, mask: (
-                a if mask[a] else stop if mask[stop] else 0))[:2]) for m in graphs]))
+            constant[late] = float(np.mean([reward(m, *score_of(m, late_stop(start))[:2]) for m in graphs]))
             if log:
                 log(f"eqsat-rl schedule {late}: mean reward {constant[late]:+.4f}")
-            if constant[late] > constant[start]:
-                policy.weights[stop, 0] = config.all_bias / 2  # (below the start action, above `all`)
-                best, best_score = policy.weights.copy(), constant[late]
+        best_name = max(constant, key=lambda a: (constant[a], a == "all"))  # (ties: eqsat's schedule)
+        if constant[best_name] > 0:
+            start = best_name.removesuffix(", then stop")
+            policy.weights[:, 0] = 0.0
+            policy.weights[action_names().index(start), 0] = config.all_bias
+            if best_name != start:
+                policy.weights[action_names().index(STOP), RELEASED] = config.all_bias
+            best, best_score = policy.weights.copy(), constant[best_name]
     means: dict[str, list[float]] = {m: [] for m in graphs}
     history = []
     for epoch in range(config.epochs):
@@ -439,6 +462,14 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
             "train_seconds": time.perf_counter() - t0, "best_greedy_reward": best_score,
             "constant_rewards": constant}
     return LinearPolicy(best, info), history
+
+
+def late_stop(action: str) -> Chooser:
+    """The schedule "``action``, then stop": ``action`` while it is allowed, ``stop`` once released (``all``
+    where neither is allowed: the first iteration of a model without ``action``'s families)."""
+    names = action_names()
+    a, stop = names.index(action), names.index(STOP)
+    return lambda it, x, mask: a if mask[a] else stop if (mask[stop] and x[RELEASED]) else 0
 
 
 def constant_rewards(graphs: Mapping[str, Graph], rules: Sequence[Rule],
