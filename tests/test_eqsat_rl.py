@@ -66,6 +66,9 @@ def test_a_fixed_schedule_repeats_its_last_action():
     assert sched.released and set(ran[k:]) == {"all"} and r.stop_reason == "saturated"
     late = [m for _, _, m in sched.decisions[k:]]
     assert late and all(set(np.array(action_names())[m]) == {"all", "stop"} for m in late)
+    # the policy sees it: the released feature is 0 in the decisions before the fixpoint and 1 after it
+    released = [x[RELEASED] for x, _, _ in sched.decisions]
+    assert released == [0.0] * k + [1.0] * len(late)
     r0, _ = run_schedule(g, BUILTIN, cost, _fixed([]), BUDGET)
     assert set(r0.stats["schedule"]) == {"all"}
 
