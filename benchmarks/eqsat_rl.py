@@ -10,7 +10,10 @@ extracts with the same ILP (rlflow.search.eqsat_rl). Per model:
             other models are held out
 The learned agent's result is checked equal to the input (rlflow.graph.exec.check.check_equal). With
 --time-pairs K, eqsat and eqsat-rl run K more times each, interleaved (eqsat first in even pairs), and eqsat-rl's
-optimisation time over eqsat's is printed with its 95% interval (rlflow.evaluation.protocol.ratio_interval).
+optimisation time over eqsat's is printed with its 95% interval (rlflow.evaluation.protocol.ratio_interval),
+each pair one session of the protocol. The pairs' times are kept in --json; --pool then reads several such files,
+one per benchmark process, and prints the interval over those processes (each process one session, its pairs
+the rounds): the several-session figure, where session-to-session effects are inside the interval.
 The table comes last; costs are the cost target's estimate (ms).
 
   python benchmarks/eqsat_rl.py                                   # tiny zoo, sim-h100, node limit 5,000
@@ -19,6 +22,7 @@ The table comes last; costs are the cost target's estimate (ms).
   python benchmarks/eqsat_rl.py --save-policy policy.json         # keep the agent for rlflow optimize --agent
   python benchmarks/eqsat_rl.py --load-policy policy.json --models resnet50  # score a kept agent, no training
   python benchmarks/eqsat_rl.py --target ort-cpu --costs-dir costs  # a measured target: one cost cache per model
+  python benchmarks/eqsat_rl.py --pool run1.json run2.json run3.json  # time ratios over processes, no search
 
 A measured target (ort-cpu, torch-eager, cuda) scores each model with its own cost cache, DIR/<model>.json: made
 first by `rlflow measure-costs` (the pipeline's measure_costs stage, the config's cost section) where missing,
@@ -72,6 +76,31 @@ def model_cost(cfg: dict, args: argparse.Namespace, name: str, onnx: Path):
     return make_cost_model(cfg, "cpu", cache, kind=args.target)
 
 
+def pool(files: list[Path]) -> None:
+    """Print eqsat-rl's optimisation time over eqsat's per model, pooled over ``files`` (benchmark --json outputs
+    with --time-pairs >= 1, one per process): each file is one session, its interleaved pairs the rounds."""
+    sessions: dict[str, list[dict]] = {}
+    for f in files:
+        try:
+            rows = json.loads(f.read_text())["rows"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"--pool: {f} is not an eqsat_rl benchmark --json file ({e})") from None
+        for r in rows:
+            if r.get("time_pairs"):
+                sessions.setdefault(r["model"], []).append(r["time_pairs"])
+    if not sessions:
+        raise SystemExit("--pool: none of the files holds timed pairs (run the benchmark with --time-pairs and --json)")
+    print(f"learned/eqsat optimisation time over {len(files)} processes (sessions; their pairs are the rounds):")
+    print(f"{'model':<12}{'sessions':>9}{'pairs':>7}  ratio [95% interval]")
+    for model, ss in sessions.items():
+        pairs = sum(len(s["eqsat"]) for s in ss)
+        if len(ss) < 2:
+            print(f"{model:<12}{len(ss):>9}{pairs:>7}  (one session only: no interval)")
+            continue
+        ratio, lo, hi, _ = ratio_interval([s["eqsat"] for s in ss], [s["learned"] for s in ss])
+        print(f"{model:<12}{len(ss):>9}{pairs:>7}  {ratio:.2f} [{lo:.2f}, {hi:.2f}]")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(zoo.MODEL_NAMES), choices=zoo.MODEL_NAMES)
@@ -108,7 +137,11 @@ def main() -> None:
     ap.add_argument("--load-policy", type=Path, help="score this saved policy instead of training one (--train: "
                     "the models it was trained on, for the held-out marks)")
     ap.add_argument("--json", type=Path, help="also write the rows to this JSON file")
+    ap.add_argument("--pool", type=Path, nargs="+", metavar="JSON",
+                    help="run nothing: pool the timed pairs of these --json files, one session per file")
     args = ap.parse_args()
+    if args.pool:
+        return pool(args.pool)
     if args.target in MEASURED and args.costs_dir is None:
         raise SystemExit(f"--target {args.target}: a measured target needs --costs-dir (one cost cache per model, "
                          "made there by rlflow measure-costs where missing)")
@@ -164,15 +197,17 @@ def main() -> None:
                "random_ms": statistics.mean(r.final.runtime_ms for r in rand) if rand else nan,
                "random_best_ms": min(r.final.runtime_ms for r in rand) if rand else nan,
                "random_s": statistics.mean(r.seconds for r in rand) if rand else nan}
-        if args.time_pairs >= 2:
+        if args.time_pairs >= 1:
             ts = {"eqsat": [], "learned": []}
             runs = [("eqsat", lambda: eqsat_search(g, rules, cost, **budget.search_kwargs()).seconds),
                     ("learned", lambda: eqsat_rl_search(g, rules, cost, policy, budget).seconds)]
             for k in range(args.time_pairs):
                 for which, run in runs if k % 2 == 0 else runs[::-1]:
                     ts[which].append(run())
-            ratio, lo, hi, _ = ratio_interval([[t] for t in ts["eqsat"]], [[t] for t in ts["learned"]])
-            row["time_ratio"] = [ratio, lo, hi]
+            row["time_pairs"] = ts
+            if args.time_pairs >= 2:
+                ratio, lo, hi, _ = ratio_interval([[t] for t in ts["eqsat"]], [[t] for t in ts["learned"]])
+                row["time_ratio"] = [ratio, lo, hi]
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json:
