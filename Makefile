@@ -10,7 +10,9 @@
 #
 # Setup: python3 -m venv .venv, then torch==2.13.0 FIRST in its own pip call (an unpinned torch, or one pulled
 # in by another package, would be the multi-GB CUDA build), then the requirements, then rlflow itself without
-# dependencies. A stamp file makes later runs skip the installs until a requirements file changes. (pip's
+# dependencies. A stamp file makes later runs skip the installs until a requirements file changes. The
+# requirements go through uv (installed into the venv by pip): it unpacks and byte-compiles on every core, where
+# pip does one file at a time; torch==2.13.0 is named again so that uv keeps the one installed. (pip's
 # --no-compile made setup 1 min shorter but moved the byte-compiling into the pipeline's first imports, several
 # jobs at once: the fresh-clone make run was no shorter.)
 
@@ -47,7 +49,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml setup.py envs/requirements.txt envs/requirements-test.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install -r envs/requirements.txt -r envs/requirements-test.txt
+	$(BIN)/python -m pip install uv==0.13.9
+	$(BIN)/uv pip install --python $(BIN)/python --compile-bytecode torch==2.13.0 \
+		-r envs/requirements.txt -r envs/requirements-test.txt
 	$(BIN)/python -m pip install --no-deps -e .
 	touch $@
 

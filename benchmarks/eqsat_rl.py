@@ -8,7 +8,7 @@ extracts with the same ILP (rlflow.search.eqsat_rl). Per model:
             time includes the search
   learned   the linear softmax policy trained by REINFORCE on --train models (training wall time printed); the
             other models are held out
-The learned agent's result is checked equal to the input (rlflow.graph.exec.check.check_equal). With
+The learned agent's and the tree search's results are checked equal to the input (rlflow.graph.exec.check.check_equal). With
 --time-pairs K, eqsat and eqsat-rl run K more times each, interleaved (eqsat first in even pairs), and eqsat-rl's
 optimisation time over eqsat's is printed with its 95% interval (rlflow.evaluation.protocol.ratio_interval),
 each pair one session of the protocol. The pairs' times are kept in --json; --pool then reads several such files,
@@ -194,6 +194,7 @@ def main() -> None:
                "learned_max_rel_diff": check_equal(g, learned.graph),
                "tree_ms": tree.final.runtime_ms if tree else nan, "tree_s": tree.seconds if tree else nan,
                "tree_schedule": tree.stats["schedule"] if tree else None,
+               "tree_max_rel_diff": check_equal(g, tree.graph) if tree else nan,
                "random_ms": statistics.mean(r.final.runtime_ms for r in rand) if rand else nan,
                "random_best_ms": min(r.final.runtime_ms for r in rand) if rand else nan,
                "random_s": statistics.mean(r.seconds for r in rand) if rand else nan}
