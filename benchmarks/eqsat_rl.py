@@ -8,8 +8,9 @@ extracts with the same ILP (rlflow.search.eqsat_rl). Per model:
             time includes the search
   learned   the linear softmax policy trained by REINFORCE on --train models (training wall time printed); the
             other models are held out
-The learned agent's and the tree search's results are checked equal to the input (rlflow.graph.exec.check.check_equal). With
---time-pairs K, eqsat and eqsat-rl run K more times each, interleaved (eqsat first in even pairs), and eqsat-rl's
+The learned agent's and the tree search's results are checked equal to the input
+(rlflow.graph.exec.check.check_equal). With --time-pairs K, eqsat and eqsat-rl run K more times each, interleaved
+(eqsat first in even pairs), and eqsat-rl's
 optimisation time over eqsat's is printed with its 95% interval (rlflow.evaluation.protocol.ratio_interval),
 each pair one session of the protocol. The pairs' times are kept in --json; --pool then reads several such files,
 one per benchmark process, and prints the interval over those processes (each process one session, its pairs
