@@ -25,12 +25,6 @@ def bert(tmp_path_factory):
     return export("bert", "small", tmp_path_factory.mktemp("hf") / "bert.onnx", dynamo=False)
 
 
-@pytest.fixture
-def own_calibration(tmp_path, monkeypatch):
-    """This machine's calibration measured afresh for the test (a few seconds), not read from the user's cache."""
-    monkeypatch.setenv("RLFLOW_CACHE_DIR", str(tmp_path / "cache"))
-
-
 def e2e_ms(path) -> float:
     """End-to-end onnxruntime latency as the benchmarks take it: the fastest of 3 sessions' medians."""
     g = load_onnx(path)
@@ -57,12 +51,22 @@ def test_every_kernel_onnxruntime_runs_is_charged_to_a_kernel_group(bert):
     assert sum(per) > 0 and rest <= 0.02 * (sum(per) + rest)
 
 
-def test_ort_cpu_estimate_of_a_heldout_bert_export_is_near_onnxruntime_end_to_end(bert, own_calibration, capsys):
+def test_ort_cpu_estimate_of_a_heldout_bert_export_is_near_onnxruntime_end_to_end(bert, tmp_path, monkeypatch,
+                                                                                  capsys):
     """Within 40% of the end-to-end latency (the estimate was 86% below it on BERT 4 layers, hidden 256; 78% on
-    this one)."""
-    est = cost_ms(bert, capsys)
-    e2e = e2e_ms(bert)
-    assert abs(est - e2e) / e2e < 0.4, (est, e2e)
+    this one). Each try measures this machine's calibration afresh (its own cache, not the user's), then the end
+    to end right after. Under pytest-xdist the other worker's load can fall on one of the two and not the other
+    (CI once saw the estimate 1.8x the end to end that way), so up to three such pairs are taken and one within
+    40% passes; an estimator that is off, as the old one was, misses in every pair."""
+    pairs = []
+    for attempt in range(3):
+        monkeypatch.setenv("RLFLOW_CACHE_DIR", str(tmp_path / f"cache{attempt}"))
+        est = cost_ms(bert, capsys)
+        e2e = e2e_ms(bert)
+        pairs.append((est, e2e))
+        if abs(est - e2e) / e2e < 0.4:
+            return
+    pytest.fail(f"no (estimate ms, end-to-end ms) pair within 40%: {pairs}")
 
 
 def test_profiler_overhead_is_not_counted_as_kernel_time(tmp_path, monkeypatch):
