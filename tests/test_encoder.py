@@ -1,5 +1,6 @@
 """The graph encoder (rlflow.nn.graph_data, rlflow.nn.encoder), its training and the train_encoder stage."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -100,9 +101,7 @@ def test_encoder_shapes_and_permutation_sense(problem):
         perm = torch.randperm(V, generator=torch.Generator().manual_seed(1))
         inv = torch.empty_like(perm)
         inv[perm] = torch.arange(V)
-        d2 = d.clone()
-        d2.x = d.x[perm]
-        d2.edge_index = inv[d.edge_index]
+        d2 = dataclasses.replace(d, x=d.x[perm], edge_index=inv[d.edge_index])
         torch.testing.assert_close(model(batch([d2]))[0], z[0], rtol=1e-4, atol=1e-5)
 
 
@@ -120,8 +119,7 @@ def test_global_metrics_far_outside_the_rollouts_are_clipped(problem):
     model.set_normalisation(d.u[0], std)
 
     def z_at(shift_in_std):  # the same graph with its log FLOPs moved by this many std
-        d2 = d.clone()
-        d2.u = d.u.clone()
+        d2 = dataclasses.replace(d, u=d.u.clone())
         d2.u[0, 1] += shift_in_std * std[1]
         with torch.no_grad():
             return model(batch([d2]))[0]

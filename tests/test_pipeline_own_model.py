@@ -1,6 +1,7 @@
 """A user's own ONNX model through the whole tiny pipeline: config.yaml names it (``models: [mlp]``,
 ``zoo.mlp: {onnx: models/mlp.onnx, input_shapes: ...}``), `snakemake` (rule all) builds its report, DVC records
-the run, and a changed file reruns its export and what depends on it, under Snakemake and DVC alike.
+the run; a reward change reruns the same stages under Snakemake and DVC (`dvc repro` for real: this run is the
+smallest), and a changed file reruns its export and what depends on it, under Snakemake and DVC alike.
 
 The model is hand-made ONNX (tests/onnx_models.py: two MatMuls on one input, which the rules merge) with a
 dynamic batch dimension, so the export stage must fix it from ``input_shapes``. Its own test file, so that
@@ -15,6 +16,7 @@ import pytest
 import yaml
 from onnx_models import shared_input_mlp
 from test_pipeline import CONFIG, TINY, dvc_repo_rule_all, job_counts, sh, tool
+from test_pipeline_e2e import REWARD_STAGES, ran_dvc_stages
 
 from rlflow.config import load_config
 
@@ -52,6 +54,23 @@ def test_rule_all_builds_an_own_models_report(own_repo):
     assert "dvc: done" in log, log[-3000:]
     r = sh(tool("dvc"), "status", cwd=root)
     assert r.returncode == 0 and "up to date" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_reward_change_reruns_the_same_stages_in_snakemake_and_dvc(own_repo):
+    """What Snakemake plans after a reward change is what `dvc repro` then runs: the stages the reward reaches
+    (this config has no sweeps)."""
+    root, _ = own_repo
+    cfg = yaml.safe_load((root / "config.yaml").read_text())
+    cfg["env"]["reward"]["alpha"] = 0.5
+    (root / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    r = sh(tool("snakemake"), "-n", cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    planned = job_counts(r.stdout)
+    planned.pop("all", None)
+    assert set(planned) == REWARD_STAGES - {"sweep_temperature", "sweep_reward"}, planned
+    r = sh(tool("dvc"), "repro", cwd=root, timeout=1200)
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
+    assert ran_dvc_stages(r.stdout) == set(planned), r.stdout
 
 
 def test_a_changed_own_model_reruns_its_export_in_snakemake_and_dvc(own_repo):

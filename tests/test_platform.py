@@ -211,3 +211,18 @@ def test_optimize_defaults_to_eqsat_on_the_machine_target_and_prints_it(problem,
             in text.splitlines())
     assert doc["method"] == "eqsat" and doc["platform"]["target"] == "ort-cpu"
     assert runners == [("ort", "cpu")] and doc["speed_check"]["backend"] == "ort"
+
+
+def test_device_auto_without_a_gpu_driver_does_not_import_torch(tmp_path):
+    """Each pipeline stage resolves ``device: auto``: where no GPU driver's device file exists the answer is cpu
+    without importing torch (seconds per stage); where one exists, torch is asked. ``device: cuda`` without a
+    driver stays a one-line error."""
+    import subprocess
+    import sys
+
+    code = ("import sys, rlflow.config as c; c.GPU_DEVICE_FILES = ({!r},); print(c.resolve_device({{'device': "
+            "'auto'}}), 'torch' in sys.modules); c.resolve_device({{'device': 'cuda'}})")
+    for path, want in ((tmp_path / "none", "cpu False"), (tmp_path, "cpu True")):  # tmp_path exists: torch asked
+        r = subprocess.run([sys.executable, "-c", code.format(str(path))], capture_output=True, text=True)
+        assert r.stdout.split("\n")[0] == want, r.stdout + r.stderr
+        assert r.returncode == 1 and "'cuda' but torch sees no CUDA device" in r.stderr, r.stderr

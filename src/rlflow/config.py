@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import os
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -163,14 +165,26 @@ def get(config: dict, dotted: str) -> Any:
     return node
 
 
+#: the device files a GPU driver makes (NVIDIA's; WSL2's; ROCm's): torch can see a GPU only where one exists
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
+
+
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA (or ROCm) GPU. Without a GPU driver (a check of a few files) the answer is no and
+    torch is not imported: importing it to ask takes seconds, and each pipeline stage asks."""
+    if "torch" not in sys.modules and not any(os.path.exists(p) for p in GPU_DEVICE_FILES):
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def resolve_device(config: dict) -> str:
     """``device: auto|cpu|cuda`` -> ``cpu`` or ``cuda`` (auto picks cuda when torch sees a GPU)."""
     want = config.get("device", "auto")
     if want == "cpu":
         return "cpu"
-    import torch
-
-    has_cuda = torch.cuda.is_available()
+    has_cuda = cuda_available()
     if want == "cuda" and not has_cuda:
         raise RLFlowError("config key 'device' is 'cuda' but torch sees no CUDA device")
     return "cuda" if has_cuda else "cpu"

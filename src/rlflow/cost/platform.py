@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
+from rlflow.config import cuda_available
 from rlflow.cost.gpu_calibrated import calibrated_gpus, gpu_of_device
 from rlflow.errors import RLFlowError
 
@@ -37,9 +38,7 @@ CHOICES = ("auto", "machine", *TARGETS)
 #: the old ``cost.model`` values and the targets they became
 OLD_MODELS = {"measured": "torch-eager", "analytic": "analytic"}
 def has_gpu() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
+    return cuda_available()
 
 
 def resolve_target(config: Mapping, target: str | None = None) -> str:

@@ -1,6 +1,7 @@
-"""The graph encoder: a computation graph -> its embedding z (X-RLflow's architecture, in PyTorch Geometric).
+"""The graph encoder: a computation graph -> its embedding z (X-RLflow's architecture; the attention layers are
+:class:`rlflow.nn.gat.GATv2`).
 
-Shapes: B graphs in a batch, V nodes and E edges in all (``Batch`` of :mod:`rlflow.nn.graph_data`), F node
+Shapes: B graphs in a batch, V nodes and E edges in all (:class:`rlflow.nn.graph_data.GraphBatch`), F node
 features, R edge features, G = 4 global metrics, H = hidden, Z = z_dim, N = rules.
 
 1. Embed: h = Linear(x) [V, H], e = Linear(edge_attr) [E, H].
@@ -23,8 +24,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch_geometric.nn import GATv2Conv
-from torch_geometric.utils import scatter
+
+from rlflow.nn.gat import GATv2, scatter_sum
 
 
 #: The normalised global metrics enter the network clipped to +-U_CLIP standard deviations (observation clipping,
@@ -49,7 +50,7 @@ class GraphEncoder(nn.Module):
         concat = hidden % heads == 0
         per_head = hidden // heads if concat else hidden
         self.convs = nn.ModuleList(
-            GATv2Conv(hidden, per_head, heads=heads, concat=concat, edge_dim=hidden, add_self_loops=True)
+            GATv2(hidden, per_head, heads=heads, concat=concat, edge_dim=hidden)
             for _ in range(layers))
         self.pool_norm = nn.LayerNorm(hidden)
         self.global_update = nn.Linear(hidden + global_features, hidden)
@@ -75,7 +76,8 @@ class GraphEncoder(nn.Module):
         return torch.expm1(normalised * self.metric_std + self.metric_mean)
 
     def forward(self, data) -> torch.Tensor:
-        """A ``Batch`` (x [V, F], edge_index [2, E], edge_attr [E, R], u [B, 4], batch [V]) -> z [B, Z]."""
+        """A :class:`GraphBatch` or one :class:`GraphData` (x [V, F], edge_index [2, E], edge_attr [E, R], u [B, 4],
+        batch [V]) -> z [B, Z]."""
         x, edge_index, edge_attr = data.x, data.edge_index, data.edge_attr
         n = x.shape[0]
         index = getattr(data, "batch", None)
@@ -84,11 +86,11 @@ class GraphEncoder(nn.Module):
         u = data.u.reshape(-1, self.metric_mean.shape[0])
         h = self.act(self.node_in(x))                                            # [V, H]
         e = self.act(self.edge_in(edge_attr))                                    # [E, H]
-        incoming = scatter(e, edge_index[1], dim=0, dim_size=n, reduce="sum")    # [V, H]
+        incoming = scatter_sum(e, edge_index[1], n)                              # [V, H]
         h = self.act(self.edge_to_node(torch.cat([incoming, h], -1)))            # [V, H]
         for conv in self.convs:
             h = self.act(h + conv(h, edge_index, e))                             # [V, H]
-        pooled = scatter(h, index, dim=0, dim_size=u.shape[0], reduce="sum")     # [B, H]
+        pooled = scatter_sum(h, index, u.shape[0])                               # [B, H]
         un = self.normalise(u).clamp(-U_CLIP, U_CLIP)                             # [B, 4]
         g = self.act(self.global_update(torch.cat([self.pool_norm(pooled), un], -1)))  # [B, H]
         return self.to_z(g)                                                      # [B, Z]

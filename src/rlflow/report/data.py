@@ -67,7 +67,7 @@ BACKEND_ORDER = ("ort", "torch", "tf", "tf-xla")
 BACKEND_LABEL = {"ort": "onnxruntime", "torch": "torch", "tf": "TensorFlow", "tf-xla": "TF-XLA"}
 #: the packages whose versions the report lists: label -> distribution names to try
 PACKAGES = {"torch": ("torch",), "onnx": ("onnx",), "onnxruntime": ("onnxruntime", "onnxruntime-gpu"),
-            "tensorflow": ("tensorflow", "tensorflow-cpu"), "torch_geometric": ("torch-geometric",),
+            "tensorflow": ("tensorflow", "tensorflow-cpu"),
             "snakemake": ("snakemake",), "dvc": ("dvc",), "gymnasium": ("gymnasium",), "numpy": ("numpy",),
             "matplotlib": ("matplotlib",), "rlflow": ("rlflow",)}
 

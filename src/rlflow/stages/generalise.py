@@ -41,6 +41,12 @@ SET_EXAMPLE = "generalise.variants.bert=[seq=64,seq=256]"
 FORMAT = "rlflow.generalise/1"
 
 
+#: the smallest graph whose variants are scored in parallel processes: a worker starts a fresh interpreter, whose
+#: imports (torch, PyG) take about 10 s on a 2-core CPU, longer than a small graph's variant takes to score here
+#: (tiny bert, 72 nodes, 2 variants: the stage took 37 s with two workers, 20 s without)
+PARALLEL_MIN_NODES = 200
+
+
 def run(args: argparse.Namespace) -> int:
     from rlflow.agents.checkpoint import load_agent
     from rlflow.atomic import write_text
@@ -69,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         trained = trained_row(problem.graph, problem.cost, {m: load_trace(p) for m, p in traces.items()},
                               load_trace(args.greedy_trace))
     workers = max(1, min(stage("generalise").cores, os.cpu_count() or 1))
+    if len(problem.graph.nodes) < PARALLEL_MIN_NODES:
+        workers = 1
     t0 = time.perf_counter()
     print(f"generalise: {args.model}: {len(variants)} variant(s), agents {', '.join(agents)}, cost target "
           f"{resolve_target(config)} ({problem.cost.label}); the trained shape "
