@@ -94,6 +94,7 @@ dvc-yaml: $(STAMP)
 default-rules: $(STAMP)
 	$(BIN)/rlflow generate-rules --config config.yaml --out build/default-rules/rules.json
 	gzip -9 -n -c build/default-rules/rules.json > src/rlflow/rewrite/data/default_rules.json.gz
+	$(BIN)/python -m rlflow.pipeline.default_rules --config config.yaml --write
 
 # fill .whl/ with the py3.12 manylinux x86_64 wheels the lent GPU machine lacks (envs/gpu-check-wheels.txt; sdist-only pins are built)
 GPU_WHEEL_PLATFORMS := manylinux_2_34_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_26_x86_64 \

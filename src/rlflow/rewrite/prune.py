@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence  # not typing's: isinstance is 10x slower
+from typing import Any
 
 from rlflow.graph.ops import COMMUTATIVE
 from rlflow.rewrite.rule import MIN_GENERAL_RANK, PatternNode, Rule, bound_ranks

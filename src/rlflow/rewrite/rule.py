@@ -56,7 +56,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence  # not typing's: isinstance is 10x slower
+from typing import Any
 
 import numpy as np
 

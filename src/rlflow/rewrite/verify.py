@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence  # not typing's: isinstance is 10x slower
+from typing import Any
 
 import numpy as np
 
