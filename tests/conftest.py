@@ -27,17 +27,35 @@ def root() -> Path:
     return ROOT
 
 
+def run_folder(tmp_path_factory) -> Path:
+    """The temporary folder of this pytest run that all its pytest-xdist workers share (each worker's base
+    folder is a subfolder of it); without xdist, the run's own base folder."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def tiny_zoo(tmp_path_factory) -> dict:
-    """Every zoo model at its tiny size, exported once per test session (the default dynamo exporter, opset 18),
-    each in a folder of its own (tests/test_zoo.py checks the export leaves nothing beside it): name -> ONNX path.
-    Tests only read these files."""
+    """Every zoo model at its tiny size (the default dynamo exporter, opset 18), each in a folder of its own
+    (tests/test_zoo.py checks the export leaves nothing beside it): name -> ONNX path. Exported once per test
+    run: the first xdist worker to need them exports them under a lock, the others wait and read the same files
+    (each worker exporting its own took about 45 s of the run's CPU). Tests only read these files."""
+    import fcntl
+    import json
+
     from rlflow.graph import zoo
 
-    paths = {}
-    for name in zoo.MODEL_NAMES:
-        paths[name] = tmp_path_factory.mktemp(f"tiny-zoo-{name}") / f"{name}.onnx"
-        zoo.export_model(name, paths[name], zoo.TINY_SIZES[name])
+    shared = run_folder(tmp_path_factory) / "tiny-zoo"
+    shared.mkdir(exist_ok=True)
+    paths = {name: shared / name / f"{name}.onnx" for name in zoo.MODEL_NAMES}
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        done = shared / "done.json"
+        if not done.is_file():
+            for name, path in paths.items():
+                path.parent.mkdir(exist_ok=True)
+                zoo.export_model(name, path, zoo.TINY_SIZES[name])
+            done.write_text(json.dumps(sorted(paths)))
     return paths
 
 
