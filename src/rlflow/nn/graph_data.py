@@ -66,7 +66,7 @@ def to_data(obs: dict, counts: np.ndarray | None = None) -> GraphData:
     links = np.asarray(g.edge_links, np.int64).reshape(-1, 2)
     u = log_metrics(obs["global"]).astype(np.float32).reshape(1, -1)
     data = GraphData(x=torch.from_numpy(x), edge_index=torch.from_numpy(np.ascontiguousarray(links.T)),
-                edge_attr=torch.from_numpy(edges.reshape(len(links), -1)), u=torch.from_numpy(u))
+                     edge_attr=torch.from_numpy(edges.reshape(len(links), -1)), u=torch.from_numpy(u))
     if counts is not None:
         data.y_metrics = data.u.clone()
         data.y_counts = torch.from_numpy(np.log1p(np.asarray(counts, np.float64)).astype(np.float32).reshape(1, -1))

@@ -42,7 +42,7 @@ FORMAT = "rlflow.generalise/1"
 
 
 #: the smallest graph whose variants are scored in parallel processes: a worker starts a fresh interpreter, whose
-#: imports (torch, PyG) take about 10 s on a 2-core CPU, longer than a small graph's variant takes to score here
+#: imports (torch and the rest) take 5-10 s on a 2-core CPU, longer than a small graph's variant takes to score here
 #: (tiny bert, 72 nodes, 2 variants: the stage took 37 s with two workers, 20 s without)
 PARALLEL_MIN_NODES = 200
 
