@@ -415,9 +415,10 @@ def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
             assert r["verdict"] == ("faster" if float(r["ci_high"]) < 1 else "slower" if float(r["ci_low"]) > 1
                                     else "no detectable difference")
             assert float(r["detectable_effect"]) > 0
-    for r in rows:  # the roofline at the cached calibration: compute-bound, flops / 1 GFLOP/s
+    for r in rows:  # the roofline at the cached calibration: compute-bound, flops / 1 GFLOP/s. The CSV's 6
+        # significant digits of each: near a headroom of 0 the recomputed one is off by up to about 1e-6 absolute
         assert float(r["headroom"]) == pytest.approx(1 - float(r["roofline_ms"]) / float(r["latency_ms_median"]),
-                                                     rel=1e-4)
+                                                     rel=1e-4, abs=1e-5)
         if r["method"] in ("original", "original-aa"):
             assert float(r["roofline_ms"]) == pytest.approx(float(r["flops"]) / GEMM * 1e3, rel=1e-5)
     nodes = {r["method"]: int(r["nodes"]) for r in rows}

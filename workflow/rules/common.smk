@@ -109,31 +109,29 @@ def dvc_stage_name(job):
 
 def dvc_commit(config):
     """Record the outputs of every stage in this run's DAG (the targets and all they depend on, which Snakemake
-    has just made or found up to date) in dvc.lock, with `dvc commit --force`. Only when the run's config is
-    exactly config.yaml's (with schema defaults): DVC reads its params from config.yaml, and a lock recording
-    values that were not used would make `dvc status` lie."""
-    import shutil
+    has just made or found up to date) in dvc.lock, as `dvc commit --force --no-relink` does, in one pass
+    (rlflow.pipeline.dvc.commit). Only when the run's config is exactly config.yaml's (with schema defaults): DVC
+    reads its params from config.yaml, and a lock recording values that were not used would make `dvc status` lie."""
+    import importlib.util
     import subprocess
+    import sys
 
     from rlflow.config import load_config
 
     if config != load_config(Path(workflow.basedir) / registry.CONFIG_FILE):
         print("dvc: not recording this run in dvc.lock: its config differs from config.yaml (--configfile/--config)")
         return
-    dvc = shutil.which("dvc")
-    if dvc is None:
-        print("dvc: not recording this run in dvc.lock: no `dvc` on PATH")
+    if importlib.util.find_spec("dvc") is None:
+        print(f"dvc: not recording this run in dvc.lock: DVC is not installed in Snakemake's Python ({sys.executable})")
         return
     stages = sorted({dvc_stage_name(job) for job in workflow.dag.jobs if job.rule.name in registry.STAGES})
     if not stages:
         return
     print(f"dvc: recording {len(stages)} stages in dvc.lock (dvc commit) ...", flush=True)
-    # --no-relink: leave the files alone (relinking them from the cache would give them new modification times,
-    # and Snakemake would then see inputs newer than their outputs and rerun everything)
-    proc = subprocess.run([dvc, "commit", "--force", "--no-relink", "--quiet", *stages], cwd=workflow.basedir,
+    proc = subprocess.run([sys.executable, "-m", "rlflow.pipeline.dvc", "--commit", *stages], cwd=workflow.basedir,
                           capture_output=True, text=True)
     if proc.returncode != 0:
         # the results are fine; only their DVC record failed: say so, do not fail the run
-        print(f"dvc: dvc commit failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+        print(f"dvc: recording failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
     else:
         print("dvc: done; `dvc status` now reports these stages up to date")
