@@ -29,7 +29,7 @@ STAGE_PREFIX = "rlflow.stages."
 
 #: modules of the optional dependency groups (pyproject.toml's optional-dependencies) -> their group; a command
 #: that imports a missing one says which group to install (tests/test_packaging.py checks the map)
-OPTIONAL_MODULES = {"tensorflow": "tf", "jax": "xla", "dvclive": "pipeline", "matplotlib": "pipeline"}
+OPTIONAL_MODULES = {"tensorflow": "tf", "jax": "xla", "dvc": "pipeline", "dvclive": "pipeline", "matplotlib": "pipeline"}
 
 #: the user's tools, listed first in ``rlflow --help``
 USER_COMMANDS = [
