@@ -1,7 +1,7 @@
 """eqsat-rl against eqsat, random schedules and the tree search: extracted cost and optimisation time per zoo model.
 
-Every method saturates under the same budget (the config's eqsat section, or --node-limit / --ilp-limit) and
-extracts with the same ILP (rlflow.search.eqsat_rl). Per model:
+Every method saturates under the same budget (the config's eqsat section, or --node-limit / --ilp-limit /
+--ilp-nodes; --clock-free turns both clocks off) and extracts with the same ILP (rlflow.search.eqsat_rl). Per model:
   eqsat     eqsat's fixed backoff schedule (eqsat_search)
   random    a uniformly random family action per iteration, --random-seeds seeds (mean cost and time; best cost)
   tree      UCT over the first --depth iterations' actions, --simulations leaves scored by the cheap proxy; its
@@ -24,6 +24,7 @@ The table comes last; costs are the cost target's estimate (ms).
   python benchmarks/eqsat_rl.py --load-policy policy.json --models resnet50  # score a kept agent, no training
   python benchmarks/eqsat_rl.py --target ort-cpu --costs-dir costs  # a measured target: one cost cache per model
   python benchmarks/eqsat_rl.py --pool run1.json run2.json run3.json  # time ratios over processes, no search
+  python benchmarks/eqsat_rl.py --clock-free --ilp-nodes 1000     # no clocks: the same graphs on any machine/load
 
 A measured target (ort-cpu, torch-eager, cuda) scores each model with its own cost cache, DIR/<model>.json: made
 first by `rlflow measure-costs` (the pipeline's measure_costs stage, the config's cost section) where missing,
@@ -39,6 +40,7 @@ import platform
 import statistics
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,6 +77,14 @@ def model_cost(cfg: dict, args: argparse.Namespace, name: str, onnx: Path):
         if code != 0:
             raise SystemExit(f"rlflow measure-costs failed for {name} (exit {code})")
     return make_cost_model(cfg, "cpu", cache, kind=args.target)
+
+
+def budget_line(budget: EqsatBudget) -> str:
+    """The budget in words (a 0 limit is none)."""
+    clock = lambda s: f"{s} s" if s else "no clock"  # noqa: E731
+    nodes = f"{budget.ilp_node_limit} nodes" if budget.ilp_node_limit else "no node limit"
+    return (f"{budget.node_limit} e-nodes, {budget.iter_limit} iterations, saturation {clock(budget.time_limit_s)}; "
+            f"ILP {clock(budget.ilp_time_limit_s)}, {nodes}" + (" (clock-free)" if budget.clock_free else ""))
 
 
 def pool(files: list[Path]) -> None:
@@ -114,7 +124,12 @@ def main() -> None:
     ap.add_argument("--costs-dir", type=Path, help="a measured target's cost caches, <model>.json (made where missing)")
     ap.add_argument("--rules", type=Path, default=DEFAULT_RULES, help="default: the shipped rule set")
     ap.add_argument("--node-limit", type=int, default=5000, help="e-nodes (default 5,000: tiny.yaml's cap)")
-    ap.add_argument("--ilp-limit", type=float, default=None, help="ILP seconds (default: the config's)")
+    ap.add_argument("--ilp-limit", type=float, default=None, help="ILP seconds (default: the config's; 0: none)")
+    ap.add_argument("--ilp-nodes", type=int, default=None, metavar="N",
+                    help="the ILP's branch-and-bound nodes per solve (default: the config's; 0: none)")
+    ap.add_argument("--clock-free", action="store_true",
+                    help="no saturation or ILP time limit (needs --ilp-nodes N > 0): every method's graphs are a "
+                         "pure function of the inputs; training rewards weigh time unless --time-weight 0")
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--lr", type=float, default=TrainConfig.lr)
     ap.add_argument("--late-candidates", type=int, default=TrainConfig.late_candidates,
@@ -148,9 +163,18 @@ def main() -> None:
                          "made there by rlflow measure-costs where missing)")
     cfg = load_config(None, [f"cost.target={args.target}"])
     e = cfg["eqsat"]
-    budget = EqsatBudget(node_limit=args.node_limit, iter_limit=e["iter_limit"], time_limit_s=e["time_limit_s"],
-                         ilp_time_limit_s=e["ilp_time_limit_s"] if args.ilp_limit is None else args.ilp_limit,
-                         multi_iterations=e["multi_iterations"])
+    ilp_nodes = e["ilp_node_limit"] if args.ilp_nodes is None else args.ilp_nodes
+    if args.clock_free and (ilp_nodes <= 0 or args.ilp_limit):
+        raise SystemExit("--clock-free: needs --ilp-nodes N > 0 (the ILP's only bound) and no --ilp-limit")
+    try:
+        budget = EqsatBudget(node_limit=args.node_limit, iter_limit=e["iter_limit"],
+                             time_limit_s=0 if args.clock_free else e["time_limit_s"],
+                             ilp_time_limit_s=0 if args.clock_free else
+                             e["ilp_time_limit_s"] if args.ilp_limit is None else args.ilp_limit,
+                             multi_iterations=e["multi_iterations"], ilp_node_limit=ilp_nodes)
+    except RLFlowError as err:
+        raise SystemExit(str(err)) from None
+    print(f"budget: {budget_line(budget)}", flush=True)
     rules = load_rules(args.rules)
     loaded = None
     if args.load_policy:
@@ -190,8 +214,10 @@ def main() -> None:
         row = {"model": name, "held_out": name not in args.train, "initial_ms": ref.initial.runtime_ms,
                "eqsat_ms": ref.final.runtime_ms, "eqsat_s": ref.seconds, "eqsat_stop": ref.stop_reason,
                "eqsat_ilp_optimal": ref.stats.get("ilp_optimal"),
+               "eqsat_ilp_node_limit_reached": ref.stats.get("ilp_node_limit_reached"),
                "learned_ms": learned.final.runtime_ms, "learned_s": learned.seconds,
                "learned_schedule": learned.stats["schedule"], "learned_ilp_optimal": learned.stats.get("ilp_optimal"),
+               "learned_ilp_node_limit_reached": learned.stats.get("ilp_node_limit_reached"),
                "learned_max_rel_diff": check_equal(g, learned.graph),
                "tree_ms": tree.final.runtime_ms if tree else nan, "tree_s": tree.seconds if tree else nan,
                "tree_schedule": tree.stats["schedule"] if tree else None,
@@ -213,18 +239,20 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "history": history, "policy": policy.info}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"rows": rows, "history": history, "policy": policy.info,
+                                         "budget": {**asdict(budget), "clock_free": budget.clock_free}},
+                                        indent=1) + "\n")
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()}-core CPU, python {platform.python_version()} (shared: "
           f"timings under load); {len(rules)} rules; sizes {args.sizes}; target {args.target}; budget: "
-          f"{budget.node_limit} e-nodes, {budget.iter_limit} iterations, {budget.time_limit_s} s, ILP "
-          f"{budget.ilp_time_limit_s} s; tree depth {args.depth}, {args.simulations} simulations; "
+          f"{budget_line(budget)}; tree depth {args.depth}, {args.simulations} simulations; "
           f"{args.random_seeds} random seeds")
     if loaded is not None:
         print(f"learned agent: loaded from {args.load_policy} (trained on {', '.join(args.train)}; its training "
               f"settings: {policy.info.get('train', 'not recorded')})")
     else:
+        reward_ilp = "the budget's own (clock-free)" if budget.clock_free else f"{args.proxy_ilp} s"
         print(f"learned agent: trained on {', '.join(args.train)} ({args.epochs} epochs, lr {args.lr}, all-bias "
-              f"{args.all_bias}, reward ILP {args.proxy_ilp} s, time weight {args.time_weight}, late candidates "
+              f"{args.all_bias}, reward ILP {reward_ilp}, time weight {args.time_weight}, late candidates "
               f"{args.late_candidates}) in {train_s:.1f} s; "
               f"best greedy proxy reward {policy.info['best_greedy_reward']:+.4f}")
     constant = policy.info.get("constant_rewards", {})

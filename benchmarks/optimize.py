@@ -194,7 +194,7 @@ def main() -> None:
         e = cfg["eqsat"]
         print(f"\neqsat vs taso (cost target: {args.target or 'measured per op, cpu'}; eqsat node limit "
               f"{e['node_limit']}, {e['iter_limit']} iterations, {e['time_limit_s']} s, extraction {e['extraction']}, "
-              f"ILP limit {e['ilp_time_limit_s']} s)")
+              f"ILP limit {e['ilp_time_limit_s']} s and {e['ilp_node_limit']} nodes; 0: none)")
         print(f"{'model':<12}{'cost before':>12}{'taso':>10}{'eqsat':>10}{'eqsat/taso':>11}{'taso s':>8}{'eqsat s':>8}"
               f"{'time ratio':>11}{'e-nodes':>8}{'iters':>6}  stop / extraction")
         for r in rows:

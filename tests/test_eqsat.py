@@ -240,6 +240,29 @@ def test_semi_naive_matching_saturates_to_the_same_egraph(tiny_zoo, rules, model
     assert out[0][2]["applied"] > 0
 
 
+class Fusing(AnalyticCost):
+    """A target that groups nodes into kernels: an Add right after a MatMul runs inside the MatMul's kernel for
+    free."""
+
+    additive = False
+
+    def node_costs(self, graph):
+        out = super().node_costs(graph)
+        made = {v: n.op for n in graph.nodes for v in n.outputs}
+        return [(0.0, *c[1:]) if n.op == "Add" and made.get(n.inputs[0]) == "MatMul" else c
+                for n, c in zip(graph.nodes, out)]
+
+
+def mm_add_graph():
+    """Relu(MatMul(x, w) + b): the Add fuses into the MatMul on :class:`Fusing`."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("mm-add")
+    x = b.input("x", (16, 64))
+    h = b.op("Add", [b.op("MatMul", [x, b.const("w", rng.standard_normal((64, 64)).astype(np.float32))]),
+                     b.const("b", rng.standard_normal((64,)).astype(np.float32))])
+    return b.build([b.op("Relu", [h])])
+
+
 def test_on_a_fusing_target_the_ilp_costs_seen_ops_in_context():
     """On a target that groups nodes into kernels (ort-cpu) an op costs less fused with its producer, which an
     additive extraction cannot see. The ILP then costs the input's ops (and each extracted graph's) as they cost
@@ -248,23 +271,7 @@ def test_on_a_fusing_target_the_ilp_costs_seen_ops_in_context():
 
     from rlflow.search.eqsat import _Costs, graph_instances, saturate
 
-    class Fusing(AnalyticCost):
-        """An Add right after a MatMul runs inside the MatMul's kernel for free."""
-
-        additive = False
-
-        def node_costs(self, graph):
-            out = super().node_costs(graph)
-            made = {v: n.op for n in graph.nodes for v in n.outputs}
-            return [(0.0, *c[1:]) if n.op == "Add" and made.get(n.inputs[0]) == "MatMul" else c
-                    for n, c in zip(graph.nodes, out)]
-
-    rng = np.random.default_rng(3)
-    b = GraphBuilder("mm-add")
-    x = b.input("x", (16, 64))
-    h = b.op("Add", [b.op("MatMul", [x, b.const("w", rng.standard_normal((64, 64)).astype(np.float32))]),
-                     b.const("b", rng.standard_normal((64,)).astype(np.float32))])
-    g = b.build([b.op("Relu", [h])])
+    g = mm_add_graph()
     cost = Fusing("cpu")
     eg, _ = graph_to_egraph(g)
     saturate(eg, BUILTIN, 10_000, 8, time.perf_counter() + 60, 2)
@@ -437,3 +444,110 @@ def test_eqsat_fuses_a_bias_added_on_either_side():
         assert r.graph.op_counts() == {"Gemm": 1} and check_equal(g, r.graph) <= 1e-5
         results.append(r)
     assert results[0].final.runtime_ms == results[1].final.runtime_ms < results[0].initial.runtime_ms
+
+
+# ------------------------------------------------------------------ the ILP's limits: the clock-free budget
+#: a weighted set cover that HiGHS does not solve at its root node: 15 sets (their weights) and 40 elements, each
+#: in the 4 sets its hex digits name
+COVER_WEIGHTS = [9, 10, 15, 19, 1, 3, 16, 19, 5, 6, 17, 9, 6, 16, 5]
+COVER = ("1874 4ab6 6e13 237a 36d1 4918 461d 56b8 5ba0 0469 73a5 d6b8 09db 256a 8cae c730 b8e5 8cbe 0165 06c7 "
+         "dcb6 9c3b 094b e4a1 5e72 6815 074a b94a dc74 2e03 b32a 1064 5286 e643 6210 e4c8 92ba 4dab 1680 36ab")
+
+
+def cover_egraph():
+    """:data:`COVER` as an e-graph: set j is Relu(s_j) (its weight the cost), element i a root class holding
+    Add(set, x_i) for each of its sets (0.01 each): the ILP picks the cheapest sets covering every element.
+    Returns (e-graph, roots, costs: a stand-in for ``_Costs``)."""
+    from rlflow.graph.types import TensorType
+    from rlflow.search.eqsat import EGraph
+
+    t = TensorType((4,))
+    eg = EGraph()
+    ins = [eg.add_input(f"s{j}", t) for j in range(len(COVER_WEIGHTS))]
+    sets = [eg.add_op("Relu", {}, [c])[0] for c in ins]
+    roots = []
+    for i, elem in enumerate(COVER.split()):
+        x = eg.add_input(f"x{i}", t)
+        options = [eg.add_op("Add", {}, [sets[int(j, 16)], x])[0] for j in elem]
+        for o in options[1:]:
+            eg.union(options[0], o)
+        roots.append(options[0])
+    eg.rebuild()
+    weight = {eg.find(c): float(w) for c, w in zip(ins, COVER_WEIGHTS)}
+
+    class Costs:
+        def of(self, inst):
+            return weight[inst[3][0]] if inst[0] == "Relu" else 0.01
+
+    return eg, [eg.find(r) for r in roots], Costs()
+
+
+def test_the_ilp_node_limit_reaches_highs():
+    """ilp_node_limit is HiGHS's branch-and-bound node limit: at 1 node this ILP stops before proving its answer
+    (the statistics say the node limit was reached) with a feasible, costlier answer; at 0 (none) it is solved to
+    optimality. Neither has a clock."""
+    from rlflow.search.eqsat import find_cycles, ilp_extract
+
+    eg, roots, costs = cover_egraph()
+    cut, s1 = ilp_extract(eg, roots, costs, 0, node_limit=1)
+    best, s0 = ilp_extract(eg, roots, costs, 0, node_limit=0)
+    assert s1["ilp_node_limit_reached"] and not s1["ilp_optimal"] and s1["ilp_nodes"] >= 1
+    assert s1["ilp_message"].startswith("Node limit reached.") and "HiGHS Status 16" in s1["ilp_message"]
+    assert s0["ilp_optimal"] and not s0["ilp_node_limit_reached"]
+    assert s1["ilp_objective"] > s0["ilp_objective"] + 1.0
+    assert cut is not None and not find_cycles(eg, roots, cut) and best is not None
+    assert ilp_extract(eg, roots, costs, 0, node_limit=1)[0] == cut  # the same answer every time
+
+
+def test_ilp_time_limit_0_is_no_time_limit(monkeypatch):
+    """ilp_time_limit_s 0 means no ILP clock (as time_limit_s 0 means no saturation clock): HiGHS gets no
+    time_limit (it used to get 0.1 s), and on a target that fuses kernels the re-extractions are not cut short
+    (they stopped after the first once the clock was spent: at once, for 0). ilp_node_limit reaches milp as
+    node_limit; 0 passes none."""
+    import scipy.optimize
+
+    seen = []
+    milp = scipy.optimize.milp
+
+    def spy(*args, options=None, **kw):
+        seen.append(dict(options))
+        return milp(*args, options=options, **kw)
+
+    monkeypatch.setattr(scipy.optimize, "milp", spy)
+    g = mm_add_graph()
+    r = eqsat_search(g, BUILTIN, Fusing("cpu"), time_limit_s=0, ilp_time_limit_s=0)
+    assert r.stats["extraction_rounds"] >= 2 and len(seen) == r.stats["extraction_rounds"]
+    assert all("time_limit" not in o and "node_limit" not in o for o in seen)
+    assert r.settings["ilp_time_limit_s"] == 0 and r.settings["ilp_node_limit"] == 0
+    seen.clear()
+    r = eqsat_search(g, BUILTIN, AnalyticCost("cpu"), ilp_time_limit_s=5, ilp_node_limit=7)
+    assert [o["node_limit"] for o in seen] == [7] and 0 < seen[0]["time_limit"] <= 5
+    assert r.settings["ilp_node_limit"] == 7 and r.stats["ilp_node_limit_reached"] is False
+    with pytest.raises(ValueError, match="ilp_node_limit"):
+        eqsat_search(g, BUILTIN, AnalyticCost("cpu"), ilp_node_limit=-1)
+
+
+def test_the_config_key_ilp_node_limit_reaches_eqsat():
+    from rlflow.config import load_config
+    from rlflow.errors import RLFlowError
+    from rlflow.stages.search_common import eqsat_settings
+
+    assert eqsat_settings(load_config(None))["ilp_node_limit"] == 0
+    assert eqsat_settings(load_config(None, ["eqsat.ilp_node_limit=500"]))["ilp_node_limit"] == 500
+    for bad in ("-1", "1.5"):
+        with pytest.raises(RLFlowError) as e:
+            load_config(None, [f"eqsat.ilp_node_limit={bad}"])
+        assert "\n" not in str(e.value) and "eqsat.ilp_node_limit" in str(e.value)
+
+
+CLOCK_FREE = dict(node_limit=3000, iter_limit=4, time_limit_s=0, ilp_time_limit_s=0, ilp_node_limit=1)
+
+
+def test_a_clock_free_budget_gives_the_same_graph_every_time():
+    """No saturation or ILP clock and an ILP node limit: the graph is a pure function of the inputs (another
+    process, whatever its string hashes, gets it too: PYTHONHASHSEED=1 and 2 gave the same graph)."""
+    g = shared_input_graph()
+    a, b = (eqsat_search(g, BUILTIN, AnalyticCost("cpu"), **CLOCK_FREE) for _ in range(2))
+    assert a.graph.structural_hash() == b.graph.structural_hash() and a.stats["ilp_nodes"] == b.stats["ilp_nodes"]
+    assert a.settings["time_limit_s"] == a.settings["ilp_time_limit_s"] == 0 and a.settings["ilp_node_limit"] == 1
+    assert a.final.runtime_ms < a.initial.runtime_ms and check_equal(g, a.graph) <= 1e-5

@@ -352,3 +352,50 @@ def test_stage_search_eqsat_rl_runs_the_tree_search_with_the_eqsat_section(tmp_p
 
     cfg = load_config(None, ["eqsat.rl_leaves=5"])  # the schema's defaults
     assert "rl_leaves" not in eqsat_settings(cfg) and eqsat_settings(cfg, "eqsat-rl")["rl_leaves"] == 5
+
+
+# ------------------------------------------------------------------ the clock-free budget
+CLOCK_FREE = EqsatBudget(node_limit=2000, iter_limit=6, time_limit_s=0, ilp_time_limit_s=0, ilp_node_limit=50)
+
+
+def test_the_budget_carries_the_ilp_node_limit():
+    assert CLOCK_FREE.search_kwargs()["ilp_node_limit"] == 50 and BUDGET.search_kwargs()["ilp_node_limit"] == 0
+    assert CLOCK_FREE.clock_free and not BUDGET.clock_free
+    assert not replace(CLOCK_FREE, ilp_node_limit=0).clock_free  # no clock, but nothing bounds the ILP
+    assert not replace(CLOCK_FREE, time_limit_s=30).clock_free
+    with pytest.raises(RLFlowError, match="ilp_node_limit >= 0") as e:
+        EqsatBudget(ilp_node_limit=-1)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("budget, ilp_s, want", [
+    (BUDGET, 3.0, (3.0, 0)),                                    # the proxy's clock is the shorter one
+    (replace(BUDGET, ilp_time_limit_s=2.0), 3.0, (2.0, 0)),
+    (replace(BUDGET, ilp_time_limit_s=0), 3.0, (3.0, 0)),       # no ILP clock: the proxy's (min(0, 3) was 0)
+    (replace(BUDGET, ilp_node_limit=50), 3.0, (3.0, 50)),       # the node limit is kept
+    (replace(BUDGET, ilp_time_limit_s=0, ilp_node_limit=50), 0, (0, 50)),  # ilp_s 0: no proxy clock either
+    (CLOCK_FREE, 3.0, (0, 50)),                                 # clock-free: its own ILP, no clock
+])
+def test_the_proxy_ilp_is_the_shorter_one(monkeypatch, budget, ilp_s, want):
+    from types import SimpleNamespace
+
+    seen = []
+
+    def run(graph, rules, cost, choose, b):
+        seen.append(b)
+        return SimpleNamespace(final=SimpleNamespace(runtime_ms=1.0), seconds=0.0), None
+
+    monkeypatch.setattr(eqsat_rl, "run_schedule", run)
+    eqsat_rl.proxy_cost(None, BUILTIN, None, _fixed([]), budget, ilp_s)
+    assert (seen[0].ilp_time_limit_s, seen[0].ilp_node_limit) == want
+    assert replace(seen[0], ilp_time_limit_s=budget.ilp_time_limit_s) == budget  # nothing else changes
+
+
+def test_a_clock_free_budget_gives_eqsat_rl_the_same_graph_every_time():
+    g, cost = shared_input_graph(), AnalyticCost("cpu")
+    t1, t2 = (tree_search(g, BUILTIN, cost, CLOCK_FREE, depth=1, simulations=3, seed=2) for _ in range(2))
+    assert t1.graph.structural_hash() == t2.graph.structural_hash() and t1.stats["schedule"] == t2.stats["schedule"]
+    assert t1.settings["ilp_node_limit"] == 50 and t1.settings["ilp_time_limit_s"] == 0
+    ref = eqsat_search(g, BUILTIN, cost, **CLOCK_FREE.search_kwargs())
+    untrained = eqsat_rl_search(g, BUILTIN, cost, LinearPolicy.untrained(), CLOCK_FREE)
+    assert untrained.graph.structural_hash() == ref.graph.structural_hash()  # (its schedule is eqsat's)

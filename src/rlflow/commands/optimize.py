@@ -9,7 +9,8 @@ paths of one rewrite at a time):
   greedy  apply the best cost-lowering rewrite until none lowers the cost
   eqsat   equality saturation over the rules (Tensat), then the cheapest graph the e-graph holds, extracted by
           an ILP (HiGHS), cycles filtered out during saturation (config section eqsat: node_limit, iter_limit, time_limit_s,
-          multi_iterations, extraction, ilp_time_limit_s; set them with --set eqsat.node_limit=...)
+          multi_iterations, extraction, ilp_time_limit_s, ilp_node_limit; set them with --set eqsat.node_limit=...;
+          time limits 0 and an ILP node limit: the same result on any machine and load)
   eqsat-rl  equality saturation whose rule families (multi-pattern, conv, matmul, concat-split, transpose,
           elementwise, other) an agent picks per iteration, under the same eqsat settings, then the same ILP
           (rlflow.search.eqsat_rl): with --agent POLICY.json a learned policy (benchmarks/eqsat_rl.py

@@ -459,7 +459,7 @@ SCORING_PARAMS = {"seed": "seed", "device": "device", "target": "cost.target", "
                   "peak": "cost.peak"}
 #: what equality saturation reads (search_eqsat and search_eqsat_rl)
 EQSAT_PARAMS = {k: f"eqsat.{k}" for k in ("node_limit", "iter_limit", "time_limit_s", "multi_iterations", "extraction",
-                                          "ilp_time_limit_s")}
+                                          "ilp_time_limit_s", "ilp_node_limit")}
 PROBLEM_ARGS = (("--model", "{model}"), ("--onnx", "{input.onnx}"), ("--rules", "{input.rules}"),
                 ("--costs", "{input.costs}"))
 

@@ -30,8 +30,8 @@ choice), so saturation only stops once no rule of any family matches anything ne
 chooses between ``all`` and ``stop`` only (a restricted action has had its fixpoint: alternating it with forced
 ``all`` iterations would only spend iterations).
 
-**Agents.** All run under the same :class:`EqsatBudget` (node, iteration and time limits, ILP time limit) as
-eqsat, and extract with the same ILP:
+**Agents.** All run under the same :class:`EqsatBudget` (node, iteration and time limits, the ILP's time and
+node limits) as eqsat, and extract with the same ILP:
 
 - the learned policy (:class:`LinearPolicy`): a softmax over actions, linear in the iteration's features
   (:meth:`FamilyScheduler.features`: iteration, e-graph size and growth against the node limit, whether a
@@ -46,7 +46,8 @@ eqsat, and extract with the same ILP:
   schedule is the first leaf, so the proxy of the schedule chosen is never worse than eqsat's;
 - random schedules (:func:`random_schedule_search`): a uniformly random present action per iteration.
 
-Everything is deterministic for a given seed (unless a time limit cuts saturation or the ILP).
+Everything is deterministic for a given seed (unless a time limit cuts saturation or the ILP; a clock-free
+budget, :attr:`EqsatBudget.clock_free`, has none, its proxy included).
 """
 
 from __future__ import annotations
@@ -142,18 +143,26 @@ class EqsatBudget:
     node_limit: int = 50_000       # e-nodes
     iter_limit: int = 15           # runner iterations
     time_limit_s: float = 60.0     # saturation seconds (0 = none)
-    ilp_time_limit_s: float = 60.0
+    ilp_time_limit_s: float = 60.0  # the ILP's seconds (0 = none)
     multi_iterations: int = 2      # iterations in which multi-pattern rules may run
+    ilp_node_limit: int = 0        # the ILP's branch-and-bound nodes per solve (0 = none)
 
     def __post_init__(self):
         if self.node_limit < 1 or self.iter_limit < 1 or self.time_limit_s < 0 or self.ilp_time_limit_s < 0 \
-                or self.multi_iterations < 0:
-            raise RLFlowError("eqsat-rl: need node_limit >= 1, iter_limit >= 1, time limits >= 0 and "
-                              "multi_iterations >= 0")
+                or self.multi_iterations < 0 or self.ilp_node_limit < 0:
+            raise RLFlowError("eqsat-rl: need node_limit >= 1, iter_limit >= 1, time limits >= 0, "
+                              "multi_iterations >= 0 and ilp_node_limit >= 0")
+
+    @property
+    def clock_free(self) -> bool:
+        """No clock (saturation and ILP time limits 0) and an ILP node limit: every schedule's answer is a pure
+        function of the inputs, whatever the machine's speed and load."""
+        return not self.time_limit_s and not self.ilp_time_limit_s and self.ilp_node_limit > 0
 
     def search_kwargs(self) -> dict:
         return {"node_limit": self.node_limit, "iter_limit": self.iter_limit, "time_limit_s": self.time_limit_s,
-                "ilp_time_limit_s": self.ilp_time_limit_s, "multi_iterations": self.multi_iterations}
+                "ilp_time_limit_s": self.ilp_time_limit_s, "multi_iterations": self.multi_iterations,
+                "ilp_node_limit": self.ilp_node_limit}
 
 
 #: choose(iteration, features (D,), mask (A,)) -> action index
@@ -353,18 +362,28 @@ class TrainConfig:
     lr: float = 0.5        # step size on the normalised advantages
     all_bias: float = 2.0  # the initial logit of the start action (the others 0): sampling explores near it
     seed: int = 0
-    proxy_ilp_s: float = PROXY_ILP_S  # the ILP's seconds in the rewards (the budget's own limit: no proxy)
+    proxy_ilp_s: float = PROXY_ILP_S  # the ILP's seconds in the rewards (the budget's own limit: no proxy;
+    #                                   a clock-free budget's rewards use its own ILP: see proxy_cost)
     time_weight: float = TIME_WEIGHT  # the reward's weight on optimisation time (see train_policy)
     constant_start: bool = True  # score every constant schedule first and start from the best (see train_policy)
     late_candidates: int = 3  # the best constant schedules also scored stopping at their fixpoint
 
 
+def _tighter(a: float, b: float) -> float:
+    """The tighter of two limits, 0 meaning none."""
+    return min(a, b) if a and b else a or b
+
+
 def proxy_cost(graph: Graph, rules: Sequence[Rule], cost: CostModel, choose: Chooser, budget: EqsatBudget,
                ilp_s: float = PROXY_ILP_S) -> tuple[float, float, FamilyScheduler]:
     """The cheap proxy of a schedule: the cost (ms) of the graph the ILP extracts in at most ``ilp_s`` seconds
-    after saturating with it (the greedy extraction, cheaper still, kept the input's cost on most tiny zoo
-    models, where the ILP found a gain: too flat to steer by), the seconds it took, and the scheduler."""
-    short = replace(budget, ilp_time_limit_s=min(budget.ilp_time_limit_s, ilp_s))
+    (0: no limit; the budget's ILP time limit if that is shorter, its node limit kept) after saturating with it
+    (the greedy extraction, cheaper still, kept the input's cost on most tiny zoo models, where the ILP found a
+    gain: too flat to steer by), the seconds it took, and the scheduler. A clock-free budget
+    (:attr:`EqsatBudget.clock_free`) gets no ILP clock here either: its own ILP, so that the schedules chosen by
+    its proxy do not depend on the machine's speed and load."""
+    short = budget if budget.clock_free else \
+        replace(budget, ilp_time_limit_s=_tighter(budget.ilp_time_limit_s, ilp_s))
     r, sched = run_schedule(graph, rules, cost, choose, short)
     return r.final.runtime_ms, r.seconds, sched
 

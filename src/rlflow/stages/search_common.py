@@ -108,7 +108,8 @@ def config_used(config: dict, method: str, alpha: float, budget: int, limit: flo
 def eqsat_settings(config: dict, method: str = "eqsat") -> dict:
     """The config's ``eqsat`` section as keyword arguments of :func:`rlflow.search.eqsat.eqsat_search`; for
     ``eqsat-rl`` also ``rl_leaves`` (its tree search's leaves: :func:`rlflow.search.output.run_method`)."""
-    keys = ("node_limit", "iter_limit", "time_limit_s", "multi_iterations", "extraction", "ilp_time_limit_s")
+    keys = ("node_limit", "iter_limit", "time_limit_s", "multi_iterations", "extraction", "ilp_time_limit_s",
+            "ilp_node_limit")
     return {k: get(config, f"eqsat.{k}") for k in keys + (("rl_leaves",) if method == "eqsat-rl" else ())}
 
 

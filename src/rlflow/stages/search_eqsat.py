@@ -4,7 +4,8 @@ Every rule is applied everywhere at once in an e-graph (no choice between rewrit
 e-graph saturates or reaches eqsat.node_limit e-nodes, eqsat.iter_limit iterations or eqsat.time_limit_s
 seconds (cycles among its classes filtered out as Tensat does); then the cheapest graph it holds under the
 cost target is extracted by an ILP (HiGHS; greedy extraction if the ILP finds nothing within
-eqsat.ilp_time_limit_s). The result,
+eqsat.ilp_time_limit_s and eqsat.ilp_node_limit; with both time limits 0 and a node limit, the result does not
+depend on the machine's speed or load). The result,
 weight-only nodes folded, is checked equal to the original under onnxruntime before anything is written.
 
 Reads these config keys: seed, device, cost.*, eqsat.*.

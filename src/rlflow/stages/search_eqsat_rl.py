@@ -2,11 +2,13 @@
 search_eqsat_rl), then the same ILP extraction as search_eqsat.
 
 The same e-graph runner, budget (eqsat.node_limit, eqsat.iter_limit, eqsat.time_limit_s, eqsat.multi_iterations)
-and extraction (eqsat.extraction, eqsat.ilp_time_limit_s) as search_eqsat, on the configured cost target; only the
-schedule differs: UCT over the first iterations' actions (all rule families, one family only, or all but one;
-rlflow.search.eqsat_rl.tree_search, MCTS-GEB style) scores eqsat.rl_leaves schedules, each a whole saturation with a
-short ILP (eqsat's own schedule is the first, so the schedule chosen is never worse than eqsat's on that proxy),
-then runs the best one with the full ILP. No trained policy is needed (``rlflow optimize --method eqsat-rl --agent
+and extraction (eqsat.extraction, eqsat.ilp_time_limit_s, eqsat.ilp_node_limit) as search_eqsat, on the
+configured cost target; only the schedule differs: UCT over the first iterations' actions (all rule families, one
+family only, or all but one; rlflow.search.eqsat_rl.tree_search, MCTS-GEB style) scores eqsat.rl_leaves schedules,
+each a whole saturation with a short ILP (eqsat's own schedule is the first, so the schedule chosen is never worse
+than eqsat's on that proxy), then runs the best one with the full ILP. With both time limits 0 and an ILP node
+limit (the clock-free budget) every ILP, the short ones included, is the full one without a clock: the result does
+not depend on the machine's speed or load. No trained policy is needed (``rlflow optimize --method eqsat-rl --agent
 POLICY.json`` runs a learned one). The tree search's time is part of the optimisation time. The result, weight-only
 nodes folded, is checked equal to the original under onnxruntime before anything is written, and checked never
 slower as every search stage's is.

@@ -53,15 +53,18 @@ __all__ = ["BAN_LENGTH", "EXTRACTION_ROUNDS", "RULE_MATCH_LIMIT", "TIE_COST_MS",
 def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, node_limit: int = 50_000,
                  iter_limit: int = 15, time_limit_s: float = 60.0, ilp_time_limit_s: float = 60.0,
                  multi_iterations: int = 2, extraction: str = "ilp", scheduler: Scheduler | None = None,
-                 method: str = "eqsat") -> SearchResult:
-    """Equality saturation then extraction; see the module docstring. Deterministic for given inputs (unless a
-    time limit cuts saturation or the ILP). ``scheduler``: which rules run in each iteration (default: the backoff
-    scheduler with ``multi_iterations``; :mod:`rlflow.search.eqsat_rl` passes its agent's), ``method`` the
-    result's method name."""
-    if node_limit < 1 or iter_limit < 0 or time_limit_s < 0 or ilp_time_limit_s < 0 or multi_iterations < 0 \
-            or extraction not in ("ilp", "greedy"):
-        raise ValueError("eqsat_search: need node_limit >= 1, iter_limit, time limits, multi_iterations >= 0 and "
-                         "extraction ilp | greedy")
+                 method: str = "eqsat", ilp_node_limit: int = 0) -> SearchResult:
+    """Equality saturation then extraction; see the module docstring. ``time_limit_s`` (saturation) and
+    ``ilp_time_limit_s`` (the ILP) are clocks, ``ilp_node_limit`` the ILP's branch-and-bound nodes per solve; 0
+    is no limit for each. Deterministic for given inputs unless a clock cuts saturation or the ILP: with both
+    clocks 0 (a *clock-free budget*; bound the ILP by ``ilp_node_limit`` instead) the answer does not depend on
+    the machine's speed or load. ``scheduler``: which rules run in each iteration (default: the backoff scheduler
+    with ``multi_iterations``; :mod:`rlflow.search.eqsat_rl` passes its agent's), ``method`` the result's method
+    name."""
+    if node_limit < 1 or iter_limit < 0 or time_limit_s < 0 or ilp_time_limit_s < 0 or ilp_node_limit < 0 \
+            or multi_iterations < 0 or extraction not in ("ilp", "greedy"):
+        raise ValueError("eqsat_search: need node_limit >= 1, iter_limit, time limits, ilp_node_limit, "
+                         "multi_iterations >= 0 and extraction ilp | greedy")
     t0 = time.perf_counter()
     initial = cost_model.graph_metrics(graph)
     eg, roots = graph_to_egraph(graph)
@@ -73,7 +76,8 @@ def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, nod
     stop = runner.run()
     t_sat = time.perf_counter() - t0
     roots = [eg.find(c) for c in roots]
-    extracted, extracted_ms, ext = extract_best(eg, roots, graph, cost_model, extraction, ilp_time_limit_s)
+    extracted, extracted_ms, ext = extract_best(eg, roots, graph, cost_model, extraction, ilp_time_limit_s,
+                                                ilp_node_limit)
     t_ext = time.perf_counter() - t0 - t_sat
     final_graph, final = finish(extracted, cost_model)
     kept_input = False
@@ -91,8 +95,8 @@ def eqsat_search(graph: Graph, rules: Sequence[Rule], cost_model: CostModel, nod
         seconds=time.perf_counter() - t0, generated=sat["matches"], kept=sat["applied"], stop_reason=stop.value,
         nodes_before=len(graph.nodes), nodes_after=len(final_graph.nodes),
         settings={"node_limit": node_limit, "iter_limit": iter_limit, "time_limit_s": time_limit_s,
-                  "ilp_time_limit_s": ilp_time_limit_s, "multi_iterations": multi_iterations,
-                  "extraction": extraction},
+                  "ilp_time_limit_s": ilp_time_limit_s, "ilp_node_limit": ilp_node_limit,
+                  "multi_iterations": multi_iterations, "extraction": extraction},
         stats=stats)
 
 

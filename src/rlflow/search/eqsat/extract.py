@@ -5,9 +5,9 @@ instance costs its ``cost_model.alone_ms`` (weight-only instances are free, as t
 once however many of its outputs are used. An integer linear program (HiGHS through ``scipy.optimize.milp``)
 chooses op instances: each output class has a chosen one, and so has every class a chosen one reads. Classes
 holding a graph input or a weight, and weight-only classes (folded after extraction anyway), are left out of it
-(see :func:`ilp_extract`). If the ILP is not solved to optimality within its time limit its best feasible
-answer is used, and if it has none, a greedy extraction (:func:`greedy_extract`: Knuth's generalisation of
-Dijkstra, acyclic by construction) is. :func:`to_graph` turns a choice into an IR graph.
+(see :func:`ilp_extract`). If the ILP is not solved to optimality within its limits (time, branch-and-bound
+nodes) its best feasible answer is used, and if it has none, a greedy extraction (:func:`greedy_extract`:
+Knuth's generalisation of Dijkstra, acyclic by construction) is. :func:`to_graph` turns a choice into an IR graph.
 """
 
 from __future__ import annotations
@@ -207,13 +207,26 @@ def ilp_candidates(eg: EGraph, roots: Sequence[int], costs: _Costs, free: dict[i
     return {c: cand[c] for c in sorted(cand)}
 
 
-def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: float
+def _seconds_left(limit_s: float, t0: float) -> float:
+    """What is left of a ``limit_s`` seconds clock started at ``t0`` (:func:`time.perf_counter`), 0.1 s at least;
+    0 if ``limit_s`` is 0 (no clock), as every time limit here is given."""
+    return max(limit_s - (time.perf_counter() - t0), 0.1) if limit_s else 0.0
+
+
+def _clock_spent(limit_s: float, t0: float) -> bool:
+    """True once a ``limit_s`` seconds clock started at ``t0`` has run out (never if ``limit_s`` is 0)."""
+    return bool(limit_s) and time.perf_counter() - t0 >= limit_s
+
+
+def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: float, node_limit: int = 0
                 ) -> tuple[dict[int, Key] | None, dict[str, Any]]:
     """Tensat's ILP over :func:`ilp_candidates`, the :func:`free_choice` classes left out. One binary variable
     per single-output e-node and one per multi-output op instance (its outputs' e-nodes share it), each paying
     its instance's cost; each output class has a chosen variable (one of its e-nodes', or an instance's with
     an output in it), and so does every non-free class a chosen variable reads. Solved by HiGHS to optimality
-    or until ``time_limit_s`` is up (its best answer is then used). Cycles: saturation's cycle filtering
+    or until ``time_limit_s`` is up or a solve has explored ``node_limit`` branch-and-bound nodes (its best
+    answer is then used; 0: no such limit; only the node limit makes the answer independent of the machine's
+    speed and load). Cycles: saturation's cycle filtering
     (:meth:`EGraph.remove_cycles`) leaves none among the classes; for any other e-graph acyclicity is enforced
     lazily: while the answer has cycles, a cut per cycle forbids its variables together (their sum <= length - 1)
     and the ILP is solved again, within ``time_limit_s`` in all. (Tensat's own big-M order variables per class
@@ -261,18 +274,28 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
         for d in sorted({d for d in s[3] if d >= 0 and d not in free}):  # so has each class it reads
             row([(u, 1.0) for u in of_class[d] if u != v] + [(v, -1.0)], 0.0, np.inf)
     stats: dict[str, Any] = {"ilp_variables": nv, "ilp_enodes": sum(map(len, classes.values())),
-                             "ilp_free_classes": len(free), "ilp_cycle_cuts": 0, "ilp_solves": 0}
+                             "ilp_free_classes": len(free), "ilp_cycle_cuts": 0, "ilp_solves": 0, "ilp_nodes": 0}
     choice: dict[int, Key] | None = None
     while True:
-        left = time_limit_s - (time.perf_counter() - t0)
+        options: dict[str, Any] = {"disp": False, "mip_detect_symmetry": False}  # no time_limit, node_limit: none
+        if time_limit_s:
+            options["time_limit"] = _seconds_left(time_limit_s, t0)
+        if node_limit:
+            options["node_limit"] = node_limit
         a = coo_array((vals, (rows, cols)), shape=(len(lo), nv)).tocsr()
         with warnings.catch_warnings():  # scipy warns that it passes mip_detect_symmetry to HiGHS verbatim
             warnings.simplefilter("ignore", RuntimeWarning)
             res = milp(cvec, constraints=LinearConstraint(a, lo, hi), integrality=np.ones(nv),
-                       bounds=Bounds(np.zeros(nv), np.ones(nv)),
-                       options={"time_limit": max(left, 0.1), "disp": False, "mip_detect_symmetry": False})
-        stats.update(ilp_constraints=len(lo), ilp_status=int(res.status), ilp_message=str(res.message),
-                     ilp_optimal=res.status == 0, ilp_solves=stats["ilp_solves"] + 1,
+                       bounds=Bounds(np.zeros(nv), np.ones(nv)), options=options)
+        nodes = int(getattr(res, "mip_node_count", 0) or 0)
+        # HiGHS stops once a solve has explored node_limit nodes: its status 16, which scipy 1.17 calls "not
+        # recognized" (status 4); its own words follow in the message
+        at_node_limit = bool(node_limit) and res.status != 0 and nodes >= node_limit
+        message = "Node limit reached. " + str(res.message).rpartition("not recognized. ")[2] if at_node_limit \
+            else str(res.message)
+        stats.update(ilp_constraints=len(lo), ilp_status=int(res.status), ilp_message=message,
+                     ilp_optimal=res.status == 0, ilp_node_limit_reached=at_node_limit,
+                     ilp_nodes=stats["ilp_nodes"] + nodes, ilp_solves=stats["ilp_solves"] + 1,
                      ilp_objective=None if res.x is None else float(res.fun),
                      ilp_gap=None if res.x is None else float(getattr(res, "mip_gap", 0.0) or 0.0))
         if res.x is None:
@@ -290,7 +313,7 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
             stats["ilp_cycle_cuts"] += 1
             vs = sorted({var[k] for k in cycle if k in var})
             row([(v, 1.0) for v in vs], 0.0, len(vs) - 1.0)
-        if time.perf_counter() - t0 >= time_limit_s:
+        if _clock_spent(time_limit_s, t0):
             choice = None
             stats.update(ilp_optimal=False, ilp_message="time limit reached with a cyclic answer")
             break
@@ -377,14 +400,16 @@ EXTRACTION_ROUNDS = 4
 
 
 def extract_best(eg: EGraph, roots: Sequence[int], original: Graph, cost_model: CostModel, extraction: str,
-                 ilp_time_limit_s: float) -> tuple[Graph | None, float, dict[str, Any]]:
-    """The graph extracted from ``eg`` (by ``extraction``: ilp | greedy, greedy if the ILP finds no answer in
-    ``ilp_time_limit_s``) that is cheapest on ``cost_model``; its cost; the extraction's statistics.
+                 ilp_time_limit_s: float, ilp_node_limit: int = 0) -> tuple[Graph | None, float, dict[str, Any]]:
+    """The graph extracted from ``eg`` (by ``extraction``: ilp | greedy, greedy if the ILP finds no answer within
+    ``ilp_time_limit_s`` in all and ``ilp_node_limit`` branch-and-bound nodes per solve; 0: no such limit) that is
+    cheapest on ``cost_model``; its cost; the extraction's statistics.
 
     A target that groups nodes into kernels (ort-cpu) is not additive: an op costs less fused with its
     neighbours. After the first extraction (each op on its own, as Tensat), the ILP costs the input's ops as they
     cost inside the input and extracts again; then, in turn, the ops of each graph extracted since as they cost
-    inside it; EXTRACTION_ROUNDS extractions at most; the graph cheapest on the target is kept."""
+    inside it; EXTRACTION_ROUNDS extractions at most, fewer if the ILP's clock runs out; the graph cheapest on the
+    target is kept."""
     costs = _Costs(eg, cost_model)
     fuses = not cost_model.additive
     ext: dict[str, Any] = {"extraction": extraction, "extraction_rounds": 0}
@@ -393,11 +418,11 @@ def extract_best(eg: EGraph, roots: Sequence[int], original: Graph, cost_model: 
     while True:
         choice = None
         if extraction == "ilp":
-            choice, ilp = ilp_extract(eg, roots, costs, max(ilp_time_limit_s - (time.perf_counter() - t_ilp), 0.1))
+            choice, ilp = ilp_extract(eg, roots, costs, _seconds_left(ilp_time_limit_s, t_ilp), ilp_node_limit)
             if extracted is None or choice is not None:
                 ext.update(ilp)
             if choice is None and extracted is None:
-                ext["extraction"] = "greedy (the ILP found no solution in its time limit)"
+                ext["extraction"] = "greedy (the ILP found no solution within its limits)"
         if choice is None and extracted is None:
             choice = greedy_extract(eg, costs)
         ext["extraction_rounds"] += 1
@@ -409,7 +434,7 @@ def extract_best(eg: EGraph, roots: Sequence[int], original: Graph, cost_model: 
             extracted, extracted_ms = g, ms
         key = frozenset(choice.items())
         if not fuses or key in tried or ext["extraction_rounds"] >= EXTRACTION_ROUNDS or \
-                time.perf_counter() - t_ilp >= ilp_time_limit_s:
+                _clock_spent(ilp_time_limit_s, t_ilp):
             break
         tried.add(key)
         costs.seen_in(original if ext["extraction_rounds"] == 1 else g)
