@@ -21,8 +21,8 @@ from rlflow.rewrite import load_rules, rule_from_json
 from rlflow.rewrite.generator import (
     TEMPLATES, Enumerator, GeneratorConfig, evaluate, generate, pair_candidates, variable_class)
 from rlflow.rewrite.prune import (
-    has_common_subgraph, has_common_supergraph, is_decomposable, is_trivial, prune, prune_final,
-    prune_specialisations, renaming_key)
+    binding_kinds, has_common_subgraph, has_common_supergraph, is_decomposable, is_trivial, pair_form, prune,
+    prune_final, prune_specialisations, renaming_key, substitute)
 from rlflow.rewrite.rule import instantiate
 from rlflow.rewrite.verify import check_binding, run_float64, verify
 
@@ -335,6 +335,48 @@ def test_prune_steps_on_hand_written_pairs():
     assert has_common_subgraph(common) and not has_common_subgraph(assoc)
     keep, counts = prune([trivial, assoc, renamed, common])
     assert keep == [1] and list(counts.values()) == [3, 2, 1, 1, 1]
+
+
+def _every_renaming_key(r, kind_of):
+    """The renaming key as the brute force defines it: the smallest pair form over every renaming within kinds."""
+    import itertools
+
+    by_kind = {}
+    for v in r.variables:
+        by_kind.setdefault(kind_of(v), []).append(v)
+    return min(pair_form(r, {v: f"{k}#{i}" for k, p in zip(by_kind, perms) for i, v in enumerate(p)})
+               for perms in itertools.product(*(itertools.permutations(g) for g in by_kind.values())))
+
+
+def test_renaming_keys_are_canonical_and_tell_the_same_rules_apart_as_trying_every_renaming():
+    """renaming_key tries only the renamings its variable signatures allow: on the shipped rules (generated and
+    builtin, with more renamings than variables and up to 120), a random renaming within kinds keeps the key, and two rules (the shipped
+    ones, renamed copies and specialisations) share a key exactly when the brute force gives them one."""
+    import math
+    import random
+
+    rng = random.Random(0)
+    pool = []
+    for r in load_rules():
+        kind = binding_kinds(r)
+        groups = {}
+        for v in r.variables:
+            groups.setdefault(kind(v), []).append(v)
+        renamings = math.prod(math.factorial(len(g)) for g in groups.values())
+        if not len(r.variables) < renamings <= 120 or len(pool) >= 180:
+            continue  # (with fewer renamings than variables, it tries them all)
+        m = {}
+        for g in groups.values():
+            m.update(zip(g, rng.sample(g, len(g))))
+        renamed = substitute(r, m)
+        assert renaming_key(renamed, binding_kinds(renamed)) == renaming_key(r, kind)
+        pool += [r, renamed] + [substitute(r, {u: v}) for u, v in zip(r.variables, r.variables[1:])
+                                if kind(u) == kind(v)][:1]
+    keys = [renaming_key(r, binding_kinds(r)) for r in pool]
+    brute = [_every_renaming_key(r, binding_kinds(r)) for r in pool]
+    assert len(set(keys)) == len(set(brute)) < len(pool)
+    assert {k: b for k, b in zip(keys, brute)} == dict(zip(keys, brute))  # a key is one brute-force key
+    assert {b: k for k, b in zip(keys, brute)} == dict(zip(brute, keys))  # and the other way round
 
 
 def test_common_supergraph_and_decomposable():

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence  # not typing's: isinstance is 10x slower
 from typing import Any
 
@@ -118,27 +119,43 @@ def _default_kind(v: str) -> str:
 
 def renaming_key(rule: Rule, kind_of: Callable[[str], str] = _default_kind, max_perms: int = 720) -> tuple[str, str]:
     """The smallest pair form over every renaming of the variables within each kind (a canonical key of the
-    substitution up to renaming). Beyond ``max_perms`` renamings only the identity is tried."""
+    substitution up to renaming). Beyond ``max_perms`` renamings only the identity is tried.
+
+    Only the renamings that order each kind's variables by :func:`_signatures` are tried (those of variables with
+    equal signatures in every order): a signature does not depend on the names, so two rules equal up to renaming
+    try the same pair forms and get the same key, and a key is still a pair form of the rule renamed within its
+    kinds. Most variables have a signature of their own, so this tries one renaming where all would try n!."""
     by_kind: dict[str, list[str]] = {}
     for v in rule.variables:
         by_kind.setdefault(kind_of(v), []).append(v)
-    groups = list(by_kind.values())
-    total = 1
-    for g in groups:
-        for i in range(2, len(g) + 1):
-            total *= i
-    if total > max_perms:
+    total = math.prod(math.factorial(len(g)) for g in by_kind.values())
+    if total > max_perms:  # (counted before the signatures narrow it, so the same rules fall back as always)
         return pair_form(rule, {v: f"{kind_of(v)}#{v}" for v in rule.variables})
-    kinds = list(by_kind)
+    if total > len(rule.variables):  # else trying every renaming costs no more than the signatures
+        sig = _signatures(rule)
+        by_kind = {k: sorted(g, key=sig.__getitem__) for k, g in by_kind.items()}
+        runs = [(k, [list(r) for _, r in itertools.groupby(g, key=sig.__getitem__)]) for k, g in by_kind.items()]
+    else:
+        runs = [(k, [g]) for k, g in by_kind.items()]
+    blocks = [(k, run) for k, kind_runs in runs for run in kind_runs]
     best = None
-    for perms in itertools.product(*(itertools.permutations(g) for g in groups)):
-        m = {}                                     # each variable -> a canonical name of its kind
-        for kind, p in zip(kinds, perms):
-            m.update((v, f"{kind}#{i}") for i, v in enumerate(p))
+    for perms in itertools.product(*(itertools.permutations(run) for _, run in blocks)):
+        m, used = {}, dict.fromkeys(by_kind, 0)      # each variable -> a canonical name of its kind
+        for (kind, _), p in zip(blocks, perms):
+            for v in p:
+                m[v] = f"{kind}#{used[kind]}"
+                used[kind] += 1
         key = pair_form(rule, m)
         if best is None or key < best:
             best = key
     return best
+
+
+def _signatures(rule: Rule) -> dict[str, tuple[str, str]]:
+    """Each variable's place in the rule, whatever the names: the pair form with it named and every other
+    variable anonymous."""
+    anon = dict.fromkeys(rule.variables, "?")
+    return {v: pair_form(rule, {**anon, v: "!"}) for v in rule.variables}
 
 
 def has_common_subgraph(rule: Rule) -> bool:
