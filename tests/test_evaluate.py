@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import shlex
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -291,26 +292,26 @@ def _write_trace(src: Path, dst: Path, method: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> dict:
-    """Tiny bert and each method's graph and trace: taso, greedy, eqsat and eqsat-rl (its tree search, two leaves) by
+def tiny(tmp_path_factory, tiny_zoo) -> dict:
+    """Tiny bert and each method's graph and trace: taso, greedy, eqsat and eqsat-rl (its tree search, two leaves;
+    both at tiny.yaml's 5,000 e-nodes: at the default 50,000 eqsat took 30 s on tiny bert) by
     the real searches (builtin rules, analytic cost; verified and written by rlflow.search.output), the RL methods as copies of greedy's graph with
     traces that add training_seconds and real_interactions."""
     from rlflow.cost import make_cost_model
     from rlflow.cost.platform import resolve_platform
-    from rlflow.graph import zoo
     from rlflow.graph.onnx_io import load_onnx
     from rlflow.rewrite.builtin import verified_builtin_rules
     from rlflow.search.output import run_method, verify_and_write
 
     d = tmp_path_factory.mktemp("evaluate")
     paths = {"onnx": d / "model.onnx"}
-    zoo.export_model("bert", paths["onnx"], zoo.TINY_SIZES["bert"])
+    shutil.copyfile(tiny_zoo["bert"], paths["onnx"])
     g = load_onnx(paths["onnx"])
     rules, cost = verified_builtin_rules(), make_cost_model({}, "cpu", kind="analytic")
     platform = resolve_platform({"device": "cpu"}, "analytic").as_dict()  # what the stages record
     for m in ("taso", "greedy", "eqsat", "eqsat_rl"):
         paths[m], paths[f"{m}_trace"] = d / m / "model.onnx", d / m / "trace.json"
-        eqsat = {"node_limit": 5000, "rl_leaves": 2} if m == "eqsat_rl" else None
+        eqsat = {"node_limit": 5000, "rl_leaves": 2} if m == "eqsat_rl" else {"node_limit": 5000}
         verify_and_write(g, run_method(m.replace("_", "-"), g, rules, cost, budget=20, eqsat=eqsat), paths[m],
                          paths[f"{m}_trace"], {"model": "r", "platform": platform})
     for m in RL_METHODS:
@@ -391,7 +392,7 @@ def test_the_machine_agents_are_read_where_their_switch_is_on():
 
 def test_all_methods_on_all_four_backends(tiny, tmp_path, capsys):
     out = _outputs(tmp_path)
-    assert main(_argv(tiny, out, sets=["timing.budget_s=2", "timing.sessions=2", "timing.warmup=1",
+    assert main(_argv(tiny, out, sets=["timing.budget_s=0.5", "timing.sessions=2", "timing.warmup=1",
                                        "evaluate.backends=[ort, torch, tf, tf-xla]"])) == 0
     header, rows = _read_csv(out["out"])
     assert tuple(header) == COLUMNS
