@@ -71,8 +71,10 @@ def test_shared_encoder_and_policy_learn_from_every_model_and_resume(problems, t
                                          0, Checkpointer(tmp_path / "enc-stored.pt", "fp"), log=lines.append,
                                          stored=stored)
     assert from_files.metrics["replay_check"]["replayed_episodes"] == 2 and "1 of them replayed" in lines[0]
-    assert from_files.metrics["train_loss"] == result.metrics["train_loss"]
-    np.testing.assert_array_equal(from_files.latents["z"], result.latents["z"])
+    # equal up to the order of float sums: torch's two CPU threads made z differ by 1e-7 from run to run
+    # under load (it was equal with one thread)
+    assert from_files.metrics["train_loss"] == pytest.approx(result.metrics["train_loss"], rel=1e-5)
+    np.testing.assert_allclose(from_files.latents["z"], result.latents["z"], rtol=1e-5, atol=1e-6)
     swapped = {"bert": rollouts["vit"], "vit": rollouts["bert"]}
     with pytest.raises(RLFlowError, match="the rollouts of bert"):
         train_shared_encoder(training, swapped, config, 0, Checkpointer(tmp_path / "enc2.pt", "fp"),
