@@ -22,6 +22,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +36,30 @@ def import_seconds(modules: list[str]) -> float:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import " + ", ".join(modules)], check=True)
     return time.perf_counter() - t0
+
+
+def interleaved(run: dict[str, Callable[[], float]], sessions: int, rounds: int, seed: int) -> None:
+    """Time ``run["A"]`` and ``run["B"]`` (each returns the seconds it took) in ``sessions`` groups of ``rounds``
+    pairs, each pair in a random order; print each session's medians, then B / A with its 95% interval and
+    verdict, and the load average at the end."""
+    rng = random.Random(seed)
+    times: dict[str, list[list[float]]] = {"A": [], "B": []}
+    for s in range(sessions):
+        for k in times:
+            times[k].append([])
+        for _ in range(rounds):
+            order = ["A", "B"]
+            rng.shuffle(order)
+            for k in order:
+                times[k][-1].append(run[k]())
+        print(f"session {s + 1}: A {sorted(times['A'][-1])[len(times['A'][-1]) // 2]:.2f} s, "
+              f"B {sorted(times['B'][-1])[len(times['B'][-1]) // 2]:.2f} s (medians)", flush=True)
+    ratio, lo, hi, _ = ratio_interval(times["A"], times["B"])
+    flat = {k: sorted(t for s in v for t in s) for k, v in times.items()}
+    print(f"A: median {flat['A'][len(flat['A']) // 2]:.2f} s; B: median {flat['B'][len(flat['B']) // 2]:.2f} s")
+    print(f"B / A = {ratio:.2f} [{lo:.2f}, {hi:.2f}] (95%, {sessions} sessions x {rounds} pairs): "
+          f"{verdict(lo, hi)} (B against A)")
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,24 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     print(f"load average at start: {os.getloadavg()[0]:.2f}; A = {' '.join(sets['A'])}; B = {' '.join(sets['B'])}",
           flush=True)
-    rng = random.Random(args.seed)
-    times = {"A": [], "B": []}
-    for s in range(args.sessions):
-        for k in times:
-            times[k].append([])
-        for _ in range(args.rounds):
-            order = ["A", "B"]
-            rng.shuffle(order)
-            for k in order:
-                times[k][-1].append(import_seconds(sets[k]))
-        print(f"session {s + 1}: A {sorted(times['A'][-1])[len(times['A'][-1]) // 2]:.2f} s, "
-              f"B {sorted(times['B'][-1])[len(times['B'][-1]) // 2]:.2f} s (medians)", flush=True)
-    ratio, lo, hi, _ = ratio_interval(times["A"], times["B"])
-    flat = {k: sorted(t for s in v for t in s) for k, v in times.items()}
-    print(f"A: median {flat['A'][len(flat['A']) // 2]:.2f} s; B: median {flat['B'][len(flat['B']) // 2]:.2f} s")
-    print(f"B / A = {ratio:.2f} [{lo:.2f}, {hi:.2f}] (95%, {args.sessions} sessions x {args.rounds} pairs): "
-          f"{verdict(lo, hi)} (B against A)")
-    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    interleaved({k: (lambda mods=mods: import_seconds(mods)) for k, mods in sets.items()}, args.sessions,
+                args.rounds, args.seed)
     return 0
 
 
