@@ -252,6 +252,27 @@ def test_set_values_round_trip_through_the_shell(value):
     assert yaml.safe_load(argv[1].partition("=")[2]) == value
 
 
+def _typed(value):
+    """``value`` with every scalar paired with its type: 1, 1.0 and True compare equal, these do not."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return (type(value), value)
+
+
+def test_set_values_keep_their_types_whatever_was_encoded_before():
+    """cli_value remembers its answers (Snakemake asks for thousands per run); values that compare equal but
+    differ in type (1, 1.0, True) or order get their own encodings, in any order of asking."""
+    values = [1, 1.0, True, "1", [1], [1.0], [True], {"a": 1}, {"a": 1.0}, {"a": True}, {"a": 1, "b": 2},
+              {"b": 2, "a": 1}, float("inf"), 1e16, None]
+    for order in (values, values[::-1]):
+        registry._CLI_VALUES.clear()
+        for v in order:
+            assert _typed(yaml.safe_load(registry.cli_value(v))) == _typed(v), v
+    assert registry.cli_value({"b": 2, "a": 1}) == '{"b":2,"a":1}'  # a mapping's order is kept
+
+
 # -- the registry: one hop from rule to code ---------------------------------------------------------------
 def test_registry_names_lead_to_code_rule_and_cli():
     from rlflow.cli import COMMAND_MODULES, build_parser
@@ -500,6 +521,16 @@ def test_import_closure_follows_lazy_imports_and_from_imports(tmp_path):
     (pkg / "sub" / "other.py").write_text("")
     (pkg / "lazy.py").write_text("def f():\n    from rlflow.sub import leaf, X\n    return leaf\n")
     (pkg / "top.py").write_text("import json\nfrom . import lazy\n")
+    (pkg / "nested.py").write_text(  # imports inside every kind of block a statement can stand in
+        "class C:\n    def m(self):\n        with open('x'):\n            if True:\n                import rlflow.a\n"
+        "try:\n    pass\nexcept ImportError:\n    import rlflow.b\nelse:\n    import rlflow.c\n"
+        "finally:\n    import rlflow.d\n"
+        "for i in []:\n    pass\nelse:\n    import rlflow.e\n"
+        "match 1:\n    case 1:\n        import rlflow.f\n"
+        "async def g():\n    async with x:\n        while True:\n            import rlflow.g\n")
+    for name in "abcdefg":
+        (pkg / f"{name}.py").write_text("")
+    assert direct_imports("rlflow.nested", src) == {f"rlflow.{n}" for n in "abcdefg"}
     assert direct_imports("rlflow.lazy", src) == {"rlflow.sub", "rlflow.sub.leaf"}
     assert closure("rlflow.top", src) == ["rlflow", "rlflow.lazy", "rlflow.sub", "rlflow.sub.leaf", "rlflow.top"]
     files = ["src/rlflow/sub/__init__.py", "src/rlflow/sub/leaf.py", "src/rlflow/lazy.py"]

@@ -39,6 +39,18 @@ def _parents(module: str) -> list[str]:
     return [".".join(parts[:k]) for k in range(1, len(parts))]
 
 
+def _statements(body: list[ast.stmt]):
+    """Every statement in ``body`` and in the blocks nested in it (functions, classes, if/try/with/loop/match
+    bodies): where an import can stand. Expressions are not entered (an import is never one), which makes this
+    several times quicker than ``ast.walk``."""
+    for node in body:
+        yield node
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            block = getattr(node, name, None)
+            if isinstance(block, list):
+                yield from _statements(block)
+
+
 @lru_cache(maxsize=None)
 def direct_imports(module: str, src: Path = SRC) -> frozenset[str]:
     """The ``rlflow`` modules one module imports anywhere in its source (not transitively)."""
@@ -48,7 +60,7 @@ def direct_imports(module: str, src: Path = SRC) -> frozenset[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _statements(tree.body):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -373,10 +373,22 @@ class Stage:
         return {p: cli_value(get(dict(config), key)) for p, key in self.config_keys(**wildcards).items()}
 
 
+#: cli_value's answers by ``repr(value)``: Snakemake asks for every job's params (thousands of values per
+#: `snakemake` call, most of them the same config sections), and each answer costs YAML parses
+_CLI_VALUES: dict[str, str] = {}
+
+
 def cli_value(value: Any) -> str:
     """Encode a config value so that ``yaml.safe_load`` gives it back (what ``--set KEY=VALUE`` does):
     a plain string stays plain (``dynamo``), everything else is compact JSON (``{"layers":2,"hidden":64}``),
     or flow-style YAML where JSON cannot say it (``.inf``, a float like ``1.0e+16``)."""
+    key = repr(value)  # tells 1, 1.0 and True apart, and keeps a mapping's order (the encoding keeps it too)
+    if key not in _CLI_VALUES:
+        _CLI_VALUES[key] = _encode(value)
+    return _CLI_VALUES[key]
+
+
+def _encode(value: Any) -> str:
     candidates = []
     if isinstance(value, str) and "\n" not in value:
         candidates.append(value)
@@ -387,7 +399,8 @@ def cli_value(value: Any) -> str:
     candidates.append(yaml.safe_dump(value, default_flow_style=True, width=sys.maxsize).removesuffix("\n...\n").strip())
     for text in candidates:
         try:
-            if yaml.safe_load(text) == value and type(yaml.safe_load(text)) is type(value):
+            back = yaml.safe_load(text)
+            if back == value and type(back) is type(value):
                 return text
         except yaml.YAMLError:
             pass
