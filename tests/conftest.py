@@ -38,24 +38,34 @@ def run_folder(tmp_path_factory) -> Path:
 def tiny_zoo(tmp_path_factory) -> dict:
     """Every zoo model at its tiny size (the default dynamo exporter, opset 18), each in a folder of its own
     (tests/test_zoo.py checks the export leaves nothing beside it): name -> ONNX path. Exported once per test
-    run: the first xdist worker to need them exports them under a lock, the others wait and read the same files
-    (each worker exporting its own took about 45 s of the run's CPU). Tests only read these files."""
+    run, shared by the pytest-xdist workers: each model has its own lock, and a worker first exports every model
+    no other worker is exporting, then waits for the rest, so two workers export the nine models together (one
+    worker alone took about 50 s while the other waited). Tests only read these files."""
     import fcntl
-    import json
 
     from rlflow.graph import zoo
 
     shared = run_folder(tmp_path_factory) / "tiny-zoo"
     shared.mkdir(exist_ok=True)
     paths = {name: shared / name / f"{name}.onnx" for name in zoo.MODEL_NAMES}
-    with open(shared / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        done = shared / "done.json"
-        if not done.is_file():
-            for name, path in paths.items():
-                path.parent.mkdir(exist_ok=True)
-                zoo.export_model(name, path, zoo.TINY_SIZES[name])
-            done.write_text(json.dumps(sorted(paths)))
+
+    def export(name: str, wait: bool) -> bool:
+        """Export ``name`` unless done; False if another worker holds its lock and ``wait`` is false."""
+        with open(shared / f"{name}.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))  # released when the file closes
+            except BlockingIOError:
+                return False
+            done = shared / f"{name}.done"
+            if not done.is_file():
+                paths[name].parent.mkdir(exist_ok=True)
+                zoo.export_model(name, paths[name], zoo.TINY_SIZES[name])
+                done.touch()
+            return True
+
+    busy = [name for name in paths if not export(name, wait=False)]
+    for name in busy:
+        export(name, wait=True)
     return paths
 
 
