@@ -109,8 +109,9 @@ OPT_IN = {"install": ("--run-install", "installs into a clean venv: run with --r
 
 
 #: the test files that run a whole tiny pipeline (minutes each): collected first, so that pytest-xdist (``make test``:
-#: ``-n auto --dist loadfile``) starts them at once and fills the other worker with the short files, instead of
-#: leaving them, alphabetically late, to run alone at the end
+#: ``-n auto --dist loadfile --no-loadscope-reorder``) starts them at once and fills the other worker with the short
+#: files, instead of leaving them, alphabetically late, to run alone at the end. xdist's default reorder would sort
+#: the files by their number of tests instead, which puts these (few tests each) last.
 SLOW_FILES_FIRST = ("test_pipeline_e2e.py", "test_pipeline_own_model.py", "test_multi_model.py")
 
 
