@@ -42,26 +42,51 @@ def static_nodes(graph: Graph) -> list[int]:
     return static_values(graph)[1]
 
 
-def fold_constants(graph: Graph) -> Graph:
-    """The same graph with every static node replaced by constants (computed with the ops' torch semantics in
-    the tensors' own dtype). Constants nobody reads any more are dropped. Returns ``graph`` itself if there is
-    nothing to fold."""
+#: ops whose folding needs no torch: data movement (exact in any dtype) and the four arithmetic ops on floats
+#: (IEEE-rounded alike in numpy and torch, with the same broadcasting). What searches leave static is mostly
+#: these (merged or transposed weights, folded scales), so a search stage need not import torch (seconds per
+#: job) to fold them; tests/test_fold.py checks each against the op's torch compute.
+NUMPY_FOLD = {
+    "Concat": lambda xs, a: [np.concatenate(xs, axis=a["axis"])],
+    "Split": lambda xs, a: np.split(xs[0], np.cumsum(a["split"])[:-1], axis=a["axis"]),
+    "Transpose": lambda xs, a: [np.transpose(xs[0], a["perm"]).copy()],
+    "Reshape": lambda xs, a: [xs[0].reshape(a["shape"])],
+    "Identity": lambda xs, a: [xs[0]],
+    "Add": lambda xs, a: [xs[0] + xs[1]],
+    "Sub": lambda xs, a: [xs[0] - xs[1]],
+    "Mul": lambda xs, a: [xs[0] * xs[1]],
+    "Div": lambda xs, a: [xs[0] / xs[1]],
+    "ScalarMul": lambda xs, a: [xs[0] * xs[1]],
+}
+_ARITHMETIC = {"Add", "Sub", "Mul", "Div", "ScalarMul"}
+
+
+def _fold_node(op: str, attrs: dict, ins: list[np.ndarray]) -> list[np.ndarray]:
+    """One static node's outputs: with numpy where :data:`NUMPY_FOLD` has the op (arithmetic on floats only),
+    else with the op's torch compute."""
+    if op in NUMPY_FOLD and (op not in _ARITHMETIC or all(x.dtype.kind == "f" for x in ins)):
+        return NUMPY_FOLD[op](ins, attrs)
     import torch
 
+    with torch.inference_mode():
+        outs = OPS[op].compute([torch.from_numpy(np.array(x)) for x in ins], attrs)  # (a writeable copy)
+    return [t.contiguous().numpy() for t in outs]
+
+
+def fold_constants(graph: Graph) -> Graph:
+    """The same graph with every static node replaced by constants (computed with the ops' semantics in the
+    tensors' own dtype: numpy for :data:`NUMPY_FOLD`'s ops, torch for the rest). Constants nobody reads any more
+    are dropped. Returns ``graph`` itself if there is nothing to fold."""
     idx = static_nodes(graph)
     if not idx:
         return graph
-    values = {}
     fold = set(idx)
     constants = dict(graph.constants)
     for i in idx:
         n = graph.nodes[i]
-        ins = [values[v] if v in values else torch.from_numpy(np.array(constants[v].array)) for v in n.inputs]
-        with torch.inference_mode():
-            outs = OPS[n.op].compute(ins, n.attrs)
+        outs = _fold_node(n.op, n.attrs, [np.asarray(constants[v].array) for v in n.inputs])
         for v, t in zip(n.outputs, outs):
-            values[v] = t
-            constants[v] = Constant(t.contiguous().numpy().astype(graph.types[v].dtype, copy=False))
+            constants[v] = Constant(np.asarray(t).astype(graph.types[v].dtype, copy=False))
     nodes = [n for i, n in enumerate(graph.nodes) if i not in fold]
     used = {v for n in nodes for v in n.inputs} | set(graph.outputs)
     g = graph.copy()
