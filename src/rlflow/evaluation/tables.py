@@ -90,14 +90,15 @@ comparison: the ratio, its interval and verdict, and ``pct`` = 100 (1 - ratio) (
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from rlflow.evaluation.memory import MB
 from rlflow.evaluation.protocol import AA, REFERENCE
 from rlflow.evaluation.runs import Measurement
 from rlflow.evaluation.traces import TraceSummary
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COLUMNS = ("model", "method", "backend", "device", "device_note", "latency_ms_median", "latency_ms_iqr", "ratio",
            "ci_low", "ci_high", "verdict", "detectable_effect", "sessions", "runs", "too_noisy", "roofline_ms",
@@ -164,6 +165,8 @@ def make_rows(model: str, device: str, measurements: Sequence[Measurement], *, n
 
 def frame(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """The rows as a DataFrame with :data:`COLUMNS` (whole-number columns as nullable integers)."""
+    import pandas as pd  # here, not at the top: the search stages import this package and need no pandas
+
     df = pd.DataFrame(list(rows), columns=list(COLUMNS))
     for c in INT_COLUMNS:
         vals = pd.to_numeric(df[c], errors="coerce")
@@ -179,6 +182,8 @@ def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
 # ============================================================================================== derived figures
 def _ok(rows) -> pd.DataFrame:
     """The timed rows (status ok, a latency): a backend that computes the original wrongly gives no baseline."""
+    import pandas as pd
+
     df = pd.DataFrame(list(rows))
     return df[(df["status"] == "ok") & df["latency_ms_median"].notna()]
 
