@@ -12,7 +12,11 @@ from hypothesis import strategies as st
 from rlflow.nn.gat import GATv2, scatter_mean, scatter_sum, segment_softmax
 from rlflow.nn.graph_data import GraphData, batch
 
-pyg_nn = pytest.importorskip("torch_geometric.nn")
+@pytest.fixture(scope="module")
+def pyg_nn():
+    """PyTorch Geometric's layers, imported by the tests that compare with them (not at collection: both
+    pytest-xdist workers collect every file, and PyG takes seconds to import)."""
+    return pytest.importorskip("torch_geometric.nn")
 
 
 def random_graph(seed: int, nodes: int, edges: int, features: int, edge_dim: int):
@@ -27,7 +31,7 @@ def random_graph(seed: int, nodes: int, edges: int, features: int, edge_dim: int
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000), nodes=st.integers(1, 12), edges=st.integers(0, 30), heads=st.integers(1, 4),
        per_head=st.integers(1, 6), concat=st.booleans())
-def test_gatv2_equals_pygs_gatv2conv(seed, nodes, edges, heads, per_head, concat):
+def test_gatv2_equals_pygs_gatv2conv(pyg_nn, seed, nodes, edges, heads, per_head, concat):
     features, edge_dim = 5, 3
     torch.manual_seed(seed)
     ref = pyg_nn.GATv2Conv(features, per_head, heads=heads, concat=concat, edge_dim=edge_dim, add_self_loops=True)
@@ -50,7 +54,7 @@ def test_gatv2_equals_pygs_gatv2conv(seed, nodes, edges, heads, per_head, concat
         torch.testing.assert_close(p_own.grad, p_ref.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_a_checkpoint_of_pygs_layer_loads_and_computes_the_same():
+def test_a_checkpoint_of_pygs_layer_loads_and_computes_the_same(pyg_nn):
     torch.manual_seed(3)
     ref = pyg_nn.GATv2Conv(8, 4, heads=2, concat=True, edge_dim=8, add_self_loops=True)
     torch.manual_seed(99)  # other weights, then the PyG layer's state loaded over them
@@ -69,7 +73,7 @@ def test_scatter_reductions_by_hand():
     assert w.tolist() == [[0.5], [1.0], [0.5]]  # the two entries of group 2 share it; group 0 has one
 
 
-def test_batch_equals_pygs_batch():
+def test_batch_equals_pygs_batch(pyg_nn):
     from torch_geometric.data import Batch, Data
 
     datas = []
