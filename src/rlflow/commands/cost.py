@@ -102,7 +102,7 @@ def calibrate(args) -> int:
 
 
 def run(args) -> int:
-    from rlflow.config import get, load_config, resolve_device
+    from rlflow.config import load_config, resolve_device
     from rlflow.cost import make_cost_model, resolve_target
     from rlflow.cost.targets import MEASURED
     from rlflow.errors import RLFlowError

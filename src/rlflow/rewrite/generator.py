@@ -68,7 +68,6 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from rlflow.graph.ops import COMMUTATIVE
 from rlflow.rewrite.rule import VARIABLE_KINDS, expr_refs
 
 # ================================================================================================ configuration

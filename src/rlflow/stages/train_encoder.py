@@ -93,7 +93,6 @@ def run(args: argparse.Namespace) -> int:
     live = TrainingLog(args.logs, params=values)
     result = train_encoder(env, episodes, cfg, seed, problem.device, ckpt, progress=not args.no_progress,
                            on_epoch=log_epoch, live=live, source=str(args.rollouts), replayed=replayed)
-    model = result.model
     if result.metrics["resumed_from_epoch"]:
         print(f"train_encoder: resumed from epoch {result.metrics['resumed_from_epoch']} ({ckpt.partial})", flush=True)
 
