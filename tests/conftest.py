@@ -108,16 +108,7 @@ OPT_IN = {"install": ("--run-install", "installs into a clean venv: run with --r
                                        "--run-cluster (make test-cluster)")}
 
 
-#: the test files that run a whole tiny pipeline (minutes each): collected first, so that pytest-xdist (``make test``:
-#: ``-n auto --dist loadfile --no-loadscope-reorder``) starts them at once and fills the other worker with the short
-#: files, instead of leaving them, alphabetically late, to run alone at the end. xdist's default reorder would sort
-#: the files by their number of tests instead, which puts these (few tests each) last.
-SLOW_FILES_FIRST = ("test_pipeline_e2e.py", "test_pipeline_own_model.py", "test_multi_model.py")
-
-
 def pytest_collection_modifyitems(config, items):
-    order = {name: k for k, name in enumerate(SLOW_FILES_FIRST)}
-    items.sort(key=lambda item: order.get(item.path.name, len(order)))  # stable: each file keeps its order
     if any(item.get_closest_marker("gpu") for item in items):
         import torch
 
