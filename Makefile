@@ -33,7 +33,7 @@ run: $(STAMP)
 	$(BIN)/snakemake --cores all
 
 test: $(STAMP)
-	$(BIN)/pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=15
+	$(BIN)/pytest -q -n auto --dist loadfile --durations=15
 
 # pip install . into a clean venv (torch first), then rlflow optimize with no other file (about 2 minutes with
 # pip's cache warm; it downloads about 40 packages once)

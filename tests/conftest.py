@@ -108,17 +108,7 @@ OPT_IN = {"install": ("--run-install", "installs into a clean venv: run with --r
                                        "--run-cluster (make test-cluster)")}
 
 
-#: the longest test file (bert's whole tiny pipeline, about 5 minutes of one worker): run first, so that it does
-#: not end the run alone on one worker. The other files follow in pytest-xdist's own default order (most tests
-#: first), which ``make test`` re-creates here because it passes ``--no-loadscope-reorder`` to keep this one.
-LONGEST_FILE = "test_pipeline_e2e.py"
-
-
 def pytest_collection_modifyitems(config, items):
-    per_file: dict = {}
-    for item in items:
-        per_file[item.path] = per_file.get(item.path, 0) + 1
-    items.sort(key=lambda item: (item.path.name != LONGEST_FILE, -per_file[item.path]))  # stable within a file
     if any(item.get_closest_marker("gpu") for item in items):
         import torch
 
