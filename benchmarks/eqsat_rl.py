@@ -7,7 +7,9 @@ Every method saturates under the same budget (the config's eqsat section, or --n
   tree      UCT over the first --depth iterations' actions, --simulations leaves scored by the cheap proxy; its
             time includes the search
   learned   the linear softmax policy trained by REINFORCE on --train models (training wall time printed); the
-            other models are held out
+            other models are held out. With --per-model: each training model's own best constant schedule (of
+            --actions), one policy imitating them all (it sees the input graph's op mix); clock-free, a training
+            model's eqsat and learned rows are then its training runs (the same graphs a rerun gives), not rerun
 The learned agent's and the tree search's results are checked equal to the input
 (rlflow.graph.exec.check.check_equal). With --time-pairs K, eqsat and eqsat-rl run K more times each, interleaved
 (eqsat first in even pairs), and eqsat-rl's
@@ -25,6 +27,7 @@ The table comes last; costs are the cost target's estimate (ms).
   python benchmarks/eqsat_rl.py --target ort-cpu --costs-dir costs  # a measured target: one cost cache per model
   python benchmarks/eqsat_rl.py --pool run1.json run2.json run3.json  # time ratios over processes, no search
   python benchmarks/eqsat_rl.py --clock-free --ilp-nodes 1000     # no clocks: the same graphs on any machine/load
+  python benchmarks/eqsat_rl.py --per-model --actions all no:reorder only:multi --late-candidates 1
 
 A measured target (ort-cpu, torch-eager, cuda) scores each model with its own cost cache, DIR/<model>.json: made
 first by `rlflow measure-costs` (the pipeline's measure_costs stage, the config's cost section) where missing,
@@ -143,6 +146,10 @@ def main() -> None:
     ap.add_argument("--time-weight", type=float, default=TrainConfig.time_weight,
                     help="the training reward's weight on optimisation time (default %(default)s: a schedule in half "
                          "of eqsat's time earns what 0.5%% of the input's cost does)")
+    ap.add_argument("--per-model", action="store_true",
+                    help="train on each model's own best constant schedule, then one policy imitating them all")
+    ap.add_argument("--actions", nargs="+", default=[], metavar="ACTION",
+                    help="the constant schedules scored in training (default: every action)")
     ap.add_argument("--skip", nargs="+", default=[], choices=("tree", "random"), help="methods not to run")
     ap.add_argument("--depth", type=int, default=3)
     ap.add_argument("--simulations", type=int, default=16)
@@ -197,21 +204,30 @@ def main() -> None:
                                        TrainConfig(epochs=args.epochs, lr=args.lr, all_bias=args.all_bias,
                                                    seed=args.seed, proxy_ilp_s=args.proxy_ilp,
                                                    time_weight=args.time_weight,
-                                                   late_candidates=args.late_candidates), log=print)
+                                                   late_candidates=args.late_candidates,
+                                                   per_model=args.per_model, actions=tuple(args.actions)),
+                                       log=lambda m: print(m, flush=True))
     train_s = policy.info.get("train_seconds", float("nan"))
     if args.save_policy:
         policy.save(args.save_policy)
     rows = []
+    # clock-free, a per-model policy's run on a training model it imitates exactly is its training run
+    kept = policy.info.get("_results", {}) if budget.clock_free else {}
+    exact = {m for m, v in policy.info.get("per_model", {}).items() if v["exact"]}
     for name in args.models:
         g, cost = graphs[name], costs[name]
-        ref = eqsat_search(g, rules, cost, **budget.search_kwargs())
-        learned = eqsat_rl_search(g, rules, cost, policy, budget)
+        if name in kept and name in exact and None not in kept[name]:
+            ref, learned = kept[name]
+        else:
+            ref = eqsat_search(g, rules, cost, **budget.search_kwargs())
+            learned = eqsat_rl_search(g, rules, cost, policy, budget)
         tree = None if "tree" in args.skip else tree_search(g, rules, cost, budget, depth=args.depth,
                                                             simulations=args.simulations, seed=args.seed)
         rand = [] if "random" in args.skip else [random_schedule_search(g, rules, cost, budget, seed=args.seed + k)
                                                  for k in range(args.random_seeds)]
         nan = float("nan")
-        row = {"model": name, "held_out": name not in args.train, "initial_ms": ref.initial.runtime_ms,
+        row = {"model": name, "held_out": name not in args.train, "from_training": name in kept and name in exact,
+               "initial_ms": ref.initial.runtime_ms,
                "eqsat_ms": ref.final.runtime_ms, "eqsat_s": ref.seconds, "eqsat_stop": ref.stop_reason,
                "eqsat_ilp_optimal": ref.stats.get("ilp_optimal"),
                "eqsat_ilp_node_limit_reached": ref.stats.get("ilp_node_limit_reached"),
@@ -239,7 +255,8 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "history": history, "policy": policy.info,
+        info = {k: v for k, v in policy.info.items() if not k.startswith("_")}
+        args.json.write_text(json.dumps({"rows": rows, "history": history, "policy": info,
                                          "budget": {**asdict(budget), "clock_free": budget.clock_free}},
                                         indent=1) + "\n")
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()}-core CPU, python {platform.python_version()} (shared: "
@@ -251,10 +268,14 @@ def main() -> None:
               f"settings: {policy.info.get('train', 'not recorded')})")
     else:
         reward_ilp = "the budget's own (clock-free)" if budget.clock_free else f"{args.proxy_ilp} s"
-        print(f"learned agent: trained on {', '.join(args.train)} ({args.epochs} epochs, lr {args.lr}, all-bias "
-              f"{args.all_bias}, reward ILP {reward_ilp}, time weight {args.time_weight}, late candidates "
-              f"{args.late_candidates}) in {train_s:.1f} s; "
+        how = (f"per model, imitated; actions {' '.join(args.actions) or 'all'}" if args.per_model else
+               f"{args.epochs} epochs, lr {args.lr}, all-bias {args.all_bias}")
+        print(f"learned agent: trained on {', '.join(args.train)} ({how}, reward ILP {reward_ilp}, time weight "
+              f"{args.time_weight}, late candidates {args.late_candidates}) in {train_s:.1f} s; "
               f"best greedy proxy reward {policy.info['best_greedy_reward']:+.4f}")
+    for m, v in policy.info.get("per_model", {}).items():
+        print(f"  {m}: imitates {v['imitated']} (reward {v['reward']:+.4f}"
+              f"{'' if v['exact'] else '; the policy does not reproduce it exactly: its own run scored'})")
     constant = policy.info.get("constant_rewards", {})
     if constant:
         print("constant schedules' mean rewards: " + ", ".join(
@@ -267,6 +288,9 @@ def main() -> None:
               f"{r['random_ms']:>9.4f}{r['random_best_ms']:>9.4f}{r['tree_ms']:>9.4f}{r['learned_ms']:>9.4f}"
               f"{r['eqsat_s']:>9.1f}{r['random_s']:>9.1f}{r['tree_s']:>9.1f}{r['learned_s']:>10.1f}  {ratio}")
     print("(* held out: not a training model of the learned agent; costs in ms on the target, times in s)")
+    if any(r["from_training"] for r in rows):
+        print("(eqsat and learned rows of " + ", ".join(r["model"] for r in rows if r["from_training"]) +
+              ": their clock-free training runs, which the policy replays exactly)")
 
 
 if __name__ == "__main__":

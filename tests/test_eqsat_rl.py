@@ -16,11 +16,13 @@ from rlflow.rewrite.builtin import builtin_rules
 from rlflow.search.eqsat import Pattern, eqsat_search
 import rlflow.search.eqsat_rl as eqsat_rl
 from rlflow.rewrite.rule import PatternNode, Rule
-from rlflow.search.eqsat_rl import (FAMILIES, N_FEATURES, RELEASED, EqsatBudget, LinearPolicy, TrainConfig, _fixed, action_families,
-                                    action_mask, action_names, constant_rewards, eqsat_rl_search, family_of,
-                                    is_reorder, present_families, random_schedule_search, reinforce_grad,
-                                    reinforce_loss, run_schedule, train_policy, tree_search)
-from test_eqsat import shared_input_graph
+from rlflow.search.eqsat_rl import (FAMILIES, N_FEATURES, N_GRAPH_FEATURES, RELEASED, EqsatBudget, LinearPolicy,
+                                    TrainConfig, _fixed, action_families, action_mask, action_names,
+                                    constant_rewards, eqsat_rl_search, family_of, fit_imitation, graph_features,
+                                    imitation_grad, imitation_loss, is_reorder, present_families,
+                                    random_schedule_search, reinforce_grad, reinforce_loss, run_schedule,
+                                    train_policy, tree_search)
+from test_eqsat import mm_add_graph, shared_input_graph
 
 BUILTIN = [r for r, _ in builtin_rules()]
 BUDGET = EqsatBudget(node_limit=2000, iter_limit=6, time_limit_s=30, ilp_time_limit_s=10)
@@ -274,13 +276,14 @@ def test_bad_input_is_one_line(tmp_path):
     with pytest.raises(RLFlowError, match="not an eqsat-rl policy") as e:
         LinearPolicy.load(tmp_path / "bad.json")
     assert "\n" not in str(e.value)
-    (tmp_path / "other.json").write_text('{"format": "rlflow.eqsat-rl-policy/2", "actions": ["all"], "weights": [[0]]}')
+    (tmp_path / "other.json").write_text('{"format": "rlflow.eqsat-rl-policy/3", "actions": ["all"], "weights": [[0]]}')
     with pytest.raises(RLFlowError, match="other actions or features"):
         LinearPolicy.load(tmp_path / "other.json")
-    # a policy of the previous format (12 features, no released one) is refused with what to do
-    (tmp_path / "old.json").write_text('{"format": "rlflow.eqsat-rl-policy/1", "weights": [[0]]}')
-    with pytest.raises(RLFlowError, match="older rlflow .*train it again"):
-        LinearPolicy.load(tmp_path / "old.json")
+    # policies of the previous formats (no released feature; no graph features) are refused with what to do
+    for old in (1, 2):
+        (tmp_path / "old.json").write_text(f'{{"format": "rlflow.eqsat-rl-policy/{old}", "weights": [[0]]}}')
+        with pytest.raises(RLFlowError, match="older rlflow .*train it again"):
+            LinearPolicy.load(tmp_path / "old.json")
     with pytest.raises(RLFlowError, match="no rules"):
         eqsat_rl_search(shared_input_graph(), [], AnalyticCost("cpu"), LinearPolicy.untrained(), BUDGET)
     with pytest.raises(RLFlowError, match="depth >= 1"):
@@ -399,3 +402,89 @@ def test_a_clock_free_budget_gives_eqsat_rl_the_same_graph_every_time():
     ref = eqsat_search(g, BUILTIN, cost, **CLOCK_FREE.search_kwargs())
     untrained = eqsat_rl_search(g, BUILTIN, cost, LinearPolicy.untrained(), CLOCK_FREE)
     assert untrained.graph.structural_hash() == ref.graph.structural_hash()  # (its schedule is eqsat's)
+
+
+def test_graph_features_are_the_op_mix_and_the_policy_sees_them():
+    """Each op group's share of the nodes, the other ops' share (together 1) and log10(nodes) / 4; the same in
+    every decision of a run, at the end of the iteration's features."""
+    g, h = shared_input_graph(), mm_add_graph()
+    x, y = graph_features(g), graph_features(h)
+    assert x.shape == (N_GRAPH_FEATURES,) and x[:-1].sum() == pytest.approx(1) and y[:-1].sum() == pytest.approx(1)
+    assert x[0] == pytest.approx(2 / 7) and y[0] == 0 and y[1] == pytest.approx(1 / 3)  # conv; matmul
+    assert x[-1] == pytest.approx(np.log10(7) / 4)
+    _, sched = run_schedule(g, BUILTIN, AnalyticCost("cpu"), _fixed([]), BUDGET)
+    assert sched.decisions and all(np.array_equal(d[0][-N_GRAPH_FEATURES:], x) for d in sched.decisions)
+    assert all(d[0].shape == (N_FEATURES,) for d in sched.decisions)
+
+
+def test_imitation_loss_and_gradient():
+    """The loss is the mean cross-entropy plus l2 / 2 |W|^2; the gradient matches finite differences, and
+    fit_imitation's greedy policy reproduces separable demonstrations, each allowed action only."""
+    rng = np.random.default_rng(0)
+    w, x = rng.standard_normal((5, 3)), rng.standard_normal((4, 3))
+    acts, mask = np.array([0, 2, 2, 4]), np.ones((4, 5), bool)
+    mask[1, 3] = False
+    p = np.exp(x @ w.T) * mask
+    p /= p.sum(1, keepdims=True)
+    want = -np.log(p[np.arange(4), acts]).mean() + 0.5 * 0.1 * (w ** 2).sum()
+    assert imitation_loss(w, x, acts, mask, 0.1) == pytest.approx(want)
+    num = np.zeros_like(w)
+    for i in range(5):
+        for j in range(3):
+            d = np.zeros_like(w)
+            d[i, j] = 1e-6
+            num[i, j] = (imitation_loss(w + d, x, acts, mask, 0.1) - imitation_loss(w - d, x, acts, mask, 0.1)) / 2e-6
+    assert np.allclose(imitation_grad(w, x, acts, mask, 0.1), num, atol=1e-5)
+    x = np.array([[1, 1, 0], [1, 0, 1], [1, 0.5, 0.5]])  # three op mixes, three different actions
+    acts = np.array([1, 3, 0])
+    mask = np.ones((3, 5), bool)
+    mask[2, 1] = False
+    w = fit_imitation(x, acts, mask)
+    assert [int(np.argmax(softmax)) for softmax in eqsat_rl.softmax_masked(x @ w.T, mask)] == [1, 3, 0]
+
+
+def test_per_model_training_gives_each_model_its_own_schedule(monkeypatch):
+    """With a scorer under which the two models' best schedules differ, the per-model policy picks each model's
+    own on it (told apart by their op mixes), eqsat's schedule where nothing beats it, and records why."""
+    g, h, cost = shared_input_graph(), mm_add_graph(), AnalyticCost("cpu")
+    real = eqsat_rl.proxy_cost
+    best = {id(g): "no:conv", id(h): "only:matmul"}
+
+    def proxy(graph, rules, cost_model, choose, budget, ilp_s):
+        _, t, sched = real(graph, rules, cost_model, choose, budget, ilp_s)
+        ran = [a for a in sched.schedule if a not in ("all", "stop")]
+        return (1.0 if ran and ran[0] == best[id(graph)] else 2.0), t, sched
+
+    monkeypatch.setattr(eqsat_rl, "proxy_cost", proxy)
+    config = TrainConfig(per_model=True, late_candidates=1, time_weight=0,
+                         actions=("all", "no:conv", "only:matmul", "no:multi"))
+    policy, history = train_policy({"g": g, "h": h}, BUILTIN, cost, BUDGET, config)
+    info = policy.info["per_model"]
+    assert history == [] and info["g"]["imitated"] == "no:conv" and info["h"]["imitated"] == "only:matmul"
+    assert info["g"]["exact"] and info["h"]["exact"] and policy.info["best_greedy_reward"] > 0
+    assert set(info["h"]["constant_rewards"]) == {"all", "only:matmul", "no:multi", "only:matmul, then stop"}
+    for graph, want in ((g, "no:conv"), (h, "only:matmul")):
+        assert run_schedule(graph, BUILTIN, cost, policy.greedy(), BUDGET)[0].stats["schedule"][0] == want
+    ref, found = policy.info["_results"]["g"]
+    assert found.stats["schedule"][0] == "no:conv" and set(ref.stats["schedule"]) == {"all"}
+    best[id(h)] = "none"  # nothing beats eqsat on h: it keeps eqsat's schedule
+    policy, _ = train_policy({"g": g, "h": h}, BUILTIN, cost, BUDGET, config)
+    assert policy.info["per_model"]["h"]["imitated"] == "all" and policy.info["per_model"]["h"]["exact"]
+    with pytest.raises(RLFlowError, match="unknown action"):
+        train_policy({"g": g}, BUILTIN, cost, BUDGET, replace(config, actions=("only:foo",)))
+
+
+def test_a_per_model_policy_replays_its_training_runs_exactly(tmp_path):
+    """Clock-free, the policy's own run on a training model is the one it imitated (same schedule, same graph),
+    also after a save and load (the in-memory results are not saved)."""
+    g, h, cost = shared_input_graph(), mm_add_graph(), AnalyticCost("cpu")
+    config = TrainConfig(per_model=True, late_candidates=1, actions=("all", "no:conv", "only:matmul", "no:reorder"))
+    policy, _ = train_policy({"g": g, "h": h}, BUILTIN, cost, CLOCK_FREE, config)
+    policy.save(tmp_path / "p.json")
+    again = LinearPolicy.load(tmp_path / "p.json")
+    assert "_results" not in again.info and again.info["per_model"] == policy.info["per_model"]
+    for m, graph in (("g", g), ("h", h)):
+        kept = policy.info["_results"][m][1]
+        r = eqsat_rl_search(graph, BUILTIN, cost, again, CLOCK_FREE)
+        assert r.stats["schedule"] == kept.stats["schedule"] == policy.info["per_model"][m]["schedule"]
+        assert r.graph.structural_hash() == kept.graph.structural_hash() and check_equal(graph, r.graph) <= 1e-5

@@ -75,10 +75,13 @@ from rlflow.search.result import SearchResult
 FAMILIES = ("multi", "reorder", "conv", "matmul", "concat-split", "transpose", "elementwise", "other")
 _FAMILY_OPS = (("conv", {"Conv"}), ("matmul", {"MatMul", "Gemm"}), ("concat-split", {"Concat", "Split"}),
                ("transpose", {"Transpose"}), ("elementwise", {"Add", "Sub", "Mul", "Div", "ScalarMul"}))
-POLICY_FORMAT = "rlflow.eqsat-rl-policy/2"
+POLICY_FORMAT = "rlflow.eqsat-rl-policy/3"
 STOP = "stop"  # the action that ends saturation
-#: the features of an iteration (:meth:`FamilyScheduler.features`): 1, iteration, size, growth, released, shares
-N_FEATURES = 5 + len(FAMILIES)
+#: the input graph's features (:func:`graph_features`): each op group's share of its nodes, other ops', its size
+N_GRAPH_FEATURES = len(_FAMILY_OPS) + 2
+#: the features of an iteration (:meth:`FamilyScheduler.features`): 1, iteration, size, growth, released, shares,
+#: then the input graph's
+N_FEATURES = 5 + len(FAMILIES) + N_GRAPH_FEATURES
 RELEASED = 4  # the index of the feature that is 1 once a restricted action reached its fixpoint
 
 
@@ -99,6 +102,17 @@ def family_of(p: Pattern) -> str:
         if ops & fam_ops:
             return name
     return "other"
+
+
+def graph_features(graph: Graph) -> np.ndarray:
+    """What the policy sees of the input graph, the same in every iteration: shape (N_GRAPH_FEATURES,) =
+    (len(_FAMILY_OPS) + 2,): the share of its nodes in each op group of the families (conv, matmul, concat-split,
+    transpose, elementwise), the share of the other nodes, and log10(nodes) / 4. Models with different op mixes
+    (a BERT, a GPT-2, a CNN) can so get different schedules."""
+    ops = [n.op for n in graph.nodes]
+    n = max(len(ops), 1)
+    shares = [sum(op in group for op in ops) / n for _, group in _FAMILY_OPS]
+    return np.array([*shares, 1.0 - sum(shares), math.log10(n) / 4])
 
 
 def action_names() -> list[str]:
@@ -175,9 +189,12 @@ class FamilyScheduler(BackoffScheduler):
     names run, forced ``all`` iterations included, and ``stop`` last if the agent stopped; ``decisions`` keeps
     (features, action, mask) per iteration the agent chose."""
 
-    def __init__(self, choose: Chooser, present: frozenset[str], budget: EqsatBudget):
+    def __init__(self, choose: Chooser, present: frozenset[str], budget: EqsatBudget,
+                 graph_x: np.ndarray | None = None):
         super().__init__(budget.multi_iterations, match_limit_base=RULE_MATCH_LIMIT, ban_length=BAN_LENGTH)
         self.choose, self.present, self.budget = choose, present, budget
+        self.graph_x = np.zeros(N_GRAPH_FEATURES) if graph_x is None else graph_x  # graph_features(input)
+        self.result: SearchResult | None = None  # run_schedule's result, once it ran
         self.mask, self.first_mask = action_mask(present), action_mask(present, first=True)
         self.actions = action_names()
         self.decisions: list[tuple[np.ndarray, int, np.ndarray]] = []
@@ -195,10 +212,10 @@ class FamilyScheduler(BackoffScheduler):
         self._family = {p.rule.id: family_of(p) for p in runner.patterns}
 
     def features(self, iteration: int, egraph: EGraph) -> np.ndarray:
-        """The agent's view of an iteration, shape (N_FEATURES,) = (5 + len(FAMILIES),): 1, iteration /
-        iter_limit, e-nodes / node_limit, the last iteration's growth / node_limit, 1 once released (a restricted
-        action reached its fixpoint: only ``all`` and ``stop`` are allowed from then on) else 0, each family's
-        share of the last iteration's merges."""
+        """The agent's view of an iteration, shape (N_FEATURES,) = (5 + len(FAMILIES) + N_GRAPH_FEATURES,): 1,
+        iteration / iter_limit, e-nodes / node_limit, the last iteration's growth / node_limit, 1 once released (a
+        restricted action reached its fixpoint: only ``all`` and ``stop`` are allowed from then on) else 0, each
+        family's share of the last iteration's merges, then the input graph's :func:`graph_features`."""
         records = self.runner.iterations if self.runner is not None else []
         before = records[-2].nodes if len(records) >= 2 else egraph.n_nodes
         growth = (records[-1].nodes - before) if records else 0
@@ -208,7 +225,7 @@ class FamilyScheduler(BackoffScheduler):
                 fired[FAMILIES.index(self._family[rid])] += n
         share = fired / fired.sum() if fired.sum() else fired
         return np.concatenate([[1.0, iteration / self.budget.iter_limit, egraph.n_nodes / self.budget.node_limit,
-                                growth / self.budget.node_limit, float(self.released)], share])
+                                growth / self.budget.node_limit, float(self.released)], share, self.graph_x])
 
     def _decide(self, iteration: int, egraph: EGraph) -> str:
         if self._force_all:
@@ -253,11 +270,12 @@ def run_schedule(graph: Graph, rules: Sequence[Rule], cost: CostModel, choose: C
     if not rules:
         raise RLFlowError("eqsat-rl: no rules")
     usable = [r for r in rules if r.min_opset <= graph.opset]
-    sched = FamilyScheduler(choose, present_families(graph, usable), budget)
+    sched = FamilyScheduler(choose, present_families(graph, usable), budget, graph_features(graph))
     r = eqsat_search(graph, rules, cost, extraction=extraction, scheduler=sched, method=method,
                      **budget.search_kwargs())
     r.stats.update(schedule=list(sched.schedule), families=sorted(sched.present))
     r.settings.update(method=method)
+    sched.result = r
     return r, sched
 
 
@@ -298,6 +316,36 @@ def reinforce_grad(weights: np.ndarray, features: np.ndarray, actions: np.ndarra
     return -advantage * (onehot - p).T @ features
 
 
+def imitation_loss(weights: np.ndarray, features: np.ndarray, actions: np.ndarray, mask: np.ndarray,
+                   l2: float = 0.0) -> float:
+    """The cross-entropy of pi = softmax_masked(W x) on demonstrated decisions, their mean, plus ``l2 / 2 *
+    |W|^2``: :func:`reinforce_loss` with advantage 1 / T. weights (A, D), features (T, D), actions (T,) int, mask
+    (A,) or (T, A) bool; returns a scalar."""
+    n = max(len(actions), 1)
+    return reinforce_loss(weights, features, actions, mask, 1.0 / n) + 0.5 * l2 * float((weights ** 2).sum())
+
+
+def imitation_grad(weights: np.ndarray, features: np.ndarray, actions: np.ndarray, mask: np.ndarray,
+                   l2: float = 0.0) -> np.ndarray:
+    """The gradient of :func:`imitation_loss` with respect to ``weights``. Shapes as there; returns (A, D)."""
+    n = max(len(actions), 1)
+    return reinforce_grad(weights, features, actions, mask, 1.0 / n) + l2 * weights
+
+
+def fit_imitation(features: np.ndarray, actions: np.ndarray, mask: np.ndarray, l2: float = 1e-4,
+                  lr: float = 2.0, steps: int = 5000) -> np.ndarray:
+    """Weights (A, D) whose greedy policy picks the demonstrated ``actions``: gradient descent on
+    :func:`imitation_loss` from zero weights, stopped early once every decision is the argmax with a margin
+    (its probability > 0.9). features (T, D), actions (T,) int, mask (T, A) bool."""
+    w = np.zeros((mask.shape[-1], features.shape[-1]))
+    for _ in range(steps):
+        p = softmax_masked(features @ w.T, mask)
+        if (p[np.arange(len(actions)), actions] > 0.9).all():
+            break
+        w -= lr * imitation_grad(w, features, actions, mask, l2)
+    return w
+
+
 @dataclass
 class LinearPolicy:
     """A softmax over :func:`action_names`, linear in :meth:`FamilyScheduler.features`; ``weights`` (A, D)."""
@@ -319,8 +367,9 @@ class LinearPolicy:
     def save(self, path: str | Path) -> None:
         from rlflow.atomic import write_text
 
+        info = {k: v for k, v in self.info.items() if not k.startswith("_")}  # (in-memory results: not saved)
         doc = {"format": POLICY_FORMAT, "families": list(FAMILIES), "actions": action_names(),
-               "weights": self.weights.tolist(), "info": self.info}
+               "weights": self.weights.tolist(), "info": info}
         write_text(Path(path), json.dumps(doc, indent=1) + "\n")
 
     @classmethod
@@ -367,6 +416,9 @@ class TrainConfig:
     time_weight: float = TIME_WEIGHT  # the reward's weight on optimisation time (see train_policy)
     constant_start: bool = True  # score every constant schedule first and start from the best (see train_policy)
     late_candidates: int = 3  # the best constant schedules also scored stopping at their fixpoint
+    per_model: bool = False  # each training model's own best schedule, then one policy imitating them all
+    #                          (train_per_model; REINFORCE's epochs are not run)
+    actions: tuple[str, ...] = ()  # the constant schedules scored (empty: every action but stop)
 
 
 def _tighter(a: float, b: float) -> float:
@@ -422,12 +474,17 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
         raise RLFlowError(f"eqsat-rl: train_policy has no cost model for {', '.join(missing)}")
     score_of = lambda m, choose: proxy_cost(graphs[m], rules, costs[m], choose, budget,  # noqa: E731
                                             config.proxy_ilp_s)
-    ref = {m: score_of(m, _fixed([]))[:2] for m in graphs}
+    refs = {m: score_of(m, _fixed([])) for m in graphs}
+    ref = {m: refs[m][:2] for m in graphs}
     initial = {m: costs[m].graph_metrics(g).runtime_ms for m, g in graphs.items()}
 
     def reward(m: str, c: float, t: float) -> float:
         gain = (ref[m][0] - c) / initial[m]
         return gain + config.time_weight * (ref[m][1] - t) / max(ref[m][1], 1e-9) if gain >= 0 else gain
+
+    if config.per_model:
+        return train_per_model(graphs, rules, score_of, reward, {m: r[2] for m, r in refs.items()}, budget,
+                               config, t0, log)
 
     best, best_score = policy.weights.copy(), 0.0  # the initial greedy policy is eqsat's schedule: reward 0
     constant: dict[str, float] = {}
@@ -504,11 +561,88 @@ def constant_rewards(graphs: Mapping[str, Graph], rules: Sequence[Rule],
     for a, name in enumerate(names):
         if name == STOP or not any(action_mask(p)[a] for p in present.values()):
             continue
-        choose = (lambda a: lambda it, x, mask: a if mask[a] else 0)(a)
+        choose = _constant(a)
         out[name] = 0.0 if name == "all" else float(np.mean([reward(m, *score_of(m, choose)[:2]) for m in graphs]))
         if log:
             log(f"eqsat-rl constant schedule {name}: mean reward {out[name]:+.4f}")
     return out
+
+
+def _constant(a: int) -> Chooser:
+    """The constant schedule of action index ``a``: ``a`` wherever it is allowed, else ``all``."""
+    return lambda it, x, mask: a if mask[a] else 0
+
+
+def train_per_model(graphs: Mapping[str, Graph], rules: Sequence[Rule],
+                    score_of: Callable[[str, Chooser], tuple[float, float, FamilyScheduler]],
+                    reward: Callable[[str, float, float], float], refs: Mapping[str, FamilyScheduler],
+                    budget: EqsatBudget, config: TrainConfig, t0: float,
+                    log: Callable[[str], None] | None = None) -> tuple[LinearPolicy, list[dict]]:
+    """:func:`train_policy` with ``config.per_model``: per training model, every constant schedule of
+    ``config.actions`` (all of them if empty) allowed on it is scored, and its ``config.late_candidates`` best
+    once more stopping at their fixpoint; the model's own best schedule is the one with the highest reward
+    (eqsat's, ``all``, unless one beats it). Then one policy imitates every model's best episode
+    (:func:`fit_imitation` on the decisions and their features, the input graph's op mix among them: models with
+    different op mixes get different schedules). A model whose decisions the policy does not all reproduce is
+    scored again with the policy (its reward is the policy's, not the demonstration's). ``refs`` are eqsat's
+    schedules' schedulers. The policy's ``info["per_model"]`` keeps per model: the schedule imitated and its
+    reward, the actions run, whether the imitation is exact, and every constant schedule's reward; its
+    scheduler's ``result`` (the graph) stays in ``info`` only in memory under ``"_results"`` (not saved)."""
+    names = action_names()
+    wanted = [a for a in (config.actions or names) if a != STOP]
+    unknown = sorted(set(wanted) - set(names))
+    if unknown:
+        raise RLFlowError(f"eqsat-rl: unknown action(s) {', '.join(unknown)} (all, only:F, no:F; F one of "
+                          f"{', '.join(FAMILIES)})")
+    best: dict[str, tuple[str, float, FamilyScheduler]] = {}
+    table: dict[str, dict[str, float]] = {}
+    for m, g in graphs.items():
+        mask = action_mask(present_families(g, [r for r in rules if r.min_opset <= g.opset]))
+        rewards, scheds = {"all": 0.0}, {"all": refs[m]}
+        for name in wanted:
+            a = names.index(name)
+            if name == "all" or not mask[a]:
+                continue
+            c, t, sched = score_of(m, _constant(a))
+            rewards[name], scheds[name] = reward(m, c, t), sched
+            if log:
+                log(f"eqsat-rl {m}: constant schedule {name}: reward {rewards[name]:+.4f} ({t:.1f} s)")
+        ranked = sorted((a for a in rewards if a != "all"), key=lambda a: -rewards[a])
+        for start in ranked[:config.late_candidates]:
+            c, t, sched = score_of(m, late_stop(start))
+            late = f"{start}, then stop"
+            rewards[late], scheds[late] = reward(m, c, t), sched
+            if log:
+                log(f"eqsat-rl {m}: schedule {late}: reward {rewards[late]:+.4f} ({t:.1f} s)")
+        name = max(rewards, key=lambda a: (rewards[a], a == "all"))  # (ties: eqsat's schedule)
+        best[m], table[m] = (name, rewards[name], scheds[name]), rewards
+    demos = [sched.decisions for _, _, sched in best.values() if sched.decisions]
+    if demos:
+        x = np.stack([d[0] for ds in demos for d in ds])
+        acts = np.array([d[1] for ds in demos for d in ds])
+        masks = np.stack([d[2] for ds in demos for d in ds])
+        policy = LinearPolicy(fit_imitation(x, acts, masks))
+    else:
+        policy = LinearPolicy.untrained()
+    greedy = policy.greedy()
+    per_model, results = {}, {}
+    for m, (name, r, sched) in best.items():
+        exact = all(greedy(0, x, mask) == a for x, a, mask in sched.decisions)
+        if not exact:  # the policy does something else on this model: score what it does
+            c, t, sched = score_of(m, greedy)
+            r = reward(m, c, t)
+        per_model[m] = {"imitated": name, "reward": r, "exact": exact, "schedule": list(sched.schedule),
+                        "constant_rewards": table[m]}
+        results[m] = (getattr(refs[m], "result", None), getattr(sched, "result", None))
+        if log:
+            log(f"eqsat-rl {m}: imitates {name} (reward {r:+.4f}{'' if exact else ', not exactly: rescored'})")
+    score = float(np.mean([v["reward"] for v in per_model.values()]))
+    mean = {a: float(np.mean([t.get(a, 0.0) for t in table.values()])) for a in dict.fromkeys(
+        a for t in table.values() for a in t)}
+    info = {"trained_on": sorted(graphs), "budget": asdict(budget), "train": asdict(config),
+            "train_seconds": time.perf_counter() - t0, "best_greedy_reward": score, "constant_rewards": mean,
+            "per_model": per_model, "_results": results}
+    return LinearPolicy(policy.weights, info), []
 
 
 def eqsat_rl_search(graph: Graph, rules: Sequence[Rule], cost: CostModel, policy: LinearPolicy,
