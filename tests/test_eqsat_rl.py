@@ -441,6 +441,11 @@ def test_imitation_loss_and_gradient():
     mask[2, 1] = False
     w = fit_imitation(x, acts, mask)
     assert [int(np.argmax(softmax)) for softmax in eqsat_rl.softmax_masked(x @ w.T, mask)] == [1, 3, 0]
+    # op mixes a few thousandths apart (two transformers' conv shares), with per-step features beside them
+    x = np.array([[1, 0.1, 0.001], [1, 0.5, 0.001], [1, 0.1, 0.003], [1, 0.5, 0.003]])
+    acts, mask = np.array([2, 4, 1, 4]), np.ones((4, 5), bool)
+    w = fit_imitation(x, acts, mask)
+    assert list(np.argmax(eqsat_rl.softmax_masked(x @ w.T, mask), axis=1)) == [2, 4, 1, 4]
 
 
 def test_per_model_training_gives_each_model_its_own_schedule(monkeypatch):
@@ -483,6 +488,8 @@ def test_a_per_model_policy_replays_its_training_runs_exactly(tmp_path):
     policy.save(tmp_path / "p.json")
     again = LinearPolicy.load(tmp_path / "p.json")
     assert "_results" not in again.info and again.info["per_model"] == policy.info["per_model"]
+    demo = again.info["per_model"]["g"]["demonstration"]  # the imitated episode's decisions, kept for a refit
+    assert demo and all(len(d["features"]) == N_FEATURES and d["action"] in d["allowed"] for d in demo)
     for m, graph in (("g", g), ("h", h)):
         kept = policy.info["_results"][m][1]
         r = eqsat_rl_search(graph, BUILTIN, cost, again, CLOCK_FREE)

@@ -35,11 +35,14 @@ node limits) as eqsat, and extract with the same ILP:
 
 - the learned policy (:class:`LinearPolicy`): a softmax over actions, linear in the iteration's features
   (:meth:`FamilyScheduler.features`: iteration, e-graph size and growth against the node limit, whether a
-  restricted action reached its fixpoint, and each family's share of the last iteration's merges), absent
-  families' actions masked; trained (:func:`train_policy`) on some models with the ILP's cost (under a short
-  time limit: the cheap proxy) as the reward, its gain over eqsat's schedule on the same model: first each
-  constant schedule (one action throughout) and the best of them stopping at their fixpoint are scored and the
-  policy starts from the best, then REINFORCE; used greedily (argmax);
+  restricted action reached its fixpoint, each family's share of the last iteration's merges, and the input
+  graph's op mix and size, :func:`graph_features`), absent families' actions masked; trained
+  (:func:`train_policy`) on some models with the ILP's cost (under a short time limit: the cheap proxy) as the
+  reward, its gain over eqsat's schedule on the same model: first each constant schedule (one action
+  throughout) and the best of them stopping at their fixpoint are scored and the policy starts from the best,
+  then REINFORCE; or, per model (:func:`train_per_model`), each training model's own best schedule, which one
+  policy then imitates (the models' op mixes tell it which to play: transformers on one target can need
+  opposite schedules); used greedily (argmax);
 - a tree search (:func:`tree_search`): UCT over the first ``depth`` iterations' actions (the rest: the last
   action again), each
   leaf the whole saturation scored by the same cheap proxy (MCTS-GEB scores leaves cheaply too); eqsat's own
@@ -332,18 +335,28 @@ def imitation_grad(weights: np.ndarray, features: np.ndarray, actions: np.ndarra
     return reinforce_grad(weights, features, actions, mask, 1.0 / n) + l2 * weights
 
 
-def fit_imitation(features: np.ndarray, actions: np.ndarray, mask: np.ndarray, l2: float = 1e-4,
-                  lr: float = 2.0, steps: int = 5000) -> np.ndarray:
-    """Weights (A, D) whose greedy policy picks the demonstrated ``actions``: gradient descent on
-    :func:`imitation_loss` from zero weights, stopped early once every decision is the argmax with a margin
-    (its probability > 0.9). features (T, D), actions (T,) int, mask (T, A) bool."""
-    w = np.zeros((mask.shape[-1], features.shape[-1]))
-    for _ in range(steps):
-        p = softmax_masked(features @ w.T, mask)
-        if (p[np.arange(len(actions)), actions] > 0.9).all():
-            break
-        w -= lr * imitation_grad(w, features, actions, mask, l2)
-    return w
+def fit_imitation(features: np.ndarray, actions: np.ndarray, mask: np.ndarray, l2: float = 1e-6) -> np.ndarray:
+    """Weights (A, D) whose greedy policy picks the demonstrated ``actions``: :func:`imitation_loss` minimised by
+    L-BFGS on standardised features (the graph features differ by a few thousandths between some models, so
+    raw features would leave the fit ill-conditioned), the standardisation then folded into the weights so that
+    they apply to raw features (the first feature is the constant 1: it carries the offsets). features (T, D),
+    actions (T,) int, mask (T, A) bool."""
+    from scipy.optimize import minimize
+
+    a_n, d = mask.shape[-1], features.shape[-1]
+    mu, sd = features.mean(axis=0), features.std(axis=0)
+    scale = np.where(sd > 1e-12, 1.0 / np.where(sd > 1e-12, sd, 1.0), 0.0)
+    mu[0], scale[0] = 0.0, 1.0  # (the constant feature stays 1)
+    z = (features - mu) * scale
+
+    def f(w):
+        w = w.reshape(a_n, d)
+        return imitation_loss(w, z, actions, mask, l2), imitation_grad(w, z, actions, mask, l2).ravel()
+
+    w = minimize(f, np.zeros(a_n * d), jac=True, method="L-BFGS-B", options={"maxiter": 5000}).x.reshape(a_n, d)
+    out = w * scale
+    out[:, 0] = w[:, 0] - (w * scale * mu).sum(axis=1)
+    return out
 
 
 @dataclass
@@ -586,7 +599,8 @@ def train_per_model(graphs: Mapping[str, Graph], rules: Sequence[Rule],
     different op mixes get different schedules). A model whose decisions the policy does not all reproduce is
     scored again with the policy (its reward is the policy's, not the demonstration's). ``refs`` are eqsat's
     schedules' schedulers. The policy's ``info["per_model"]`` keeps per model: the schedule imitated and its
-    reward, the actions run, whether the imitation is exact, and every constant schedule's reward; its
+    reward, the actions run, whether the imitation is exact, every constant schedule's reward and the imitated
+    episode's decisions (``demonstration``: features, action index, allowed action indices); its
     scheduler's ``result`` (the graph) stays in ``info`` only in memory under ``"_results"`` (not saved)."""
     names = action_names()
     wanted = [a for a in (config.actions or names) if a != STOP]
@@ -631,8 +645,11 @@ def train_per_model(graphs: Mapping[str, Graph], rules: Sequence[Rule],
         if not exact:  # the policy does something else on this model: score what it does
             c, t, sched = score_of(m, greedy)
             r = reward(m, c, t)
+        demo = best[m][2].decisions
         per_model[m] = {"imitated": name, "reward": r, "exact": exact, "schedule": list(sched.schedule),
-                        "constant_rewards": table[m]}
+                        "constant_rewards": table[m],
+                        "demonstration": [{"features": x.tolist(), "action": int(a), "allowed": np.flatnonzero(k).tolist()}
+                                          for x, a, k in demo]}
         results[m] = (getattr(refs[m], "result", None), getattr(sched, "result", None))
         if log:
             log(f"eqsat-rl {m}: imitates {name} (reward {r:+.4f}{'' if exact else ', not exactly: rescored'})")
