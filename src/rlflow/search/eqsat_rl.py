@@ -345,7 +345,7 @@ def fit_imitation(features: np.ndarray, actions: np.ndarray, mask: np.ndarray, l
 
     a_n, d = mask.shape[-1], features.shape[-1]
     mu, sd = features.mean(axis=0), features.std(axis=0)
-    scale = np.where(sd > 1e-12, 1.0 / np.where(sd > 1e-12, sd, 1.0), 0.0)
+    scale = np.divide(1.0, sd, out=np.zeros_like(sd), where=sd > 1e-12)  # (a feature constant here: 0)
     mu[0], scale[0] = 0.0, 1.0  # (the constant feature stays 1)
     z = (features - mu) * scale
 
@@ -648,14 +648,14 @@ def train_per_model(graphs: Mapping[str, Graph], rules: Sequence[Rule],
         demo = best[m][2].decisions
         per_model[m] = {"imitated": name, "reward": r, "exact": exact, "schedule": list(sched.schedule),
                         "constant_rewards": table[m],
-                        "demonstration": [{"features": x.tolist(), "action": int(a), "allowed": np.flatnonzero(k).tolist()}
-                                          for x, a, k in demo]}
+                        "demonstration": [{"features": x.tolist(), "action": int(a),
+                                           "allowed": np.flatnonzero(k).tolist()} for x, a, k in demo]}
         results[m] = (getattr(refs[m], "result", None), getattr(sched, "result", None))
         if log:
             log(f"eqsat-rl {m}: imitates {name} (reward {r:+.4f}{'' if exact else ', not exactly: rescored'})")
     score = float(np.mean([v["reward"] for v in per_model.values()]))
-    mean = {a: float(np.mean([t.get(a, 0.0) for t in table.values()])) for a in dict.fromkeys(
-        a for t in table.values() for a in t)}
+    scored = dict.fromkeys(a for t in table.values() for a in t)  # every schedule scored on some model
+    mean = {a: float(np.mean([t.get(a, 0.0) for t in table.values()])) for a in scored}
     info = {"trained_on": sorted(graphs), "budget": asdict(budget), "train": asdict(config),
             "train_seconds": time.perf_counter() - t0, "best_greedy_reward": score, "constant_rewards": mean,
             "per_model": per_model, "_results": results}
