@@ -8,8 +8,9 @@ Every method saturates under the same budget (the config's eqsat section, or --n
             time includes the search
   learned   the linear softmax policy trained by REINFORCE on --train models (training wall time printed); the
             other models are held out. With --per-model: each training model's own best constant schedule (of
-            --actions), one policy imitating them all (it sees the input graph's op mix); clock-free, a training
-            model's eqsat and learned rows are then its training runs (the same graphs a rerun gives), not rerun
+            --actions; --openers adds each action once, then eqsat's schedule), one policy imitating them all (it
+            sees the input graph's op mix); clock-free, a training model's eqsat and learned rows are then its
+            training runs (the same graphs a rerun gives), not rerun
 The learned agent's and the tree search's results are checked equal to the input
 (rlflow.graph.exec.check.check_equal). With --time-pairs K, eqsat and eqsat-rl run K more times each, interleaved
 (eqsat first in even pairs), and eqsat-rl's
@@ -150,6 +151,8 @@ def main() -> None:
                     help="train on each model's own best constant schedule, then one policy imitating them all")
     ap.add_argument("--actions", nargs="+", default=[], metavar="ACTION",
                     help="the constant schedules scored in training (default: every action)")
+    ap.add_argument("--openers", action="store_true",
+                    help="with --per-model, also score each action once, then eqsat's schedule (A once, then all)")
     ap.add_argument("--skip", nargs="+", default=[], choices=("tree", "random"), help="methods not to run")
     ap.add_argument("--depth", type=int, default=3)
     ap.add_argument("--simulations", type=int, default=16)
@@ -205,7 +208,8 @@ def main() -> None:
                                                    seed=args.seed, proxy_ilp_s=args.proxy_ilp,
                                                    time_weight=args.time_weight,
                                                    late_candidates=args.late_candidates,
-                                                   per_model=args.per_model, actions=tuple(args.actions)),
+                                                   per_model=args.per_model, actions=tuple(args.actions),
+                                                   openers=args.openers),
                                        log=lambda m: print(m, flush=True))
     train_s = policy.info.get("train_seconds", float("nan"))
     if args.save_policy:
@@ -268,7 +272,8 @@ def main() -> None:
               f"settings: {policy.info.get('train', 'not recorded')})")
     else:
         reward_ilp = "the budget's own (clock-free)" if budget.clock_free else f"{args.proxy_ilp} s"
-        how = (f"per model, imitated; actions {' '.join(args.actions) or 'all'}" if args.per_model else
+        how = (f"per model, imitated; actions {' '.join(args.actions) or 'all'}"
+               f"{', each also as an opener' if args.openers else ''}" if args.per_model else
                f"{args.epochs} epochs, lr {args.lr}, all-bias {args.all_bias}")
         print(f"learned agent: trained on {', '.join(args.train)} ({how}, reward ILP {reward_ilp}, time weight "
               f"{args.time_weight}, late candidates {args.late_candidates}) in {train_s:.1f} s; "

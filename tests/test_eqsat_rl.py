@@ -495,3 +495,28 @@ def test_a_per_model_policy_replays_its_training_runs_exactly(tmp_path):
         r = eqsat_rl_search(graph, BUILTIN, cost, again, CLOCK_FREE)
         assert r.stats["schedule"] == kept.stats["schedule"] == policy.info["per_model"][m]["schedule"]
         assert r.graph.structural_hash() == kept.graph.structural_hash() and check_equal(graph, r.graph) <= 1e-5
+
+
+def test_per_model_openers_score_an_action_once_then_eqsats_schedule(monkeypatch):
+    """With ``openers``, "A once, then all" is scored per model too; where only it beats eqsat (as the tree
+    search found on ort-cpu's gpt2) the policy imitates it exactly; without openers that model keeps eqsat's."""
+    g, cost = shared_input_graph(), AnalyticCost("cpu")
+    real = eqsat_rl.proxy_cost
+    names = action_names()
+
+    def proxy(graph, rules, cost_model, choose, budget, ilp_s):
+        _, t, sched = real(graph, rules, cost_model, choose, budget, ilp_s)
+        acts = [names[d[1]] for d in sched.decisions]
+        opened = len(acts) >= 2 and acts[0] == "no:conv" and set(acts[1:]) == {"all"}
+        return (1.0 if opened else 2.0), t, sched
+
+    monkeypatch.setattr(eqsat_rl, "proxy_cost", proxy)
+    config = TrainConfig(per_model=True, late_candidates=1, time_weight=0, actions=("all", "no:conv", "no:multi"))
+    policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, config)
+    assert policy.info["per_model"]["g"]["imitated"] == "all"
+    policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, replace(config, openers=True))
+    info = policy.info["per_model"]["g"]
+    assert info["imitated"] == "no:conv once, then all" and info["exact"] and info["reward"] > 0
+    assert {"no:conv once, then all", "no:multi once, then all"} <= set(info["constant_rewards"])
+    schedule = run_schedule(g, BUILTIN, cost, policy.greedy(), BUDGET)[0].stats["schedule"]
+    assert schedule[0] == "no:conv" and set(schedule[1:]) == {"all"}

@@ -432,6 +432,7 @@ class TrainConfig:
     per_model: bool = False  # each training model's own best schedule, then one policy imitating them all
     #                          (train_per_model; REINFORCE's epochs are not run)
     actions: tuple[str, ...] = ()  # the constant schedules scored (empty: every action but stop)
+    openers: bool = False  # per model, also "A once, then all" for each action A scored (see train_per_model)
 
 
 def _tighter(a: float, b: float) -> float:
@@ -581,6 +582,12 @@ def constant_rewards(graphs: Mapping[str, Graph], rules: Sequence[Rule],
     return out
 
 
+def opener(action: str) -> Chooser:
+    """The schedule "``action`` once, then all": ``action`` in the first iteration (``all`` if it is not allowed
+    there), eqsat's schedule after it."""
+    return _fixed([action, "all"])
+
+
 def _constant(a: int) -> Chooser:
     """The constant schedule of action index ``a``: ``a`` wherever it is allowed, else ``all``."""
     return lambda it, x, mask: a if mask[a] else 0
@@ -593,7 +600,8 @@ def train_per_model(graphs: Mapping[str, Graph], rules: Sequence[Rule],
                     log: Callable[[str], None] | None = None) -> tuple[LinearPolicy, list[dict]]:
     """:func:`train_policy` with ``config.per_model``: per training model, every constant schedule of
     ``config.actions`` (all of them if empty) allowed on it is scored, and its ``config.late_candidates`` best
-    once more stopping at their fixpoint; the model's own best schedule is the one with the highest reward
+    once more stopping at their fixpoint, and with ``config.openers`` each of those actions also as an opener
+    (:func:`opener`: once, then eqsat's schedule); the model's own best schedule is the one with the highest reward
     (eqsat's, ``all``, unless one beats it). Then one policy imitates every model's best episode
     (:func:`fit_imitation` on the decisions and their features, the input graph's op mix among them: models with
     different op mixes get different schedules). A model whose decisions the policy does not all reproduce is
@@ -628,6 +636,14 @@ def train_per_model(graphs: Mapping[str, Graph], rules: Sequence[Rule],
             rewards[late], scheds[late] = reward(m, c, t), sched
             if log:
                 log(f"eqsat-rl {m}: schedule {late}: reward {rewards[late]:+.4f} ({t:.1f} s)")
+        for name in (wanted if config.openers else ()):
+            if name == "all" or not mask[names.index(name)]:
+                continue
+            c, t, sched = score_of(m, opener(name))
+            once = f"{name} once, then all"
+            rewards[once], scheds[once] = reward(m, c, t), sched
+            if log:
+                log(f"eqsat-rl {m}: schedule {once}: reward {rewards[once]:+.4f} ({t:.1f} s)")
         name = max(rewards, key=lambda a: (rewards[a], a == "all"))  # (ties: eqsat's schedule)
         best[m], table[m] = (name, rewards[name], scheds[name]), rewards
     demos = [sched.decisions for _, _, sched in best.values() if sched.decisions]
