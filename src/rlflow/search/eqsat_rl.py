@@ -621,29 +621,20 @@ def train_per_model(graphs: Mapping[str, Graph], rules: Sequence[Rule],
     for m, g in graphs.items():
         mask = action_mask(present_families(g, [r for r in rules if r.min_opset <= g.opset]))
         rewards, scheds = {"all": 0.0}, {"all": refs[m]}
-        for name in wanted:
-            a = names.index(name)
-            if name == "all" or not mask[a]:
-                continue
-            c, t, sched = score_of(m, _constant(a))
-            rewards[name], scheds[name] = reward(m, c, t), sched
+
+        def score(label: str, choose: Chooser) -> None:  # (model m's schedule ``label``; used in this iteration)
+            c, t, scheds[label] = score_of(m, choose)
+            rewards[label] = reward(m, c, t)
             if log:
-                log(f"eqsat-rl {m}: constant schedule {name}: reward {rewards[name]:+.4f} ({t:.1f} s)")
-        ranked = sorted((a for a in rewards if a != "all"), key=lambda a: -rewards[a])
-        for start in ranked[:config.late_candidates]:
-            c, t, sched = score_of(m, late_stop(start))
-            late = f"{start}, then stop"
-            rewards[late], scheds[late] = reward(m, c, t), sched
-            if log:
-                log(f"eqsat-rl {m}: schedule {late}: reward {rewards[late]:+.4f} ({t:.1f} s)")
-        for name in (wanted if config.openers else ()):
-            if name == "all" or not mask[names.index(name)]:
-                continue
-            c, t, sched = score_of(m, opener(name))
-            once = f"{name} once, then all"
-            rewards[once], scheds[once] = reward(m, c, t), sched
-            if log:
-                log(f"eqsat-rl {m}: schedule {once}: reward {rewards[once]:+.4f} ({t:.1f} s)")
+                log(f"eqsat-rl {m}: schedule {label}: reward {rewards[label]:+.4f} ({t:.1f} s)")
+
+        allowed = [a for a in wanted if a != "all" and mask[names.index(a)]]
+        for name in allowed:
+            score(name, _constant(names.index(name)))
+        for start in sorted(allowed, key=lambda a: -rewards[a])[:config.late_candidates]:
+            score(f"{start}, then stop", late_stop(start))
+        for name in (allowed if config.openers else ()):
+            score(f"{name} once, then all", opener(name))
         name = max(rewards, key=lambda a: (rewards[a], a == "all"))  # (ties: eqsat's schedule)
         best[m], table[m] = (name, rewards[name], scheds[name]), rewards
     demos = [sched.decisions for _, _, sched in best.values() if sched.decisions]
