@@ -113,6 +113,29 @@ def test_every_stage_has_the_dvc_address_dvc_lists():
     assert registry.stage("collect_rollouts").dvc_address({"model": "bert", "shard": 0}) == "collect_rollouts@bert-0"
 
 
+def test_dvc_defines_exactly_the_jobs_dvc_lists():
+    """Snakemake's onsuccess records only the jobs DVC has a stage for (Stage.dvc_defines): each value of
+    config.yaml's lists, and one outside them (`snakemake results/vit/model.onnx` with `models: [bert]` made the
+    whole record fail with "no DVC stage named export_model@vit")."""
+    import itertools
+
+    from rlflow.pipeline import registry
+
+    r = sh(tool("dvc"), "stage", "list", "--all", "--name-only")
+    assert r.returncode == 0, r.stderr
+    listed = set(r.stdout.split())
+    config = registry.default_config()
+    seen = {True: 0, False: 0}
+    for st in registry.STAGES.values():
+        lists = [[*registry.get(config, registry.WILDCARD_CONFIG[w]), "not-in-config"] for w in st.wildcards]
+        for values in itertools.product(*lists):
+            wildcards = dict(zip(st.wildcards, map(str, values)))  # Snakemake's wildcards are strings
+            defined = st.dvc_defines(wildcards, config)
+            assert defined == (st.dvc_address(wildcards) in listed), (st.name, wildcards)
+            seen[defined] += 1
+    assert seen[True] and seen[False], seen
+
+
 # -- (b) config and schema ---------------------------------------------------------------------------------
 def test_default_config_is_valid_and_complete():
     raw = yaml.safe_load(CONFIG.read_text())

@@ -124,7 +124,13 @@ def dvc_commit(config):
     if importlib.util.find_spec("dvc") is None:
         print(f"dvc: not recording this run in dvc.lock: DVC is not installed in Snakemake's Python ({sys.executable})")
         return
-    stages = sorted({dvc_stage_name(job) for job in workflow.dag.jobs if job.rule.name in registry.STAGES})
+    jobs = [job for job in workflow.dag.jobs if job.rule.name in registry.STAGES]
+    defined = lambda job: registry.stage(job.rule.name).dvc_defines(job.wildcards, config)  # noqa: E731
+    outside = sorted({dvc_stage_name(job) for job in jobs if not defined(job)})
+    if outside:
+        print(f"dvc: not recording {', '.join(outside)}: dvc.yaml only runs over config.yaml's lists (`models`, "
+              "`rollouts.shards`, ...) and switched-on stages; add the value there to version its outputs")
+    stages = sorted({dvc_stage_name(job) for job in jobs if defined(job)})
     if not stages:
         return
     print(f"dvc: recording {len(stages)} stages in dvc.lock (dvc commit) ...", flush=True)

@@ -244,6 +244,15 @@ class Stage:
         file = PIPELINE_FILES[self.pipeline]
         return name if file == PIPELINE_FILES["main"] else f"{file}:{name}"
 
+    def dvc_defines(self, wildcards: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
+        """Does the DVC file rendered from ``config`` (config.yaml's) define this stage's job for ``wildcards``?
+        Its foreach/matrix runs over the config's lists only, and a stage whose switch is off is left out, so a
+        job Snakemake made for another value (``snakemake results/vit/model.onnx`` with ``models: [bert]``) has
+        no DVC stage to record it in."""
+        if self.enabled_by and not get(config, self.enabled_by):
+            return False
+        return all(str(wildcards[w]) in {str(v) for v in get(config, WILDCARD_CONFIG[w])} for w in self.wildcards)
+
     @property
     def code_name(self) -> str:
         """The stage module it runs: its own name, or ``runs``."""
