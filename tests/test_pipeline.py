@@ -126,12 +126,12 @@ def test_dvc_defines_exactly_the_jobs_dvc_lists():
     listed = set(r.stdout.split())
     config = registry.default_config()
     seen = {True: 0, False: 0}
-    for st in registry.STAGES.values():
-        lists = [[*registry.get(config, registry.WILDCARD_CONFIG[w]), "not-in-config"] for w in st.wildcards]
+    for stage in registry.STAGES.values():
+        lists = [[*registry.get(config, registry.WILDCARD_CONFIG[w]), "not-in-config"] for w in stage.wildcards]
         for values in itertools.product(*lists):
-            wildcards = dict(zip(st.wildcards, map(str, values)))  # Snakemake's wildcards are strings
-            defined = st.dvc_defines(wildcards, config)
-            assert defined == (st.dvc_address(wildcards) in listed), (st.name, wildcards)
+            wildcards = dict(zip(stage.wildcards, map(str, values)))  # Snakemake's wildcards are strings
+            defined = stage.dvc_defines(wildcards, config)
+            assert defined == (stage.dvc_address(wildcards) in listed), (stage.name, wildcards)
             seen[defined] += 1
     assert seen[True] and seen[False], seen
 
