@@ -428,6 +428,34 @@ def test_e_matching_binds_a_commutative_op_in_either_order_once():
         assert len({st.key("t") for st in find_bindings(eg, ix, add_any)}) == 3  # a+relu(b) both ways, a+a once
 
 
+def test_e_matching_finds_a_kid_only_once_its_class_holds_the_op_read_there():
+    """The e-matcher skips an instance whose kid class holds no e-node of the op the pattern reads there (the
+    index of e-nodes by class and op): MatMul(Transpose(x), y) binds MatMul(Transpose(a), b) only, until the
+    class of Relu(a) is merged with Transpose(a)'s; then, with a new index, both MatMuls bind (MatMul(Relu(a), v)
+    through the Transpose now in its kid's class), each once."""
+    from rlflow.rewrite import rule_from_json
+    from rlflow.search.eqsat.pattern import Index, find_bindings
+
+    n = lambda op, ins, **attrs: {"op": op, "inputs": ins, "attrs": attrs}  # noqa: E731
+    pat = Pattern(rule_from_json({
+        "id": "t", "name": "t", "origin": "builtin", "src": [n("Transpose", ["x"], perm=[1, 0]),
+                                                             n("MatMul", ["%0", "y"])],
+        "dst": [n("Transpose", ["x"], perm=[1, 0]), n("MatMul", ["%0", "y"])], "outputs": [["%1", "%1"]],
+        "verified": {"method": "test", "trials": 0}}))
+    b = GraphBuilder("g")
+    a, w, v = b.input("a", (4, 4)), b.input("w", (4, 4)), b.input("v", (4, 4))
+    t, r = b.op("Transpose", [a], perm=(1, 0)), b.op("Relu", [a])
+    eg, _ = graph_to_egraph(b.build([b.op("MatMul", [t, w]), b.op("MatMul", [r, v])]))
+    cls = lambda op: eg.find(next(c for k, c in eg.memo.items() if k[0] == op))  # noqa: E731
+    matmul_kids = lambda found: sorted(st.nodes[1][3][0] for st in found)  # noqa: E731
+    assert matmul_kids(find_bindings(eg, Index(eg), pat)) == [cls("Transpose")]
+    eg.union(cls("Transpose"), cls("Relu"))
+    eg.rebuild()
+    found = list(find_bindings(eg, Index(eg), pat))
+    assert len(found) == 2 and len({st.key("t") for st in found}) == 2
+    assert {st.vars["x"] for st in found} == {eg.find(eg.memo[("$input", "a", 1, 0, ())])}
+
+
 def test_eqsat_fuses_a_bias_added_on_either_side():
     """MatMul + bias -> Gemm has one rule (MatMul first in its Add); eqsat fuses Add(bias, MatMul) as well: the
     same cost as with the bias second, and below the original."""

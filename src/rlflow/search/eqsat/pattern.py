@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from rlflow.graph.ir import Constant
 from rlflow.graph.ops import COMMUTATIVE
@@ -39,6 +39,9 @@ class Pattern:
                      for r in pn.inputs] for pn in rule.src]
         used = {ref[1] for row in self.ins for ref in row if ref[0] == "node"}
         self.roots = [k for k in range(len(rule.src)) if k not in used]
+        # per pattern node, the pattern nodes it reads: (input position, their op, which output)
+        self.reads = [tuple((pos, rule.src[ref[1]].op, ref[2]) for pos, ref in enumerate(row) if ref[0] == "node")
+                      for row in self.ins]
         self.multi = len(self.roots) > 1
         depth = {k: 0 for k in self.roots}  # the longest chain of pattern nodes below a root
         for k in sorted(depth):
@@ -106,20 +109,25 @@ class Binding:
 
 
 class Index:
-    """Per iteration: op instances by op, e-nodes by class, and instances by (op, input position, class)."""
+    """Per iteration: op instances by op, e-nodes by class, the instances with an output in a class by (class, op,
+    output), and instances by (op, input position, class)."""
 
     def __init__(self, eg: EGraph):
         self.by_op: dict[str, dict[str, list[tuple]]] = {}  # op -> attribute key -> instances
         self.in_class: dict[int, list[Key]] = {}
+        self.members: dict[tuple[int, str, int], list[tuple]] = {}  # (class, op, output j) -> instances
         self.uses: dict[tuple[str, int, int], list[tuple]] = {}
         self.cls: dict[Key, int] = {}
         self.parents: dict[int, set[int]] = {}
+        self._viable: dict[tuple, tuple] = {}
         for key, c in eg.memo.items():
             self.in_class.setdefault(c, []).append(key)
             self.cls[key] = c
             for k in key[4]:
                 if k >= 0:
                     self.parents.setdefault(k, set()).add(c)
+            if key[0] not in (INPUT, CONST):
+                self.members.setdefault((c, key[0], key[3]), []).append((key[0], key[1], key[2], key[4]))
             if key[3] == 0 and key[0] not in (INPUT, CONST):
                 inst = (key[0], key[1], key[2], key[4])
                 self.by_op.setdefault(key[0], {}).setdefault(key[1], []).append(inst)
@@ -128,6 +136,20 @@ class Index:
 
     def out_class(self, inst: tuple, j: int) -> int:
         return self.cls[(inst[0], inst[1], inst[2], j, inst[3])]
+
+    def viable(self, groups: dict[str, list[tuple]], reads: tuple) -> dict[str, list[tuple]]:
+        """``groups`` (attribute key -> instances, e.g. ``by_op[op]``) less the instances whose kids at ``reads``'
+        positions (position, op, output) are classes holding no such e-node; cached: many rules share a root's
+        op and what it reads."""
+        key = (id(groups), reads)
+        hit = self._viable.get(key)
+        if hit is None:
+            members = self.members
+            kept = {a: insts for a, group in groups.items()
+                    if (insts := [inst for inst in group
+                                  if all((inst[3][pos], op, j) in members for pos, op, j in reads)])}
+            hit = self._viable[key] = (groups, kept)  # groups is kept alive with its id
+        return hit[1]
 
     def near(self, changed: set[int], depth: int) -> list[dict[str, dict[str, list[tuple]]]]:
         """Per depth d <= ``depth``: by op and attribute key, the op instances with an output class within d parent
@@ -158,18 +180,17 @@ def find_bindings(eg: EGraph, ix: Index, p: Pattern, first: dict[str, dict[str, 
             ok = p.literal_ok[(k, akey)] = all(attr_equal(attrs[a], v) for a, v in p.literal[k].items())
         return ok
 
-    def orders(k: int, kids: tuple) -> tuple[tuple, ...]:
-        """The orders in which an instance with ``kids`` may bind pattern node ``k``'s inputs."""
-        if p.comm[k] and len(kids) == 2 and kids[0] != kids[1]:
-            return kids, (kids[1], kids[0])
-        return (kids,)
+    members, comm, reads = ix.members, p.comm, p.reads
 
-    def fits(k: int, inst: tuple, st: Binding) -> Iterator[Binding]:
-        """``st`` with pattern node ``k`` bound to ``inst``, for each order of its kids that fits."""
-        for kids in orders(k, inst[3]):
-            s2 = fit(k, inst, kids, st)
-            if s2 is not None:
-                yield s2
+    def orders(k: int, kids: tuple) -> Sequence[tuple]:
+        """The orders in which an instance with ``kids`` may bind pattern node ``k``'s inputs (a commutative op's
+        two distinct kids: either), less those where a kid's class holds no e-node of the op the pattern reads
+        there (:func:`chain` would bind nothing below it: the hot path of e-matching, checked first)."""
+        out = (kids, (kids[1], kids[0])) if comm[k] and len(kids) == 2 and kids[0] != kids[1] else (kids,)
+        rk = reads[k]
+        if not rk:
+            return out
+        return [o for o in out if all((o[pos], op, j) in members for pos, op, j in rk)]
 
     def fit(k: int, inst: tuple, kids: tuple, st: Binding) -> Binding | None:
         pn = src[k]
@@ -215,12 +236,11 @@ def find_bindings(eg: EGraph, ix: Index, p: Pattern, first: dict[str, dict[str, 
             if ix.out_class(st.nodes[m], j) == c:
                 yield from chain(todo, i + 1, st)
             return
-        for key in ix.in_class.get(c, ()):
-            if key[0] != src[m].op or key[3] != j:
-                continue
-            for s2 in fits(m, (key[0], key[1], key[2], key[4]), st):
-                for s3 in below(m, s2):
-                    yield from chain(todo, i + 1, s3)
+        for inst in members.get((c, src[m].op, j), ()):
+            for kids in orders(m, inst[3]):
+                if (s2 := fit(m, inst, kids, st)) is not None:
+                    for s3 in below(m, s2):
+                        yield from chain(todo, i + 1, s3)
 
     def roots(i: int, st: Binding) -> Iterator[Binding]:
         if i == len(p.roots):
@@ -237,14 +257,18 @@ def find_bindings(eg: EGraph, ix: Index, p: Pattern, first: dict[str, dict[str, 
                 else:
                     cands = ix.uses.get((src[k].op, pos, c), ())
                 break
+        checked = False
         if cands is None:  # every instance of the op whose literal attributes match
             op = src[k].op
             groups = (first if i == 0 and first is not None else ix.by_op).get(op, {})
+            if reads[k] and not comm[k]:  # and whose kids hold what the pattern reads: orders() is then done
+                groups, checked = ix.viable(groups, reads[k]), True
             cands = [inst for akey, group in groups.items() if literal_ok(k, op, akey) for inst in group]
         for inst in cands:
-            for s2 in fits(k, inst, st):
-                for s3 in below(k, s2):
-                    yield from roots(i + 1, s3)
+            for kids in (inst[3],) if checked else orders(k, inst[3]):
+                if (s2 := fit(k, inst, kids, st)) is not None:
+                    for s3 in below(k, s2):
+                        yield from roots(i + 1, s3)
 
     yield from roots(0, Binding({}, {}, {}, {}))
 
