@@ -133,7 +133,7 @@ def dvc_commit(config):
     stages = sorted({dvc_stage_name(job) for job in jobs if defined(job)})
     if not stages:
         return
-    print(f"dvc: recording {len(stages)} stages in dvc.lock (dvc commit) ...", flush=True)
+    print(f"dvc: recording {len(stages)} stage{'' if len(stages) == 1 else 's'} in dvc.lock (dvc commit) ...", flush=True)
     proc = subprocess.run([sys.executable, "-m", "rlflow.pipeline.dvc", "--commit", *stages], cwd=workflow.basedir,
                           capture_output=True, text=True)
     if proc.returncode != 0:
