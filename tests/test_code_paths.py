@@ -18,7 +18,7 @@ SRC = REPO / "src" / "rlflow"
 USED_ELSEWHERE = """
 wildcard_patterns check_models benchmark snakemake_shell param_values _init_dvc _init_studio post_data_to_studio forward
 action_space observation_space log_severity_level intra_op_num_threads writeable producer_name
-_dvc_file _dvc_studio_config __getattr__ dvc_address optimize estimate_cost
+_dvc_file _dvc_studio_config __getattr__ dvc_address dvc_defines optimize estimate_cost
 """.split()
 
 
