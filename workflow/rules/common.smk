@@ -124,13 +124,15 @@ def dvc_commit(config):
     if importlib.util.find_spec("dvc") is None:
         print(f"dvc: not recording this run in dvc.lock: DVC is not installed in Snakemake's Python ({sys.executable})")
         return
-    jobs = [job for job in workflow.dag.jobs if job.rule.name in registry.STAGES]
-    defined = lambda job: registry.stage(job.rule.name).dvc_defines(job.wildcards, config)  # noqa: E731
-    outside = sorted({dvc_stage_name(job) for job in jobs if not defined(job)})
-    if outside:
-        print(f"dvc: not recording {', '.join(outside)}: dvc.yaml only runs over config.yaml's lists (`models`, "
-              "`rollouts.shards`, ...) and switched-on stages; add the value there to version its outputs")
-    stages = sorted({dvc_stage_name(job) for job in jobs if defined(job)})
+    by_defined = {True: set(), False: set()}  # does dvc.yaml define the job's stage?
+    for job in workflow.dag.jobs:
+        if job.rule.name in registry.STAGES:
+            defined = registry.stage(job.rule.name).dvc_defines(job.wildcards, config)
+            by_defined[defined].add(dvc_stage_name(job))
+    if by_defined[False]:
+        print(f"dvc: not recording {', '.join(sorted(by_defined[False]))}: dvc.yaml only runs over config.yaml's "
+              "lists (`models`, `rollouts.shards`, ...) and switched-on stages; add the value there to version its outputs")
+    stages = sorted(by_defined[True])
     if not stages:
         return
     print(f"dvc: recording {len(stages)} stage{'' if len(stages) == 1 else 's'} in dvc.lock (dvc commit) ...", flush=True)

@@ -126,10 +126,11 @@ class Index:
             for k in key[4]:
                 if k >= 0:
                     self.parents.setdefault(k, set()).add(c)
-            if key[0] not in (INPUT, CONST):
-                self.members.setdefault((c, key[0], key[3]), []).append((key[0], key[1], key[2], key[4]))
-            if key[3] == 0 and key[0] not in (INPUT, CONST):
-                inst = (key[0], key[1], key[2], key[4])
+            if key[0] in (INPUT, CONST):
+                continue
+            inst = (key[0], key[1], key[2], key[4])
+            self.members.setdefault((c, key[0], key[3]), []).append(inst)
+            if key[3] == 0:
                 self.by_op.setdefault(key[0], {}).setdefault(key[1], []).append(inst)
                 for pos, k in enumerate(key[4]):
                     self.uses.setdefault((key[0], pos, k), []).append(inst)
