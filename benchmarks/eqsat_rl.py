@@ -8,7 +8,8 @@ Every method saturates under the same budget (the config's eqsat section, or --n
             time includes the search
   learned   the linear softmax policy trained by REINFORCE on --train models (training wall time printed); the
             other models are held out. With --per-model: each training model's own best constant schedule (of
-            --actions; --openers adds each action once, then eqsat's schedule), one policy imitating them all (it
+            --actions; --openers adds each action once, then eqsat's schedule; --stop-after K ends the cheapest
+            ones after K iterations), one policy imitating them all (it
             sees the input graph's op mix); clock-free, a training model's eqsat and learned rows are then its
             training runs (the same graphs a rerun gives), not rerun
 The learned agent's and the tree search's results are checked equal to the input
@@ -153,6 +154,11 @@ def main() -> None:
                     help="the constant schedules scored in training (default: every action)")
     ap.add_argument("--openers", action="store_true",
                     help="with --per-model, also score each action once, then eqsat's schedule (A once, then all)")
+    ap.add_argument("--stop-after", nargs="+", type=int, default=[], metavar="K",
+                    help="with --per-model, also score eqsat's schedule and the --stop-candidates cheapest others "
+                         "ended after K iterations, for each K")
+    ap.add_argument("--stop-candidates", type=int, default=TrainConfig.stop_candidates,
+                    help="with --stop-after: the schedules besides eqsat's that are ended early (default %(default)s)")
     ap.add_argument("--skip", nargs="+", default=[], choices=("tree", "random"), help="methods not to run")
     ap.add_argument("--depth", type=int, default=3)
     ap.add_argument("--simulations", type=int, default=16)
@@ -209,7 +215,8 @@ def main() -> None:
                                                    time_weight=args.time_weight,
                                                    late_candidates=args.late_candidates,
                                                    per_model=args.per_model, actions=tuple(args.actions),
-                                                   openers=args.openers),
+                                                   openers=args.openers, stop_after=tuple(args.stop_after),
+                                                   stop_candidates=args.stop_candidates),
                                        log=lambda m: print(m, flush=True))
     train_s = policy.info.get("train_seconds", float("nan"))
     if args.save_policy:
@@ -273,7 +280,9 @@ def main() -> None:
     else:
         reward_ilp = "the budget's own (clock-free)" if budget.clock_free else f"{args.proxy_ilp} s"
         how = (f"per model, imitated; actions {' '.join(args.actions) or 'all'}"
-               f"{', each also as an opener' if args.openers else ''}" if args.per_model else
+               f"{', each also as an opener' if args.openers else ''}"
+               f"{'; ended after ' + ' '.join(map(str, args.stop_after)) + ' iterations' if args.stop_after else ''}"
+               if args.per_model else
                f"{args.epochs} epochs, lr {args.lr}, all-bias {args.all_bias}")
         print(f"learned agent: trained on {', '.join(args.train)} ({how}, reward ILP {reward_ilp}, time weight "
               f"{args.time_weight}, late candidates {args.late_candidates}) in {train_s:.1f} s; "

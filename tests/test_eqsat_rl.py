@@ -520,3 +520,34 @@ def test_per_model_openers_score_an_action_once_then_eqsats_schedule(monkeypatch
     assert {"no:conv once, then all", "no:multi once, then all"} <= set(info["constant_rewards"])
     schedule = run_schedule(g, BUILTIN, cost, policy.greedy(), BUDGET)[0].stats["schedule"]
     assert schedule[0] == "no:conv" and set(schedule[1:]) == {"all"}
+
+
+def test_per_model_stop_after_ends_the_cheapest_schedules_early(monkeypatch):
+    """With ``stop_after``, eqsat's schedule and the cheapest others are also scored ended after k iterations
+    (where they ran longer); where only such a run beats eqsat (as "only:multi once, then all" ended after 4 does
+    on ort-cpu's gpt2) the policy imitates it exactly; a k at or past a schedule's length is not scored."""
+    g, cost = shared_input_graph(), AnalyticCost("cpu")
+    real = eqsat_rl.proxy_cost
+
+    def proxy(graph, rules, cost_model, choose, budget, ilp_s):
+        _, t, sched = real(graph, rules, cost_model, choose, budget, ilp_s)
+        s = sched.schedule
+        if s == ["no:conv", "no:conv", "stop"]:
+            return 1.0, t, sched
+        return (1.5 if s[0] == "no:conv" and s[-1] != "stop" else 2.0), t, sched
+
+    monkeypatch.setattr(eqsat_rl, "proxy_cost", proxy)
+    config = TrainConfig(per_model=True, late_candidates=1, time_weight=0, actions=("all", "no:conv", "no:multi"),
+                         stop_candidates=1)
+    policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, config)
+    assert policy.info["per_model"]["g"]["imitated"] == "no:conv"
+    policy, _ = train_policy({"g": g}, BUILTIN, cost, BUDGET, replace(config, stop_after=(2, 3, 9)))
+    info = policy.info["per_model"]["g"]
+    assert info["imitated"] == "no:conv, stop after 2" and info["exact"] and info["reward"] > 0
+    scored = set(info["constant_rewards"])
+    assert {"all, stop after 2", "no:conv, stop after 2", "no:conv, stop after 3"} <= scored  # all ran 3: not 3
+    assert not {"all, stop after 3", "no:conv, stop after 9", "no:multi, stop after 2"} & scored
+    assert run_schedule(g, BUILTIN, cost, policy.greedy(), BUDGET)[0].stats["schedule"] == ["no:conv", "no:conv",
+                                                                                             "stop"]
+    with pytest.raises(RLFlowError, match="at least 1"):
+        eqsat_rl.stop_after(_fixed([]), 0)

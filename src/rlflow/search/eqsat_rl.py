@@ -433,6 +433,9 @@ class TrainConfig:
     #                          (train_per_model; REINFORCE's epochs are not run)
     actions: tuple[str, ...] = ()  # the constant schedules scored (empty: every action but stop)
     openers: bool = False  # per model, also "A once, then all" for each action A scored (see train_per_model)
+    stop_after: tuple[int, ...] = ()  # per model, eqsat's schedule and the stop_candidates cheapest others also
+    #                                    ended after k iterations, for each k (see train_per_model)
+    stop_candidates: int = 2
 
 
 def _tighter(a: float, b: float) -> float:
@@ -582,6 +585,15 @@ def constant_rewards(graphs: Mapping[str, Graph], rules: Sequence[Rule],
     return out
 
 
+def stop_after(choose: Chooser, k: int) -> Chooser:
+    """``choose``'s schedule ended after ``k`` iterations: ``stop`` from iteration ``k`` on (``k`` >= 1: stopping
+    before the first iteration would extract the input)."""
+    if k < 1:
+        raise RLFlowError(f"eqsat-rl: stop after {k} iterations: need at least 1")
+    s = action_names().index(STOP)
+    return lambda it, x, mask: s if it >= k and mask[s] else choose(it, x, mask)
+
+
 def opener(action: str) -> Chooser:
     """The schedule "``action`` once, then all": ``action`` in the first iteration (``all`` if it is not allowed
     there), eqsat's schedule after it."""
@@ -602,7 +614,10 @@ def train_per_model(graphs: Mapping[str, Graph], rules: Sequence[Rule],
     ``config.actions`` (all of them if empty) allowed on it is scored, and its ``config.late_candidates`` best
     once more stopping at their fixpoint, and with ``config.openers`` each of those actions also as an opener
     (:func:`opener`: once, then eqsat's schedule); the model's own best schedule is the one with the highest reward
-    (eqsat's, ``all``, unless one beats it). Then one policy imitates every model's best episode
+    (eqsat's, ``all``, unless one beats it). With ``config.stop_after``, eqsat's schedule and the
+    ``config.stop_candidates`` schedules scored so far that extract the cheapest graphs are scored again ended
+    after k iterations (:func:`stop_after`) for each k given, where they ran longer: a smaller e-graph is quicker
+    to extract, and with a node-limited ILP it can hold a cheaper graph than the full one. Then one policy imitates every model's best episode
     (:func:`fit_imitation` on the decisions and their features, the input graph's op mix among them: models with
     different op mixes get different schedules). A model whose decisions the policy does not all reproduce is
     scored again with the policy (its reward is the policy's, not the demonstration's). ``refs`` are eqsat's
@@ -620,11 +635,11 @@ def train_per_model(graphs: Mapping[str, Graph], rules: Sequence[Rule],
     table: dict[str, dict[str, float]] = {}
     for m, g in graphs.items():
         mask = action_mask(present_families(g, [r for r in rules if r.min_opset <= g.opset]))
-        rewards, scheds = {"all": 0.0}, {"all": refs[m]}
+        rewards, scheds, choosers, ms = {"all": 0.0}, {"all": refs[m]}, {"all": _fixed([])}, {}
 
         def score(label: str, choose: Chooser) -> None:  # (model m's schedule ``label``; used in this iteration)
-            c, t, scheds[label] = score_of(m, choose)
-            rewards[label] = reward(m, c, t)
+            ms[label], t, scheds[label] = score_of(m, choose)
+            rewards[label], choosers[label] = reward(m, ms[label], t), choose
             if log:
                 log(f"eqsat-rl {m}: schedule {label}: reward {rewards[label]:+.4f} ({t:.1f} s)")
 
@@ -635,6 +650,12 @@ def train_per_model(graphs: Mapping[str, Graph], rules: Sequence[Rule],
             score(f"{start}, then stop", late_stop(start))
         for name in (allowed if config.openers else ()):
             score(f"{name} once, then all", opener(name))
+        if config.stop_after:
+            cheapest = sorted(ms, key=lambda a: (ms[a], -rewards[a]))
+            for base in ["all"] + cheapest[:config.stop_candidates]:
+                ran = len([a for a in scheds[base].schedule if a != STOP])
+                for k in sorted({k for k in config.stop_after if 1 <= k < ran}):
+                    score(f"{base}, stop after {k}", stop_after(choosers[base], k))
         name = max(rewards, key=lambda a: (rewards[a], a == "all"))  # (ties: eqsat's schedule)
         best[m], table[m] = (name, rewards[name], scheds[name]), rewards
     demos = [sched.decisions for _, _, sched in best.values() if sched.decisions]
