@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest

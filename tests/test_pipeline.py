@@ -101,14 +101,14 @@ def test_every_stage_has_the_dvc_address_dvc_lists():
     listed = set(r.stdout.split())
     present = {n.split(":")[-1].split("@")[0] for n in listed}  # a sweep over an empty list has no stage
     assert {"train_multi_model", "report_multi", "export_hlo", "generate_rules", "export_model"} <= present
-    for st in registry.STAGES.values():
-        if st.name not in present:
+    for stage in registry.STAGES.values():
+        if stage.name not in present:
             continue
-        if not st.wildcards:
-            assert st.dvc_address({}) in listed, st.name
+        if not stage.wildcards:
+            assert stage.dvc_address({}) in listed, stage.name
         else:
-            head = st.dvc_address({w: "X" for w in st.wildcards}).split("@")[0] + "@"
-            assert any(n.startswith(head) for n in listed), st.name
+            head = stage.dvc_address({w: "X" for w in stage.wildcards}).split("@")[0] + "@"
+            assert any(n.startswith(head) for n in listed), stage.name
     assert registry.stage("report_multi").dvc_address({}) == "multi/dvc.yaml:report_multi"
     assert registry.stage("collect_rollouts").dvc_address({"model": "bert", "shard": 0}) == "collect_rollouts@bert-0"
 
