@@ -551,3 +551,5 @@ def test_per_model_stop_after_ends_the_cheapest_schedules_early(monkeypatch):
                                                                                              "stop"]
     with pytest.raises(RLFlowError, match="at least 1"):
         eqsat_rl.stop_after(_fixed([]), 0)
+    with pytest.raises(RLFlowError, match="iteration counts >= 1"):
+        train_policy({"g": g}, BUILTIN, cost, BUDGET, replace(config, stop_after=(0,)))

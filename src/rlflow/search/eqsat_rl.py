@@ -481,6 +481,8 @@ def train_policy(graphs: Mapping[str, Graph], rules: Sequence[Rule], cost: CostM
     schedules' rewards."""
     if not graphs:
         raise RLFlowError("eqsat-rl: train_policy needs at least one training graph")
+    if any(k < 1 for k in config.stop_after) or config.stop_candidates < 0:
+        raise RLFlowError("eqsat-rl: stop_after needs iteration counts >= 1 and stop_candidates >= 0")
     t0 = time.perf_counter()
     rng = np.random.default_rng(config.seed)
     policy = LinearPolicy.untrained()
@@ -617,7 +619,8 @@ def train_per_model(graphs: Mapping[str, Graph], rules: Sequence[Rule],
     (eqsat's, ``all``, unless one beats it). With ``config.stop_after``, eqsat's schedule and the
     ``config.stop_candidates`` schedules scored so far that extract the cheapest graphs are scored again ended
     after k iterations (:func:`stop_after`) for each k given, where they ran longer: a smaller e-graph is quicker
-    to extract, and with a node-limited ILP it can hold a cheaper graph than the full one. Then one policy imitates every model's best episode
+    to extract, and with a node-limited ILP it can hold a cheaper graph than the full one. Then one policy
+    imitates every model's best episode
     (:func:`fit_imitation` on the decisions and their features, the input graph's op mix among them: models with
     different op mixes get different schedules). A model whose decisions the policy does not all reproduce is
     scored again with the policy (its reward is the policy's, not the demonstration's). ``refs`` are eqsat's
@@ -654,7 +657,7 @@ def train_per_model(graphs: Mapping[str, Graph], rules: Sequence[Rule],
             cheapest = sorted(ms, key=lambda a: (ms[a], -rewards[a]))
             for base in ["all"] + cheapest[:config.stop_candidates]:
                 ran = len([a for a in scheds[base].schedule if a != STOP])
-                for k in sorted({k for k in config.stop_after if 1 <= k < ran}):
+                for k in sorted({k for k in config.stop_after if k < ran}):
                     score(f"{base}, stop after {k}", stop_after(choosers[base], k))
         name = max(rewards, key=lambda a: (rewards[a], a == "all"))  # (ties: eqsat's schedule)
         best[m], table[m] = (name, rewards[name], scheds[name]), rewards
