@@ -212,6 +212,72 @@ def test_cycle_filtering_removes_the_newest_enode_of_a_cycle_for_good():
     assert eg.add_op("Transpose", {"perm": (1, 0, 2)}, [x]) == [eg.find(t1)]  # T(x) itself stays
 
 
+def _remove_cycles_afresh(eg) -> int:
+    """The cycle filtering as first written: the class graph, the e-nodes' ages and the class sizes taken
+    afresh from the e-graph before every search for cycles (the oracle of the next test)."""
+    from rlflow.errors import RLFlowError
+
+    removed = 0
+    while True:
+        cycles = eg._class_cycles()
+        if not cycles:
+            return removed
+        age = {k: i for i, k in enumerate(eg.memo)}
+        size = {}
+        for c in eg.memo.values():
+            size[eg.find(c)] = size.get(eg.find(c), 0) + 1
+        for cycle in cycles:
+            if any(k not in eg.memo for k in cycle):
+                continue
+            for victim in sorted(cycle, key=age.__getitem__, reverse=True):
+                outs = [victim[:3] + (j,) + victim[4:] for j in range(victim[2])]
+                lose = {}
+                for k in outs:
+                    lose[eg.find(eg.memo[k])] = lose.get(eg.find(eg.memo[k]), 0) + 1
+                if all(size[c] > n for c, n in lose.items()):
+                    for k in outs:
+                        del eg.memo[k]
+                    eg.filtered.update(outs)
+                    for c, n in lose.items():
+                        size[c] -= n
+                    removed += len(outs)
+                    break
+            else:
+                raise RLFlowError("a cycle no e-node can be removed from")
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_cycle_filtering_keeps_its_class_graph_up_to_date(seed):
+    """remove_cycles takes the class graph once and drops each removed e-node's edges from it: it removes the
+    same e-nodes, in the same order, as rebuilding the class graph before every search. Random e-graphs of
+    unary and binary ops over two inputs, with random merges, so that cycles run through each other."""
+    import copy
+
+    from rlflow.graph.types import TensorType
+    from rlflow.search.eqsat import EGraph
+
+    rng = np.random.default_rng(seed)
+    eg = EGraph()
+    t = TensorType((4, 4))
+    classes = [eg.add_input("x", t), eg.add_input("y", t)]
+    for _ in range(40):
+        if rng.random() < 0.5:
+            op, kids = str(rng.choice(["Relu", "Tanh", "Sigmoid"])), [int(rng.choice(classes))]
+        else:
+            op, kids = str(rng.choice(["Add", "Mul"])), [int(c) for c in rng.choice(classes, 2)]
+        classes.append(eg.add_op(op, {}, kids)[0])
+    for _ in range(8):
+        a, b = rng.choice(classes, 2)
+        eg.union(int(a), int(b))
+    eg.rebuild()
+    ref = copy.deepcopy(eg)
+    assert eg._class_cycles()
+    removed = eg.remove_cycles()
+    assert removed == _remove_cycles_afresh(ref) > 0
+    assert list(eg.memo.items()) == list(ref.memo.items()) and eg.filtered == ref.filtered
+    assert not eg._class_cycles()
+
+
 @pytest.mark.parametrize("model", ["bert", "squeezenet"])
 def test_semi_naive_matching_saturates_to_the_same_egraph(tiny_zoo, rules, model):
     """Matching only near what changed since a rule last ran finds every new match: the e-graph, the statistics

@@ -157,14 +157,17 @@ class EGraph:
         gone. Keeps extraction free of cycles, and the ILP's relaxation tight. Returns the number of e-nodes
         removed."""
         removed = 0
+        # no merge happens here, so the classes, the e-nodes' ages and the class sizes are taken once; the
+        # edges lose those of each e-node removed (in order, so every search sees what a fresh one would)
+        edges = self._class_edges()
+        age = {k: i for i, k in enumerate(self.memo)}
+        size: dict[int, int] = {}
+        for c in self.memo.values():
+            size[self.find(c)] = size.get(self.find(c), 0) + 1
         while True:
-            cycles = self._class_cycles()
+            cycles = self._class_cycles(edges)
             if not cycles:
                 return removed
-            age = {k: i for i, k in enumerate(self.memo)}
-            size: dict[int, int] = {}
-            for c in self.memo.values():
-                size[self.find(c)] = size.get(self.find(c), 0) + 1
             for cycle in cycles:
                 if any(k not in self.memo for k in cycle):
                     continue  # an earlier removal broke it
@@ -176,7 +179,9 @@ class EGraph:
                         lose[c] = lose.get(c, 0) + 1
                     if all(size[c] > n for c, n in lose.items()):
                         for k in outs:
-                            del self.memo[k]
+                            c = self.find(self.memo.pop(k))
+                            if c in edges:
+                                edges[c] = [e for e in edges[c] if e[0] != k]
                         self.filtered.update(outs)
                         for c, n in lose.items():
                             size[c] -= n
@@ -185,13 +190,21 @@ class EGraph:
                 else:
                     raise RLFlowError("eqsat: a cycle of e-classes that no e-node can be removed from")
 
-    def _class_cycles(self) -> list[list[Key]]:
-        """One cycle per back edge of a depth-first search over the e-classes, as the e-nodes along it."""
+    def _class_edges(self) -> dict[int, list[tuple[Key, int]]]:
+        """The graph of e-classes: for each class, (e-node, child class) for every distinct child of each of its
+        e-nodes, in the e-nodes' order."""
         edges: dict[int, list[tuple[Key, int]]] = {}
         for key, c in self.memo.items():
             for d in set(key[4]):
                 if d >= 0:
                     edges.setdefault(self.find(c), []).append((key, self.find(d)))
+        return edges
+
+    def _class_cycles(self, edges: dict[int, list[tuple[Key, int]]] | None = None) -> list[list[Key]]:
+        """One cycle per back edge of a depth-first search over the e-classes (``edges``, default
+        :meth:`_class_edges`), as the e-nodes along it."""
+        if edges is None:
+            edges = self._class_edges()
         state: dict[int, int] = {}  # 1: on the stack, 2: done
         cycles: list[list[Key]] = []
         for r in sorted(edges):
