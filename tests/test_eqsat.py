@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import assume as hypothesis_assume
 from hypothesis import strategies as st
 
 from rlflow.cli import main
@@ -645,3 +646,96 @@ def test_a_clock_free_budget_gives_the_same_graph_every_time():
     assert a.graph.structural_hash() == b.graph.structural_hash() and a.stats["ilp_nodes"] == b.stats["ilp_nodes"]
     assert a.settings["time_limit_s"] == a.settings["ilp_time_limit_s"] == 0 and a.settings["ilp_node_limit"] == 1
     assert a.final.runtime_ms < a.initial.runtime_ms and check_equal(g, a.graph) <= 1e-5
+
+
+# -- extraction on a target that fuses kernels: fused pairs priced in the ILP --------------------------------
+FUSABLE = {"MatMul>Add": [1, 1], "Add>Relu": [1, 1], "MatMul>Relu": [1, 1]}
+
+
+@st.composite
+def fusable_graphs(draw):
+    """A random chain-and-branch graph of MatMul, Add (of a bias or another value) and Relu, with a random
+    timing for each kernel that pairs two of its nodes on :data:`FUSABLE`: from cheaper than the two alone to
+    dearer (so the ILP meets savings and penalties). Returns (graph, the kernel timings as OrtCpuCost's
+    ``context``)."""
+    from rlflow.cost.ort_cpu import OrtCpuCost, _static, group_signature, kernel_groups
+
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    b = GraphBuilder("fusable")
+    vals = [b.input("x", (64, 256))]
+    for i in range(draw(st.integers(2, 8))):
+        x = vals[draw(st.integers(0, len(vals) - 1))]
+        kind = draw(st.sampled_from(["matmul", "matmul", "bias", "add", "relu"]))
+        if kind == "matmul":
+            vals.append(b.op("MatMul", [x, b.const(f"w{i}", rng.standard_normal((256, 256)).astype(np.float32))]))
+        elif kind == "bias":
+            vals.append(b.op("Add", [x, b.const(f"b{i}", rng.standard_normal((256,)).astype(np.float32))]))
+        elif kind == "add":
+            vals.append(b.op("Add", [x, vals[draw(st.integers(0, len(vals) - 1))]]))
+        else:
+            vals.append(b.op("Relu", [x]))
+    outs = sorted({vals[-1], *draw(st.lists(st.sampled_from(vals[1:]), max_size=2))})
+    g = b.build(outs)
+    plain = OrtCpuCost(fusion=FUSABLE)
+    context = {}
+    for members in kernel_groups(g, plain.fusable, _static(g)[1]):
+        if len(members) == 2:
+            p, q = (plain.alone_ms(g.nodes[i], g.types) - plain.overhead_ms for i in members)
+            context[group_signature(g, members)] = q + p * draw(st.floats(0.2, 2.0))
+    return g, context
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=fusable_graphs())
+def test_the_fusion_priced_ilp_costs_a_graph_as_the_target_does(case):
+    """On a target that fuses kernels (ort-cpu, here with made-up fusions and kernel timings), the ILP with its
+    fusion terms costs a graph exactly as the target does, wherever the target's kernels are single nodes and
+    pairs: a fused pair is counted only when the consumer is the value's only reader and the value is no graph
+    output, a saving where the kernel is cheaper, a penalty where it is dearer. The e-graph of an unrewritten
+    graph holds one graph (its nodes, common ones merged), so the ILP's optimum is that graph's cost."""
+    from rlflow.cost.ort_cpu import OrtCpuCost, _static, kernel_groups
+    from rlflow.search.eqsat import _Costs, greedy_extract, ilp_extract, to_graph
+
+    g, context = case
+    cost = OrtCpuCost(fusion=FUSABLE, context=context)
+    eg, roots = graph_to_egraph(g)
+    roots = [eg.find(c) for c in roots]
+    costs = _Costs(eg, cost)
+    one = to_graph(eg, roots, greedy_extract(eg, costs), g)  # the graph the e-graph holds
+    hypothesis_assume(all(len(m) <= 2 for m in kernel_groups(one, cost.fusable, _static(one)[1])))
+    hypothesis_assume(all(n.op != "Identity" for n in one.nodes))  # (two outputs of one class: not the ILP's)
+    choice, stats = ilp_extract(eg, roots, costs, 0, fusion=True)
+    plain, plain_stats = ilp_extract(eg, roots, costs, 0)
+    assert choice is not None and stats["ilp_optimal"] and choice == plain
+    tie = 2e-6 * len(one.nodes) + 1e-9  # (TIE_COST_MS per free instance)
+    assert stats["ilp_objective"] == pytest.approx(cost.graph_metrics(one).runtime_ms, abs=tie)
+    assert plain_stats["ilp_objective"] == pytest.approx(sum(cost.alone_ms(n, one.types) for n in one.nodes), abs=tie)
+    assert plain_stats["ilp_fusion_pairs"] == 0
+
+
+def test_on_a_target_that_prices_fused_pairs_eqsat_extracts_twice(monkeypatch):
+    """ort-cpu with a fusable edge kind prices fused pairs: eqsat extracts once with each op alone and once with
+    the pairs priced, each ILP with ilp_time_limit_s of its own, and keeps the cheaper on the target; a target
+    that fuses nothing prices no pairs."""
+    import scipy.optimize
+
+    from rlflow.cost.ort_cpu import OrtCpuCost
+
+    seen = []
+    milp = scipy.optimize.milp
+
+    def spy(*args, options=None, **kw):
+        seen.append(dict(options))
+        return milp(*args, options=options, **kw)
+
+    monkeypatch.setattr(scipy.optimize, "milp", spy)
+    g = mm_add_graph()
+    fusing = OrtCpuCost(fusion={"MatMul>Add": [1, 1]})
+    assert fusing.prices_pairs and not OrtCpuCost().prices_pairs and not AnalyticCost("cpu").prices_pairs
+    r = eqsat_search(g, BUILTIN, fusing, ilp_time_limit_s=5)
+    assert r.stats["extraction_rounds"] == 2 and r.stats["ilp_fusion_pairs"] >= 1
+    assert len(seen) == 2 and all(4 < o["time_limit"] <= 5 for o in seen)
+    assert r.stats["extraction_cheapest_round"] in (1, 2)
+    assert r.final.runtime_ms <= r.initial.runtime_ms and check_equal(g, r.graph) <= 1e-5
+    plain = eqsat_search(g, BUILTIN, OrtCpuCost())
+    assert plain.stats["ilp_fusion_pairs"] == 0

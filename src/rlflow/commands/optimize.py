@@ -2,13 +2,15 @@
 
 Methods (default: eqsat, the strongest on this machine's target in the project's measurements: optimising for
 ort-cpu, eqsat made paper-size taso-bert run 0.800 [0.794, 0.805] of the original's latency on onnxruntime
-(interleaved, 60 rounds; FLOPs 4.43 -> 3.49 G) where TASO's search left it unchanged, and bert 0.989
-[0.985, 0.993]; equality saturation keeps the results of all rewrites at once, where TASO and greedy follow
-paths of one rewrite at a time):
+(interleaved, 60 rounds; FLOPs 4.43 -> 3.49 G) where TASO's search left it unchanged, and bert 0.928
+[0.918, 0.938], TASO's graph, in a third of TASO's time; equality saturation keeps the results of all rewrites
+at once, where TASO and greedy follow paths of one rewrite at a time; on vit only TASO's graph ran faster,
+0.976 [0.964, 0.988]):
   taso    TASO's cost-based backtracking search (--alpha, --budget)
   greedy  apply the best cost-lowering rewrite until none lowers the cost
   eqsat   equality saturation over the rules (Tensat), then the cheapest graph the e-graph holds, extracted by
-          an ILP (HiGHS), cycles filtered out during saturation (config section eqsat: node_limit, iter_limit, time_limit_s,
+          an ILP (HiGHS; on ort-cpu a second ILP prices the kernels onnxruntime fuses), cycles filtered out
+          during saturation (config section eqsat: node_limit, iter_limit, time_limit_s,
           multi_iterations, extraction, ilp_time_limit_s, ilp_node_limit; set them with --set eqsat.node_limit=...;
           time limits 0 and an ILP node limit: the same result on any machine and load)
   eqsat-rl  equality saturation whose rule families (multi-pattern, conv, matmul, concat-split, transpose,

@@ -156,6 +156,15 @@ class CostModel:
         equal surroundings, equal change of estimate); None: nothing comparable."""
         return None
 
+    #: :meth:`pair_ms` answers for some pairs (eqsat's extraction then prices fusion in its ILP)
+    prices_pairs = False
+
+    def pair_ms(self, producer: Node, consumer: Node, types: Mapping[str, TensorType]) -> float | None:
+        """The runtime (ms) of ``producer`` and ``consumer`` (which reads one of the producer's outputs, as its only
+        reader) run as one kernel, where this target fuses them; None where it runs them apart (every additive
+        target). Extraction prices fusion with it (:func:`rlflow.search.eqsat.extract.ilp_extract`)."""
+        return None
+
     def alone_ms(self, node: Node, types: Mapping[str, TensorType]) -> float:
         """The runtime (ms) of ``node`` computed on its own: what an additive search (eqsat's extraction) sums
         per op. Here the node's own runtime; a target that groups nodes into kernels times it as one kernel."""

@@ -699,6 +699,18 @@ class OrtCpuCost(CostModel):
                   types={v: types[v] for v in (*ins, *node.outputs)})
         return self._group_runtime(g, [0], [self.node_cost(node, types)])[0]
 
+    @property
+    def prices_pairs(self) -> bool:
+        return bool(self.fusable)
+
+    def pair_ms(self, producer: Node, consumer: Node, types: Mapping) -> float | None:
+        """The two nodes as one kernel where onnxruntime fuses the edge between them (its kind is fusable), with
+        the per-kernel overhead once; None where it does not."""
+        if (label(producer), label(consumer)) not in self.fusable:
+            return None
+        return self._kernel_runtime([producer, consumer], types,
+                                    [self.node_cost(producer, types), self.node_cost(consumer, types)])[0]
+
     def reorder_ms(self, nbytes: float) -> float:
         """One layout reorder of a tensor of ``nbytes``: at the rate the learning graphs' reorders ran, else its
         bytes read and written at the calibrated bandwidth; plus the per-kernel overhead."""

@@ -48,23 +48,46 @@ class _Costs:
 
     def of(self, inst: tuple) -> float:
         hit = self.context.get(inst)
+        return self.alone(inst) if hit is None else hit
+
+    def alone(self, inst: tuple) -> float:
+        """The instance as a kernel of its own (0: weight-only)."""
+        hit = self._memo.get(inst)
         if hit is None:
-            hit = self._memo.get(inst)
-        if hit is not None:
-            return hit
-        op, akey, n, kids = inst
+            op, akey, n, kids = inst
+            eg = self.eg
+            if op != "Opaque" and kids and all(k < 0 or eg.static[k] for k in kids):
+                hit = 0.0
+            else:
+                outs = tuple(f"o{j}" for j in range(n))
+                node = Node("n", op, tuple(f"c{k}" if k >= 0 else "" for k in kids), outs, eg.attrs[(op, akey)])
+                types = {f"c{k}": eg.type[k] for k in kids if k >= 0}
+                for j in range(n):
+                    types[f"o{j}"] = eg.type[eg.memo[(op, akey, n, j, kids)]]
+                hit = float(self.cost.alone_ms(node, types))
+            self._memo[inst] = hit
+        return hit
+
+    def fusion_saving(self, producer: tuple, consumer: tuple) -> float:
+        """What the target saves running ``consumer`` (which reads an output of ``producer``, as its only reader)
+        in one kernel with ``producer`` rather than each alone (:meth:`CostModel.pair_ms`); negative where the
+        kernel costs more; 0 where the target does not fuse them. At most the producer's own cost less
+        TIE_COST_MS, so that no instance ever costs the ILP nothing or less."""
+        a, b = self.alone(producer), self.alone(consumer)
+        if a <= TIE_COST_MS or b <= 0.0:
+            return 0.0
         eg = self.eg
-        if op != "Opaque" and kids and all(k < 0 or eg.static[k] for k in kids):
-            c = 0.0
-        else:
-            outs = tuple(f"o{j}" for j in range(n))
-            node = Node("n", op, tuple(f"c{k}" if k >= 0 else "" for k in kids), outs, eg.attrs[(op, akey)])
-            types = {f"c{k}": eg.type[k] for k in kids if k >= 0}
-            for j in range(n):
-                types[f"o{j}"] = eg.type[eg.memo[(op, akey, n, j, kids)]]
-            c = float(self.cost.alone_ms(node, types))
-        self._memo[inst] = c
-        return c
+        types: dict[str, TensorType] = {}
+
+        def node(inst: tuple) -> Node:  # values named after their classes, so the two nodes are wired
+            op, akey, n, kids = inst
+            outs = tuple(f"c{eg.find(eg.memo[(op, akey, n, j, kids)])}" for j in range(n))
+            ins = tuple(f"c{k}" if k >= 0 else "" for k in kids)
+            types.update({v: eg.type[int(v[1:])] for v in (*ins, *outs) if v})
+            return Node("n", op, ins, outs, eg.attrs[(op, akey)])
+
+        fused = self.cost.pair_ms(node(producer), node(consumer), types)
+        return 0.0 if fused is None else min(a + b - fused, a - TIE_COST_MS)
 
 
 def _inst(key: Key) -> tuple:
@@ -218,12 +241,17 @@ def _clock_spent(limit_s: float, t0: float) -> bool:
     return bool(limit_s) and time.perf_counter() - t0 >= limit_s
 
 
-def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: float, node_limit: int = 0
-                ) -> tuple[dict[int, Key] | None, dict[str, Any]]:
+def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: float, node_limit: int = 0,
+                fusion: bool = False) -> tuple[dict[int, Key] | None, dict[str, Any]]:
     """Tensat's ILP over :func:`ilp_candidates`, the :func:`free_choice` classes left out. One binary variable
     per single-output e-node and one per multi-output op instance (its outputs' e-nodes share it), each paying
     its instance's cost; each output class has a chosen variable (one of its e-nodes', or an instance's with
-    an output in it), and so does every non-free class a chosen variable reads. Solved by HiGHS to optimality
+    an output in it), and so does every non-free class a chosen variable reads. With ``fusion``, on a target
+    that runs some producer -> consumer pairs as one kernel (:meth:`CostModel.pair_ms`), one more variable per
+    such pair of candidates (:func:`fusion_pairs`) adds what fusing them changes: it is 1 only if both are chosen
+    and no other chosen variable reads the value (the target fuses a value's only reader), and must be 1 then
+    where the kernel costs more than the two alone; so a graph whose kernels are single nodes and pairs costs
+    the ILP exactly its cost on the target. Solved by HiGHS to optimality
     or until ``time_limit_s`` is up or a solve has explored ``node_limit`` branch-and-bound nodes (its best
     answer is then used; 0: no such limit; only the node limit makes the answer independent of the machine's
     speed and load). Cycles: saturation's cycle filtering
@@ -273,8 +301,26 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
         cvec[v] = max(costs.of(s), TIE_COST_MS)
         for d in sorted({d for d in s[3] if d >= 0 and d not in free}):  # so has each class it reads
             row([(u, 1.0) for u in of_class[d] if u != v] + [(v, -1.0)], 0.0, np.inf)
-    stats: dict[str, Any] = {"ilp_variables": nv, "ilp_enodes": sum(map(len, classes.values())),
-                             "ilp_free_classes": len(free), "ilp_cycle_cuts": 0, "ilp_solves": 0, "ilp_nodes": 0}
+    pairs = fusion_pairs(eg, roots, costs, free, insts, of_class) if fusion else []
+    fused_from: dict[int, list[int]] = {}
+    for i, (p, q, readers, saving) in enumerate(pairs):
+        y = nv + i
+        if saving > 0:  # y <= x_p, y <= x_q, y + x_r <= 1 for every other reader r
+            row([(y, 1.0), (p, -1.0)], -np.inf, 0.0)
+            row([(y, 1.0), (q, -1.0)], -np.inf, 0.0)
+            for r in readers:
+                row([(y, 1.0), (r, 1.0)], -np.inf, 1.0)
+            fused_from.setdefault(p, []).append(y)
+        else:  # y >= x_p + x_q - 1 - (the other readers)
+            row([(y, 1.0), (p, -1.0), (q, -1.0)] + [(r, 1.0) for r in readers], -1.0, np.inf)
+    for ys in fused_from.values():  # a multi-output producer saves once at most (its saving < its cost)
+        if len(ys) > 1:
+            row([(y, 1.0) for y in ys], -np.inf, 1.0)
+    cvec = np.concatenate([cvec, [-saving for *_, saving in pairs]])
+    nv += len(pairs)
+    stats: dict[str, Any] = {"ilp_variables": nv, "ilp_fusion_pairs": len(pairs),
+                             "ilp_enodes": sum(map(len, classes.values())), "ilp_free_classes": len(free),
+                             "ilp_cycle_cuts": 0, "ilp_solves": 0, "ilp_nodes": 0}
     choice: dict[int, Key] | None = None
     while True:
         options: dict[str, Any] = {"disp": False, "mip_detect_symmetry": False}  # no time_limit, node_limit: none
@@ -319,6 +365,33 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
             break
     stats["ilp_seconds"] = time.perf_counter() - t0
     return choice, stats
+
+
+def fusion_pairs(eg: EGraph, roots: Sequence[int], costs: _Costs, free: dict[int, Key], insts: list[tuple],
+                 of_class: dict[int, list[int]]) -> list[tuple[int, int, list[int], float]]:
+    """The ILP's fusion terms (see :func:`ilp_extract`): per candidate producer -> consumer pair that the target
+    runs as one kernel (:meth:`_Costs.fusion_saving` not 0), where the consumer reads the value once and the value
+    is not a graph output (:func:`rlflow.cost.ort_cpu.single_consumer_edges`): (producer variable, consumer
+    variable, the other variables reading the value, saving in ms)."""
+    if costs.cost.additive:
+        return []
+    readers: dict[int, list[int]] = {}
+    for v, inst in enumerate(insts):
+        for d in sorted({d for d in inst[3] if d >= 0 and d not in free}):
+            readers.setdefault(d, []).append(v)
+    outputs = set(roots)
+    pairs = []
+    for d, rs in sorted(readers.items()):
+        if d in outputs:
+            continue
+        for q in rs:
+            if insts[q][3].count(d) != 1:
+                continue
+            for p in of_class.get(d, ()):
+                saving = 0.0 if p == q else costs.fusion_saving(insts[p], insts[q])
+                if abs(saving) > TIE_COST_MS:
+                    pairs.append((p, q, [r for r in rs if r != q], saving))
+    return pairs
 
 
 def to_graph(eg: EGraph, roots: Sequence[int], choice: dict[int, Key], original: Graph) -> Graph:
@@ -395,7 +468,7 @@ def to_graph(eg: EGraph, roots: Sequence[int], choice: dict[int, Key], original:
 
 
 
-#: extractions at most on a target that fuses kernels (see :func:`extract_best`)
+#: extractions at most on a target that fuses kernels and does not price pairs (see :func:`extract_best`)
 EXTRACTION_ROUNDS = 4
 
 
@@ -405,37 +478,47 @@ def extract_best(eg: EGraph, roots: Sequence[int], original: Graph, cost_model: 
     ``ilp_time_limit_s`` in all and ``ilp_node_limit`` branch-and-bound nodes per solve; 0: no such limit) that is
     cheapest on ``cost_model``; its cost; the extraction's statistics.
 
-    A target that groups nodes into kernels (ort-cpu) is not additive: an op costs less fused with its
-    neighbours. After the first extraction (each op on its own, as Tensat), the ILP costs the input's ops as they
-    cost inside the input and extracts again; then, in turn, the ops of each graph extracted since as they cost
-    inside it; EXTRACTION_ROUNDS extractions at most, fewer if the ILP's clock runs out; the graph cheapest on the
-    target is kept."""
+    A target that groups nodes into kernels (ort-cpu) is not additive: an op costs less (or more) fused with its
+    neighbours. The first extraction costs each op on its own, as Tensat. Where the target prices fused pairs
+    (:meth:`CostModel.pair_ms`), a second ILP adds them (:func:`ilp_extract` with ``fusion``), with a clock of its
+    own (``ilp_time_limit_s`` again). Otherwise the ILP costs the input's ops as they cost inside the input and
+    extracts again; then, in turn, the ops of each graph extracted since as they cost inside it;
+    EXTRACTION_ROUNDS extractions at most, fewer if the ILP's clock runs out. The graph cheapest on the target is
+    kept."""
     costs = _Costs(eg, cost_model)
     fuses = not cost_model.additive
+    priced = fuses and cost_model.prices_pairs and extraction == "ilp"  # a fusion-priced ILP follows the first
     ext: dict[str, Any] = {"extraction": extraction, "extraction_rounds": 0}
     extracted, extracted_ms, tried = None, float("inf"), set()
     t_ilp = time.perf_counter()
     while True:
         choice = None
+        rounds = ext["extraction_rounds"]
         if extraction == "ilp":
-            choice, ilp = ilp_extract(eg, roots, costs, _seconds_left(ilp_time_limit_s, t_ilp), ilp_node_limit)
+            if priced and rounds == 1:
+                t_ilp = time.perf_counter()  # the fusion-priced ILP has a clock of its own
+            choice, ilp = ilp_extract(eg, roots, costs, _seconds_left(ilp_time_limit_s, t_ilp), ilp_node_limit,
+                                      fusion=priced and rounds == 1)
             if extracted is None or choice is not None:
                 ext.update(ilp)
             if choice is None and extracted is None:
                 ext["extraction"] = "greedy (the ILP found no solution within its limits)"
         if choice is None and extracted is None:
             choice = greedy_extract(eg, costs)
-        ext["extraction_rounds"] += 1
+        ext["extraction_rounds"] = rounds = rounds + 1
         if choice is None:
             break
         g = to_graph(eg, roots, choice, original)
         ms = cost_model.graph_metrics(g).runtime_ms
         if ms < extracted_ms:
             extracted, extracted_ms = g, ms
+            ext["extraction_cheapest_round"] = rounds
+        if priced and rounds == 1:
+            continue  # then the fusion-priced ILP
         key = frozenset(choice.items())
-        if not fuses or key in tried or ext["extraction_rounds"] >= EXTRACTION_ROUNDS or \
+        if priced or not fuses or key in tried or rounds >= EXTRACTION_ROUNDS or \
                 _clock_spent(ilp_time_limit_s, t_ilp):
             break
         tried.add(key)
-        costs.seen_in(original if ext["extraction_rounds"] == 1 else g)
+        costs.seen_in(original if rounds == 1 else g)
     return extracted, extracted_ms, ext
