@@ -594,11 +594,9 @@ def test_the_ilp_node_limit_reaches_highs():
     assert ilp_extract(eg, roots, costs, 0, node_limit=1)[0] == cut  # the same answer every time
 
 
-def test_ilp_time_limit_0_is_no_time_limit(monkeypatch):
-    """ilp_time_limit_s 0 means no ILP clock (as time_limit_s 0 means no saturation clock): HiGHS gets no
-    time_limit (it used to get 0.1 s), and on a target that fuses kernels the re-extractions are not cut short
-    (they stopped after the first once the clock was spent: at once, for 0). ilp_node_limit reaches milp as
-    node_limit; 0 passes none."""
+@pytest.fixture
+def milp_options(monkeypatch):
+    """The options of every scipy.optimize.milp call (the ILP's solves) while the test runs, in order."""
     import scipy.optimize
 
     seen = []
@@ -609,6 +607,15 @@ def test_ilp_time_limit_0_is_no_time_limit(monkeypatch):
         return milp(*args, options=options, **kw)
 
     monkeypatch.setattr(scipy.optimize, "milp", spy)
+    return seen
+
+
+def test_ilp_time_limit_0_is_no_time_limit(milp_options):
+    """ilp_time_limit_s 0 means no ILP clock (as time_limit_s 0 means no saturation clock): HiGHS gets no
+    time_limit (it used to get 0.1 s), and on a target that fuses kernels the re-extractions are not cut short
+    (they stopped after the first once the clock was spent: at once, for 0). ilp_node_limit reaches milp as
+    node_limit; 0 passes none."""
+    seen = milp_options
     g = mm_add_graph()
     r = eqsat_search(g, BUILTIN, Fusing("cpu"), time_limit_s=0, ilp_time_limit_s=0)
     assert r.stats["extraction_rounds"] >= 2 and len(seen) == r.stats["extraction_rounds"]
@@ -713,22 +720,13 @@ def test_the_fusion_priced_ilp_costs_a_graph_as_the_target_does(case):
     assert plain_stats["ilp_fusion_pairs"] == 0
 
 
-def test_on_a_target_that_prices_fused_pairs_eqsat_extracts_twice(monkeypatch):
+def test_on_a_target_that_prices_fused_pairs_eqsat_extracts_twice(milp_options):
     """ort-cpu with a fusable edge kind prices fused pairs: eqsat extracts once with each op alone and once with
     the pairs priced, each ILP with ilp_time_limit_s of its own, and keeps the cheaper on the target; a target
     that fuses nothing prices no pairs."""
-    import scipy.optimize
-
     from rlflow.cost.ort_cpu import OrtCpuCost
 
-    seen = []
-    milp = scipy.optimize.milp
-
-    def spy(*args, options=None, **kw):
-        seen.append(dict(options))
-        return milp(*args, options=options, **kw)
-
-    monkeypatch.setattr(scipy.optimize, "milp", spy)
+    seen = milp_options
     g = mm_add_graph()
     fusing = OrtCpuCost(fusion={"MatMul>Add": [1, 1]})
     assert fusing.prices_pairs and not OrtCpuCost().prices_pairs and not AnalyticCost("cpu").prices_pairs
