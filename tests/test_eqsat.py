@@ -735,5 +735,8 @@ def test_on_a_target_that_prices_fused_pairs_eqsat_extracts_twice(milp_options):
     assert len(seen) == 2 and all(4 < o["time_limit"] <= 5 for o in seen)
     assert r.stats["extraction_cheapest_round"] in (1, 2)
     assert r.final.runtime_ms <= r.initial.runtime_ms and check_equal(g, r.graph) <= 1e-5
+    from rlflow.search.output import summary
+
+    assert f"{r.stats['ilp_fusion_pairs']} fused pairs priced; the graph of extraction" in summary(r, 0.0, "eqsat")
     plain = eqsat_search(g, BUILTIN, OrtCpuCost())
-    assert plain.stats["ilp_fusion_pairs"] == 0
+    assert plain.stats["ilp_fusion_pairs"] == 0 and "fused pairs" not in summary(plain, 0.0, "eqsat")

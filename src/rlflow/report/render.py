@@ -351,7 +351,10 @@ def _egraph_rows(e: dict) -> list[tuple[str, str]]:
     if c["ilp_variables"] is not None:
         ilp = (f" ({'optimal' if e['ilp_optimal'] else e['ilp_message'] or 'not optimal'}; "
                f"{h.count(c['ilp_variables'])} variables, {h.count(c['ilp_constraints'])} constraints, "
-               f"{h.num(c['ilp_seconds'], 2)} s)")
+               f"{h.num(c['ilp_seconds'], 2)} s" + (
+                   f"; its {h.count(c['ilp_fusion_pairs'])} fused pairs priced as the target fuses them; the graph "
+                   f"of extraction {h.count(c['extraction_cheapest_round'])} kept" if c["ilp_fusion_pairs"] else "")
+               + ")")
     tree = e["tree"]
     return [
         ("e-nodes before -> after saturation", f"{h.count(c['egraph_nodes_initial'])} -> {h.count(c['egraph_nodes'])}"

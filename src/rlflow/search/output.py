@@ -121,7 +121,8 @@ def summary(result: SearchResult, diff: float, label: str) -> str:
             f"({s['rules_translated']} of {s['rules']} rules translated, {s['multi_pattern_rules']} multi-pattern), "
             f"{s['saturation_seconds']:.1f} s",
             f"{label}: extraction {s['extraction']}" + (f" ({'optimal' if s['ilp_optimal'] else s['ilp_message']}, "
-                                                         f"{s['ilp_variables']} variables)" if "ilp_variables" in s else "")
+                                                         f"{s['ilp_variables']} variables{_pairs(s)})"
+                                                         if "ilp_variables" in s else "")
             + f" {s['extraction_seconds']:.1f} s; {r.seconds:.1f} s in all; max output difference {diff:.2e}"] + schedule)
     lines = [
         f"{label}: cost {r.initial.runtime_ms:.4f} -> {r.final.runtime_ms:.4f} ms ({r.speedup:.3f}x), "
@@ -140,3 +141,11 @@ def rules_line(result: SearchResult, label: str) -> list[str]:
     if not names:
         return []
     return [f"{label}: rules: " + ", ".join(f"{n} x{c}" if c > 1 else n for n, c in names.items())]
+
+
+def _pairs(stats: dict) -> str:
+    """``, 869 fused pairs priced; the graph of extraction 2 kept`` where eqsat's last ILP priced fused kernels,
+    else ``""``."""
+    n = stats.get("ilp_fusion_pairs") or 0
+    return f", {n} fused pairs priced; the graph of extraction {stats.get('extraction_cheapest_round')} kept" \
+        if n else ""
