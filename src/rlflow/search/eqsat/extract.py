@@ -54,19 +54,25 @@ class _Costs:
         """The instance as a kernel of its own (0: weight-only)."""
         hit = self._memo.get(inst)
         if hit is None:
-            op, akey, n, kids = inst
-            eg = self.eg
-            if op != "Opaque" and kids and all(k < 0 or eg.static[k] for k in kids):
+            op, _, _, kids = inst
+            if op != "Opaque" and kids and all(k < 0 or self.eg.static[k] for k in kids):
                 hit = 0.0
             else:
-                outs = tuple(f"o{j}" for j in range(n))
-                node = Node("n", op, tuple(f"c{k}" if k >= 0 else "" for k in kids), outs, eg.attrs[(op, akey)])
-                types = {f"c{k}": eg.type[k] for k in kids if k >= 0}
-                for j in range(n):
-                    types[f"o{j}"] = eg.type[eg.memo[(op, akey, n, j, kids)]]
-                hit = float(self.cost.alone_ms(node, types))
+                types: dict[str, TensorType] = {}
+                hit = float(self.cost.alone_ms(self._node(inst, types, wired=False), types))
             self._memo[inst] = hit
         return hit
+
+    def _node(self, inst: tuple, types: dict, wired: bool) -> Node:
+        """The instance as an IR node, its values' types added to ``types``: inputs named after their classes
+        (``c<class>``), outputs too if ``wired`` (so that two nodes read each other), else ``o<j>``."""
+        op, akey, n, kids = inst
+        eg = self.eg
+        keys = [(op, akey, n, j, kids) for j in range(n)]
+        outs = tuple(f"c{eg.find(eg.memo[k])}" if wired else f"o{j}" for j, k in enumerate(keys))
+        types.update({f"c{k}": eg.type[k] for k in kids if k >= 0})
+        types.update({o: eg.type[eg.memo[k]] for o, k in zip(outs, keys)})
+        return Node("n", op, tuple(f"c{k}" if k >= 0 else "" for k in kids), outs, eg.attrs[(op, akey)])
 
     def fusion_saving(self, producer: tuple, consumer: tuple) -> float:
         """What the target saves running ``consumer`` (which reads an output of ``producer``, as its only reader)
@@ -76,17 +82,9 @@ class _Costs:
         a, b = self.alone(producer), self.alone(consumer)
         if a <= TIE_COST_MS or b <= 0.0:
             return 0.0
-        eg = self.eg
         types: dict[str, TensorType] = {}
-
-        def node(inst: tuple) -> Node:  # values named after their classes, so the two nodes are wired
-            op, akey, n, kids = inst
-            outs = tuple(f"c{eg.find(eg.memo[(op, akey, n, j, kids)])}" for j in range(n))
-            ins = tuple(f"c{k}" if k >= 0 else "" for k in kids)
-            types.update({v: eg.type[int(v[1:])] for v in (*ins, *outs) if v})
-            return Node("n", op, ins, outs, eg.attrs[(op, akey)])
-
-        fused = self.cost.pair_ms(node(producer), node(consumer), types)
+        fused = self.cost.pair_ms(self._node(producer, types, wired=True), self._node(consumer, types, wired=True),
+                                  types)
         return 0.0 if fused is None else min(a + b - fused, a - TIE_COST_MS)
 
 
