@@ -661,19 +661,23 @@ FUSABLE = {"MatMul>Add": [1, 1], "Add>Relu": [1, 1], "MatMul>Relu": [1, 1]}
 
 @st.composite
 def fusable_graphs(draw):
-    """A random chain-and-branch graph of MatMul, Add (of a bias or another value) and Relu, with a random
-    timing for each kernel that pairs two of its nodes on :data:`FUSABLE`: from cheaper than the two alone to
-    dearer (so the ILP meets savings and penalties). Returns (graph, the kernel timings as OrtCpuCost's
-    ``context``)."""
+    """A random chain-and-branch graph of MatMul, Add (of a bias or another value), Relu and dense layers (the
+    three), with a random timing for each kernel that joins two or three of its nodes on :data:`FUSABLE`: from
+    cheaper than the nodes alone to dearer (so the ILP meets savings and penalties). Returns (graph, the kernel
+    timings as OrtCpuCost's ``context``)."""
     from rlflow.cost.ort_cpu import OrtCpuCost, _static, group_signature, kernel_groups
 
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     b = GraphBuilder("fusable")
     vals = [b.input("x", (64, 256))]
     for i in range(draw(st.integers(2, 8))):
-        x = vals[draw(st.integers(0, len(vals) - 1))]
-        kind = draw(st.sampled_from(["matmul", "matmul", "bias", "add", "relu"]))
-        if kind == "matmul":
+        x = vals[-1] if draw(st.integers(0, 3)) else vals[draw(st.integers(0, len(vals) - 1))]  # chains, branches
+        kind = draw(st.sampled_from(["matmul", "matmul", "bias", "bias", "add", "relu", "dense"]))
+        if kind == "dense":  # MatMul, bias, Relu: a three-node kernel
+            w = b.const(f"w{i}", rng.standard_normal((256, 256)).astype(np.float32))
+            y = b.op("Add", [b.op("MatMul", [x, w]), b.const(f"b{i}", rng.standard_normal((256,)).astype(np.float32))])
+            vals.append(b.op("Relu", [y]))
+        elif kind == "matmul":
             vals.append(b.op("MatMul", [x, b.const(f"w{i}", rng.standard_normal((256, 256)).astype(np.float32))]))
         elif kind == "bias":
             vals.append(b.op("Add", [x, b.const(f"b{i}", rng.standard_normal((256,)).astype(np.float32))]))
@@ -686,9 +690,9 @@ def fusable_graphs(draw):
     plain = OrtCpuCost(fusion=FUSABLE)
     context = {}
     for members in kernel_groups(g, plain.fusable, _static(g)[1]):
-        if len(members) == 2:
-            p, q = (plain.alone_ms(g.nodes[i], g.types) - plain.overhead_ms for i in members)
-            context[group_signature(g, members)] = q + p * draw(st.floats(0.2, 2.0))
+        if len(members) in (2, 3):
+            *first, last = (plain.alone_ms(g.nodes[i], g.types) - plain.overhead_ms for i in members)
+            context[group_signature(g, members)] = last + sum(first) * draw(st.floats(0.2, 2.0))
     return g, context
 
 
@@ -696,10 +700,11 @@ def fusable_graphs(draw):
 @given(case=fusable_graphs())
 def test_the_fusion_priced_ilp_costs_a_graph_as_the_target_does(case):
     """On a target that fuses kernels (ort-cpu, here with made-up fusions and kernel timings), the ILP with its
-    fusion terms costs a graph exactly as the target does, wherever the target's kernels are single nodes and
-    pairs: a fused pair is counted only when the consumer is the value's only reader and the value is no graph
-    output, a saving where the kernel is cheaper, a penalty where it is dearer. The e-graph of an unrewritten
-    graph holds one graph (its nodes, common ones merged), so the ILP's optimum is that graph's cost."""
+    fusion terms costs a graph exactly as the target does, wherever the target's kernels have at most three
+    nodes: a fused pair is counted only when the consumer is the value's only reader and the value is no graph
+    output, a saving where the kernel is cheaper, a penalty where it is dearer, and a three-node kernel (a chain,
+    or two producers of one consumer) at its own time. The e-graph of an unrewritten graph holds one graph (its
+    nodes, common ones merged), so the ILP's optimum is that graph's cost."""
     from rlflow.cost.ort_cpu import OrtCpuCost, _static, kernel_groups
     from rlflow.search.eqsat import _Costs, greedy_extract, ilp_extract, to_graph
 
@@ -709,7 +714,7 @@ def test_the_fusion_priced_ilp_costs_a_graph_as_the_target_does(case):
     roots = [eg.find(c) for c in roots]
     costs = _Costs(eg, cost)
     one = to_graph(eg, roots, greedy_extract(eg, costs), g)  # the graph the e-graph holds
-    hypothesis_assume(all(len(m) <= 2 for m in kernel_groups(one, cost.fusable, _static(one)[1])))
+    hypothesis_assume(all(len(m) <= 3 for m in kernel_groups(one, cost.fusable, _static(one)[1])))
     hypothesis_assume(all(n.op != "Identity" for n in one.nodes))  # (two outputs of one class: not the ILP's)
     choice, stats = ilp_extract(eg, roots, costs, 0, fusion=True)
     plain, plain_stats = ilp_extract(eg, roots, costs, 0)
@@ -718,6 +723,58 @@ def test_the_fusion_priced_ilp_costs_a_graph_as_the_target_does(case):
     assert stats["ilp_objective"] == pytest.approx(cost.graph_metrics(one).runtime_ms, abs=tie)
     assert plain_stats["ilp_objective"] == pytest.approx(sum(cost.alone_ms(n, one.types) for n in one.nodes), abs=tie)
     assert plain_stats["ilp_fusion_pairs"] == 0
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=fusable_graphs())
+def test_the_fusion_priced_ilp_prices_the_graph_it_extracts_as_the_target_does(case):
+    """After rewriting (MatMul merges, Gemm forms, reassociated Adds: a class with several ops), the fusion-priced
+    ILP's optimum is what the target charges for the graph extracted from it, wherever that graph's kernels have
+    at most three nodes. It cannot choose a second op of a class, or an op nothing reads, to make a fused pair
+    look broken (a penalty dodged) or formed (a saving the graph lacks)."""
+    from rlflow.cost.ort_cpu import OrtCpuCost, _static, kernel_groups
+    from rlflow.search.common import finish
+    from rlflow.search.eqsat import _Costs, ilp_extract, to_graph
+
+    g, context = case
+    cost = OrtCpuCost(fusion=FUSABLE, context=context)
+    eg, roots = graph_to_egraph(g)
+    Runner(eg, BUILTIN, Scheduler(), iter_limit=3).run()
+    roots = [eg.find(c) for c in roots]
+    choice, stats = ilp_extract(eg, roots, _Costs(eg, cost), 0, fusion=True)
+    assert choice is not None and stats["ilp_optimal"]
+    got, metrics = finish(to_graph(eg, roots, choice, g), cost)
+    hypothesis_assume(all(len(m) <= 3 for m in kernel_groups(got, cost.fusable, _static(got)[1])))
+    hypothesis_assume(all(n.op != "Identity" for n in got.nodes))
+    assert stats["ilp_objective"] == pytest.approx(metrics.runtime_ms, abs=2e-6 * len(got.nodes) + 1e-9)
+    assert check_equal(g, got) <= 1e-4
+
+
+def test_the_fusion_priced_ilp_cannot_dodge_a_penalty_with_an_op_the_graph_lacks():
+    """(MatMul(x, w) + a) + c, reassociated: the MatMul's class gets a second reader, x@w + (a + c). A target
+    that charges far more for the MatMul + Add kernel than for the two apart makes every graph pay that penalty
+    (the MatMul has one reader in any graph). Choosing the second reader beside the first, as an op nothing
+    needs or as a second op of the output's class, would make the MatMul look read twice; the ILP may do
+    neither, so its optimum is what the target charges for the graph it returns."""
+    from rlflow.cost.ort_cpu import OrtCpuCost, group_signature
+    from rlflow.search.eqsat import _Costs, ilp_extract, to_graph
+
+    rng = np.random.default_rng(4)
+    b = GraphBuilder("penalty")
+    x, a, c = b.input("x", (64, 256)), b.input("a", (64, 256)), b.input("c", (64, 256))
+    y = b.op("MatMul", [x, b.const("w", rng.standard_normal((256, 256)).astype(np.float32))])
+    g = b.build([b.op("Add", [b.op("Add", [y, a]), c])])
+    plain = OrtCpuCost(fusion={"MatMul>Add": [1, 1]})
+    alone = sum(plain.alone_ms(n, g.types) - plain.overhead_ms for n in g.nodes[:2])
+    cost = OrtCpuCost(fusion={"MatMul>Add": [1, 1]}, context={group_signature(g, [0, 1]): 20 * alone})
+    eg, roots = graph_to_egraph(g)
+    Runner(eg, [r for r in BUILTIN if r.name == "add-associativity"], Scheduler(), iter_limit=2).run()
+    roots = [eg.find(r) for r in roots]
+    assert sum(len(keys) for keys in eg.classes().values()) > len(g.nodes) + 4  # (the reassociated forms)
+    choice, stats = ilp_extract(eg, roots, _Costs(eg, cost), 0, fusion=True)
+    got = to_graph(eg, roots, choice, g)
+    assert stats["ilp_optimal"] and stats["ilp_objective"] == pytest.approx(cost.graph_metrics(got).runtime_ms, abs=1e-5)
+    assert cost.graph_metrics(got).runtime_ms > 20 * alone
 
 
 def test_on_a_target_that_prices_fused_pairs_eqsat_extracts_twice(milp_options):

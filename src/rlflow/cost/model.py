@@ -20,7 +20,7 @@ import statistics
 import sys
 from collections import ChainMap
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from rlflow.cost.metrics import QUANTUM_MS, Metrics, quantize
 from rlflow.errors import RLFlowError
@@ -156,13 +156,13 @@ class CostModel:
         equal surroundings, equal change of estimate); None: nothing comparable."""
         return None
 
-    #: :meth:`pair_ms` answers for some pairs (eqsat's extraction then prices fusion in its ILP)
+    #: :meth:`fused_ms` answers for some pairs (eqsat's extraction then prices fusion in its ILP)
     prices_pairs = False
 
-    def pair_ms(self, producer: Node, consumer: Node, types: Mapping[str, TensorType]) -> float | None:
-        """The runtime (ms) of ``producer`` and ``consumer`` (which reads one of the producer's outputs, as its only
-        reader) run as one kernel, where this target fuses them; None where it runs them apart (every additive
-        target). Extraction prices fusion with it (:func:`rlflow.search.eqsat.extract.ilp_extract`)."""
+    def fused_ms(self, nodes: Sequence[Node], types: Mapping[str, TensorType]) -> float | None:
+        """The runtime (ms) of ``nodes`` (two or three, in graph order, joined by values each read by one of them
+        only) run as one kernel, where this target fuses every edge between them; None where it does not (every
+        additive target). Extraction prices fusion with it (:func:`rlflow.search.eqsat.extract.ilp_extract`)."""
         return None
 
     def alone_ms(self, node: Node, types: Mapping[str, TensorType]) -> float:

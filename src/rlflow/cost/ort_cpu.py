@@ -703,13 +703,13 @@ class OrtCpuCost(CostModel):
     def prices_pairs(self) -> bool:
         return bool(self.fusable)
 
-    def pair_ms(self, producer: Node, consumer: Node, types: Mapping) -> float | None:
-        """The two nodes as one kernel where onnxruntime fuses the edge between them (its kind is fusable), with
-        the per-kernel overhead once; None where it does not."""
-        if (label(producer), label(consumer)) not in self.fusable:
+    def fused_ms(self, nodes: Sequence[Node], types: Mapping) -> float | None:
+        """``nodes`` as one kernel where onnxruntime fuses every edge between them (each of its kind fusable, and
+        the nodes a tree of such edges), with the per-kernel overhead once; None where it does not."""
+        edges = [(label(p), label(c)) for p in nodes for c in nodes if p is not c and set(p.outputs) & set(c.inputs)]
+        if len(edges) != len(nodes) - 1 or any(e not in self.fusable for e in edges):
             return None
-        return self._kernel_runtime([producer, consumer], types,
-                                    [self.node_cost(producer, types), self.node_cost(consumer, types)])[0]
+        return self._kernel_runtime(list(nodes), types, [self.node_cost(n, types) for n in nodes])[0]
 
     def reorder_ms(self, nbytes: float) -> float:
         """One layout reorder of a tensor of ``nbytes``: at the rate the learning graphs' reorders ran, else its

@@ -74,17 +74,21 @@ class _Costs:
         types.update({o: eg.type[eg.memo[k]] for o, k in zip(outs, keys)})
         return Node("n", op, tuple(f"c{k}" if k >= 0 else "" for k in kids), outs, eg.attrs[(op, akey)])
 
+    def fused(self, insts: Sequence[tuple]) -> float | None:
+        """The instances (in the order :func:`to_graph` writes them) as one kernel on the target
+        (:meth:`CostModel.fused_ms`); None where the target does not fuse them."""
+        types: dict[str, TensorType] = {}
+        return self.cost.fused_ms([self._node(i, types, wired=True) for i in insts], types)
+
     def fusion_saving(self, producer: tuple, consumer: tuple) -> float:
         """What the target saves running ``consumer`` (which reads an output of ``producer``, as its only reader)
-        in one kernel with ``producer`` rather than each alone (:meth:`CostModel.pair_ms`); negative where the
-        kernel costs more; 0 where the target does not fuse them. At most the producer's own cost less
-        TIE_COST_MS, so that no instance ever costs the ILP nothing or less."""
+        in one kernel with ``producer`` rather than each alone; negative where the kernel costs more; 0 where the
+        target does not fuse them. At most the producer's own cost less TIE_COST_MS, so that no instance ever
+        costs the ILP nothing or less."""
         a, b = self.alone(producer), self.alone(consumer)
         if a <= TIE_COST_MS or b <= 0.0:
             return 0.0
-        types: dict[str, TensorType] = {}
-        fused = self.cost.pair_ms(self._node(producer, types, wired=True), self._node(consumer, types, wired=True),
-                                  types)
+        fused = self.fused((producer, consumer))
         return 0.0 if fused is None else min(a + b - fused, a - TIE_COST_MS)
 
 
@@ -245,11 +249,14 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
     per single-output e-node and one per multi-output op instance (its outputs' e-nodes share it), each paying
     its instance's cost; each output class has a chosen variable (one of its e-nodes', or an instance's with
     an output in it), and so does every non-free class a chosen variable reads. With ``fusion``, on a target
-    that runs some producer -> consumer pairs as one kernel (:meth:`CostModel.pair_ms`), one more variable per
+    that runs some producer -> consumer pairs as one kernel (:meth:`CostModel.fused_ms`), one more variable per
     such pair of candidates (:func:`fusion_pairs`) adds what fusing them changes: it is 1 only if both are chosen
     and no other chosen variable reads the value (the target fuses a value's only reader), and must be 1 then
-    where the kernel costs more than the two alone; so a graph whose kernels are single nodes and pairs costs
-    the ILP exactly its cost on the target. Solved by HiGHS to optimality
+    where the kernel costs more than the two alone. One variable per two such pairs that make a three-node
+    kernel (:func:`fusion_triples`) adds what the kernel costs beyond the pairs' terms. The chosen variables are
+    then held to the ops of one graph: at most one per class, and each read by a chosen one or an output (else
+    a spare reader would make a fused value look read twice, dodging a penalty). So a graph whose kernels have
+    at most three nodes costs the ILP exactly its cost on the target. Solved by HiGHS to optimality
     or until ``time_limit_s`` is up or a solve has explored ``node_limit`` branch-and-bound nodes (its best
     answer is then used; 0: no such limit; only the node limit makes the answer independent of the machine's
     speed and load). Cycles: saturation's cycle filtering
@@ -299,9 +306,25 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
         cvec[v] = max(costs.of(s), TIE_COST_MS)
         for d in sorted({d for d in s[3] if d >= 0 and d not in free}):  # so has each class it reads
             row([(u, 1.0) for u in of_class[d] if u != v] + [(v, -1.0)], 0.0, np.inf)
+    if fusion:  # the chosen variables are then exactly the extracted graph's ops: no fusion term counts an op
+        # the graph lacks (a second op of a class, or one nothing reads, would make a value's reader look
+        # single, or its producer fused, where it is not)
+        readers = _readers(insts, free)
+        out_classes: dict[int, set[int]] = {}
+        for c, vs in of_class.items():
+            if len(vs) > 1:  # one op per class
+                row([(v, 1.0) for v in vs], -np.inf, 1.0)
+            for v in vs:
+                out_classes.setdefault(v, set()).add(c)
+        for v in range(nv):  # each op read by a chosen op, or an output
+            if not out_classes[v] & set(roots):
+                us = sorted(set().union(*(readers.get(c, ()) for c in out_classes[v])) - {v})
+                row([(v, 1.0)] + [(u, -1.0) for u in us], -np.inf, 0.0)
     pairs = fusion_pairs(eg, roots, costs, free, insts, of_class) if fusion else []
+    triples = fusion_triples(pairs, insts, costs)
+    exact = {k for i, j, extra in triples if extra > 0 for k in (i, j)}  # 1 whenever fused, so a penalty holds
     fused_from: dict[int, list[int]] = {}
-    for i, (p, q, readers, saving) in enumerate(pairs):
+    for i, (p, q, _, readers, saving) in enumerate(pairs):
         y = nv + i
         if saving > 0:  # y <= x_p, y <= x_q, y + x_r <= 1 for every other reader r
             row([(y, 1.0), (p, -1.0)], -np.inf, 0.0)
@@ -309,14 +332,21 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
             for r in readers:
                 row([(y, 1.0), (r, 1.0)], -np.inf, 1.0)
             fused_from.setdefault(p, []).append(y)
-        else:  # y >= x_p + x_q - 1 - (the other readers)
+        if saving <= 0 or i in exact:  # y >= x_p + x_q - 1 - (the other readers)
             row([(y, 1.0), (p, -1.0), (q, -1.0)] + [(r, 1.0) for r in readers], -1.0, np.inf)
     for ys in fused_from.values():  # a multi-output producer saves once at most (its saving < its cost)
         if len(ys) > 1:
             row([(y, 1.0) for y in ys], -np.inf, 1.0)
-    cvec = np.concatenate([cvec, [-saving for *_, saving in pairs]])
-    nv += len(pairs)
-    stats: dict[str, Any] = {"ilp_variables": nv, "ilp_fusion_pairs": len(pairs),
+    for t, (i, j, extra) in enumerate(triples):
+        z, yi, yj = nv + len(pairs) + t, nv + i, nv + j
+        if extra > 0:  # z >= y_i + y_j - 1
+            row([(z, 1.0), (yi, -1.0), (yj, -1.0)], -1.0, np.inf)
+        else:  # z <= y_i, z <= y_j
+            row([(z, 1.0), (yi, -1.0)], -np.inf, 0.0)
+            row([(z, 1.0), (yj, -1.0)], -np.inf, 0.0)
+    cvec = np.concatenate([cvec, [-saving for *_, saving in pairs], [extra for *_, extra in triples]])
+    nv += len(pairs) + len(triples)
+    stats: dict[str, Any] = {"ilp_variables": nv, "ilp_fusion_pairs": len(pairs), "ilp_fusion_triples": len(triples),
                              "ilp_enodes": sum(map(len, classes.values())), "ilp_free_classes": len(free),
                              "ilp_cycle_cuts": 0, "ilp_solves": 0, "ilp_nodes": 0}
     choice: dict[int, Key] | None = None
@@ -366,17 +396,14 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
 
 
 def fusion_pairs(eg: EGraph, roots: Sequence[int], costs: _Costs, free: dict[int, Key], insts: list[tuple],
-                 of_class: dict[int, list[int]]) -> list[tuple[int, int, list[int], float]]:
-    """The ILP's fusion terms (see :func:`ilp_extract`): per candidate producer -> consumer pair that the target
-    runs as one kernel (:meth:`_Costs.fusion_saving` not 0), where the consumer reads the value once and the value
-    is not a graph output (:func:`rlflow.cost.ort_cpu.single_consumer_edges`): (producer variable, consumer
-    variable, the other variables reading the value, saving in ms)."""
+                 of_class: dict[int, list[int]]) -> list[tuple[int, int, int, list[int], float]]:
+    """The ILP's fusion terms for pairs (see :func:`ilp_extract`): per candidate producer -> consumer pair that
+    the target runs as one kernel (:meth:`_Costs.fusion_saving` not 0), where the consumer reads the value once
+    and the value is not a graph output (:func:`rlflow.cost.ort_cpu.single_consumer_edges`): (producer variable,
+    consumer variable, the value's class, the other variables reading the value, saving in ms)."""
     if costs.cost.additive:
         return []
-    readers: dict[int, list[int]] = {}
-    for v, inst in enumerate(insts):
-        for d in sorted({d for d in inst[3] if d >= 0 and d not in free}):
-            readers.setdefault(d, []).append(v)
+    readers = _readers(insts, free)
     outputs = set(roots)
     pairs = []
     for d, rs in sorted(readers.items()):
@@ -388,8 +415,51 @@ def fusion_pairs(eg: EGraph, roots: Sequence[int], costs: _Costs, free: dict[int
             for p in of_class.get(d, ()):
                 saving = 0.0 if p == q else costs.fusion_saving(insts[p], insts[q])
                 if abs(saving) > TIE_COST_MS:
-                    pairs.append((p, q, [r for r in rs if r != q], saving))
+                    pairs.append((p, q, d, [r for r in rs if r != q], saving))
     return pairs
+
+
+def _readers(insts: list[tuple], free: dict[int, Key]) -> dict[int, list[int]]:
+    """Per class the ILP decides, the variables (in order) of the op instances that read it."""
+    readers: dict[int, list[int]] = {}
+    for v, inst in enumerate(insts):
+        for d in sorted({d for d in inst[3] if d >= 0 and d not in free}):
+            readers.setdefault(d, []).append(v)
+    return readers
+
+
+def fusion_triples(pairs: list[tuple[int, int, int, list[int], float]], insts: list[tuple], costs: _Costs
+                   ) -> list[tuple[int, int, float]]:
+    """The ILP's fusion terms for three-node kernels (see :func:`ilp_extract`): per two fused pairs
+    (:func:`fusion_pairs`) that make one kernel, a chain p -> q -> r or two producers read by one consumer
+    (single-output producers only), what the target charges for the kernel beyond the three instances alone less
+    the two pairs' savings: (pair, pair, that difference in ms; positive where the pairs' terms underprice the
+    kernel)."""
+    by_producer: dict[int, list[int]] = {}
+    by_consumer: dict[int, list[int]] = {}
+    for i, (p, q, *_) in enumerate(pairs):
+        if insts[p][2] == 1:
+            by_producer.setdefault(p, []).append(i)
+            by_consumer.setdefault(q, []).append(i)
+    out = []
+    for i, (p, q, d, _, saving) in enumerate(pairs):
+        if insts[p][2] != 1:
+            continue
+        kernels = [(j, (p, q, pairs[j][1])) for j in by_producer.get(q, ()) if pairs[j][1] != p]  # p -> q -> r
+        for j in by_consumer[q]:  # p, p2 -> q, the producers in the order of q's inputs (to_graph's order)
+            d2 = pairs[j][2]
+            if j > i and d2 != d:
+                first = insts[q][3].index(d) < insts[q][3].index(d2)
+                kernels.append((j, (p, pairs[j][0], q) if first else (pairs[j][0], p, q)))
+        for j, three in kernels:
+            fused = costs.fused([insts[v] for v in three])
+            if fused is None:
+                continue
+            terms = sum(costs.alone(insts[v]) for v in three) - saving - pairs[j][4]
+            extra = max(fused, 3 * TIE_COST_MS) - terms
+            if abs(extra) > TIE_COST_MS:
+                out.append((i, j, extra))
+    return out
 
 
 def to_graph(eg: EGraph, roots: Sequence[int], choice: dict[int, Key], original: Graph) -> Graph:
@@ -478,7 +548,7 @@ def extract_best(eg: EGraph, roots: Sequence[int], original: Graph, cost_model: 
 
     A target that groups nodes into kernels (ort-cpu) is not additive: an op costs less (or more) fused with its
     neighbours. The first extraction costs each op on its own, as Tensat. Where the target prices fused pairs
-    (:meth:`CostModel.pair_ms`), a second ILP adds them (:func:`ilp_extract` with ``fusion``), with a clock of its
+    (:meth:`CostModel.fused_ms`), a second ILP adds them (:func:`ilp_extract` with ``fusion``), with a clock of its
     own (``ilp_time_limit_s`` again). Otherwise the ILP costs the input's ops as they cost inside the input and
     extracts again; then, in turn, the ops of each graph extracted since as they cost inside it;
     EXTRACTION_ROUNDS extractions at most, fewer if the ILP's clock runs out. The graph cheapest on the target is
