@@ -352,8 +352,9 @@ def _egraph_rows(e: dict) -> list[tuple[str, str]]:
         ilp = (f" ({'optimal' if e['ilp_optimal'] else e['ilp_message'] or 'not optimal'}; "
                f"{h.count(c['ilp_variables'])} variables, {h.count(c['ilp_constraints'])} constraints, "
                f"{h.num(c['ilp_seconds'], 2)} s" + (
-                   f"; its {h.count(c['ilp_fusion_pairs'])} fused pairs priced as the target fuses them; the graph "
-                   f"of extraction {h.count(c['extraction_cheapest_round'])} kept" if c["ilp_fusion_pairs"] else "")
+                   f"; its {h.count(c['ilp_fusion_pairs'])} fused pairs and {h.count(c['ilp_fusion_triples'] or 0)} "
+                   f"three-node kernels priced as the target fuses them; the graph of extraction "
+                   f"{h.count(c['extraction_cheapest_round'])} kept" if c["ilp_fusion_pairs"] else "")
                + ")")
     tree = e["tree"]
     return [

@@ -161,7 +161,7 @@ EGRAPH_COUNTS = ("egraph_nodes_initial", "egraph_nodes", "egraph_classes_initial
                  "rules", "rules_translated", "multi_pattern_rules", "matches", "applied", "merges", "match_cap_hits",
                  "cycle_enodes_removed", "filtered",
                  "saturation_seconds", "extraction_seconds", "ilp_variables", "ilp_constraints", "ilp_seconds",
-                 "ilp_fusion_pairs", "extraction_cheapest_round", "extracted_cost_ms")
+                 "ilp_fusion_pairs", "ilp_fusion_triples", "extraction_cheapest_round", "extracted_cost_ms")
 
 
 def egraph(eqsat: Input, taso: Input) -> dict:
