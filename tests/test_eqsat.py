@@ -611,6 +611,20 @@ def milp_options(monkeypatch):
     return seen
 
 
+def test_the_ilp_solver_prints_nothing():
+    """HiGHS writes a banner to the C-level standard output when a process makes its first solver: the solve
+    wrapper sends it to /dev/null, so `rlflow optimize` and the stages print only their own lines (a fresh
+    process, as the banner comes once per process)."""
+    import subprocess
+    import sys
+
+    code = ("import numpy as np; from scipy.sparse import csc_array; from rlflow.search.eqsat.extract import "
+            "solve_ilp; r = solve_ilp(np.array([1.0, 2.0]), csc_array(np.array([[1.0, 1.0]])), np.array([1.0]), "
+            "np.array([np.inf]), {}); assert r.optimal and r.objective == 1.0")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == "" and "HiGHS" not in out.stderr, out.stdout + out.stderr
+
+
 def test_ilp_time_limit_0_is_no_time_limit(milp_options):
     """ilp_time_limit_s 0 means no ILP clock (as time_limit_s 0 means no saturation clock): HiGHS gets no
     time_limit (it used to get 0.1 s), and on a target that fuses kernels the re-extractions are not cut short

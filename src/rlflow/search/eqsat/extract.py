@@ -398,6 +398,23 @@ class Solved:
     at_node_limit: bool
 
 
+def _new_highs(highspy):
+    """A HiGHS instance. HiGHS writes its banner to the C-level standard output once per process, whatever its
+    options: that write goes to /dev/null, so that commands print only their own lines."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    saved, null = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
+
+
 def solve_ilp(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, options: dict[str, Any]) -> Solved:
     """Minimise ``c @ x`` over binary ``x`` with ``lo <= a @ x <= hi`` (``a``: a scipy sparse matrix) by HiGHS's
     own Python interface (highspy), single-threaded, quiet; ``options``: ``time_limit`` (s), ``node_limit``
@@ -405,7 +422,7 @@ def solve_ilp(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, options: dict[st
     vit's fusion-priced ILP it explored 2 nodes in 60 s, where highspy 1.16 proves the optimum in 17 s.)"""
     import highspy
 
-    h = highspy.Highs()
+    h = _new_highs(highspy)
     for key, value in (("output_flag", False), ("threads", 1), ("random_seed", 0)):
         h.setOptionValue(key, value)
     if "time_limit" in options:
