@@ -308,7 +308,7 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
     if fusion:  # the chosen variables are then exactly the extracted graph's ops: no fusion term counts an op
         # the graph lacks (a second op of a class, or one nothing reads, would make a value's reader look
         # single, or its producer fused, where it is not)
-        readers = _readers(insts, free)
+        read_by, outputs = _readers(insts, free), set(roots)
         out_classes: dict[int, set[int]] = {}
         for c, vs in of_class.items():
             if len(vs) > 1:  # one op per class
@@ -316,8 +316,8 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
             for v in vs:
                 out_classes.setdefault(v, set()).add(c)
         for v in range(nv):  # each op read by a chosen op, or an output
-            if not out_classes[v] & set(roots):
-                us = sorted(set().union(*(readers.get(c, ()) for c in out_classes[v])) - {v})
+            if not out_classes[v] & outputs:
+                us = sorted(set().union(*(read_by.get(c, ()) for c in out_classes[v])) - {v})
                 row([(v, 1.0)] + [(u, -1.0) for u in us], -np.inf, 0.0)
     pairs = fusion_pairs(eg, roots, costs, free, insts, of_class) if fusion else []
     triples = fusion_triples(pairs, insts, costs)
