@@ -3,9 +3,9 @@
 Methods (default: eqsat, the strongest on this machine's target in the project's measurements: optimising for
 ort-cpu, eqsat made paper-size taso-bert run 0.800 [0.794, 0.805] of the original's latency on onnxruntime
 (interleaved, 60 rounds; FLOPs 4.43 -> 3.49 G) where TASO's search left it unchanged, and bert 0.928
-[0.918, 0.938], TASO's graph, in a third of TASO's time; equality saturation keeps the results of all rewrites
-at once, where TASO and greedy follow paths of one rewrite at a time; on vit only TASO's graph ran faster,
-0.976 [0.964, 0.988]):
+[0.918, 0.938], TASO's graph, in a third of TASO's time; gpt2 0.959 [0.945, 0.972] (TASO's graph 0.979
+[0.960, 0.999]) and vit 0.974 [0.957, 0.992] (TASO's: no detectable difference); equality saturation keeps the
+results of all rewrites at once, where TASO and greedy follow paths of one rewrite at a time):
   taso    TASO's cost-based backtracking search (--alpha, --budget)
   greedy  apply the best cost-lowering rewrite until none lowers the cost
   eqsat   equality saturation over the rules (Tensat), then the cheapest graph the e-graph holds, extracted by
