@@ -595,7 +595,7 @@ def test_the_ilp_node_limit_reaches_highs():
 
 
 @pytest.fixture
-def milp_options(monkeypatch):
+def ilp_options(monkeypatch):
     """The options of every ILP solve (:func:`rlflow.search.eqsat.extract.solve_ilp`) while the test runs, in
     order."""
     from rlflow.search.eqsat import extract
@@ -625,12 +625,12 @@ def test_the_ilp_solver_prints_nothing():
     assert out.returncode == 0 and out.stdout == "" and "HiGHS" not in out.stderr, out.stdout + out.stderr
 
 
-def test_ilp_time_limit_0_is_no_time_limit(milp_options):
+def test_ilp_time_limit_0_is_no_time_limit(ilp_options):
     """ilp_time_limit_s 0 means no ILP clock (as time_limit_s 0 means no saturation clock): HiGHS gets no
     time_limit (it used to get 0.1 s), and on a target that fuses kernels the re-extractions are not cut short
     (they stopped after the first once the clock was spent: at once, for 0). ilp_node_limit reaches HiGHS as
     node_limit; 0 passes none."""
-    seen = milp_options
+    seen = ilp_options
     g = mm_add_graph()
     r = eqsat_search(g, BUILTIN, Fusing("cpu"), time_limit_s=0, ilp_time_limit_s=0)
     assert r.stats["extraction_rounds"] >= 2 and len(seen) == r.stats["extraction_rounds"]
@@ -792,13 +792,13 @@ def test_the_fusion_priced_ilp_cannot_dodge_a_penalty_with_an_op_the_graph_lacks
     assert cost.graph_metrics(got).runtime_ms > 20 * alone
 
 
-def test_on_a_target_that_prices_fused_pairs_eqsat_extracts_twice(milp_options):
+def test_on_a_target_that_prices_fused_pairs_eqsat_extracts_twice(ilp_options):
     """ort-cpu with a fusable edge kind prices fused pairs: eqsat extracts once with each op alone and once with
     the pairs priced, each ILP with ilp_time_limit_s of its own, and keeps the cheaper on the target; a target
     that fuses nothing prices no pairs."""
     from rlflow.cost.ort_cpu import OrtCpuCost
 
-    seen = milp_options
+    seen = ilp_options
     g = mm_add_graph()
     fusing = OrtCpuCost(fusion={"MatMul>Add": [1, 1]})
     assert fusing.prices_pairs and not OrtCpuCost().prices_pairs and not AnalyticCost("cpu").prices_pairs

@@ -305,10 +305,11 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
         cvec[v] = max(costs.of(s), TIE_COST_MS)
         for d in sorted({d for d in s[3] if d >= 0 and d not in free}):  # so has each class it reads
             row([(u, 1.0) for u in of_class[d] if u != v] + [(v, -1.0)], 0.0, np.inf)
+    read_by = _readers(insts, free)
     if fusion:  # the chosen variables are then exactly the extracted graph's ops: no fusion term counts an op
         # the graph lacks (a second op of a class, or one nothing reads, would make a value's reader look
         # single, or its producer fused, where it is not)
-        read_by, outputs = _readers(insts, free), set(roots)
+        outputs = set(roots)
         out_classes: dict[int, set[int]] = {}
         for c, vs in of_class.items():
             if len(vs) > 1:  # one op per class
@@ -319,7 +320,7 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
             if not out_classes[v] & outputs:
                 us = sorted(set().union(*(read_by.get(c, ()) for c in out_classes[v])) - {v})
                 row([(v, 1.0)] + [(u, -1.0) for u in us], -np.inf, 0.0)
-    pairs = fusion_pairs(eg, roots, costs, free, insts, of_class) if fusion else []
+    pairs = fusion_pairs(roots, costs, insts, of_class, read_by) if fusion else []
     triples = fusion_triples(pairs, insts, costs)
     exact = {k for i, j, extra in triples if extra > 0 for k in (i, j)}  # 1 whenever fused, so a penalty holds
     fused_from: dict[int, list[int]] = {}
@@ -355,7 +356,7 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
             options["time_limit"] = _seconds_left(time_limit_s, t0)
         if node_limit:
             options["node_limit"] = node_limit
-        res = solve_ilp(cvec, coo_array((vals, (rows, cols)), shape=(len(lo), nv)).tocsc(), np.array(lo),
+        res = solve_ilp(cvec, coo_array((vals, (rows, cols)), shape=(len(lo), nv)), np.array(lo),
                         np.array(hi), options)
         stats.update(ilp_constraints=len(lo), ilp_status=res.status, ilp_message=res.message,
                      ilp_optimal=res.optimal, ilp_node_limit_reached=res.at_node_limit,
@@ -442,7 +443,7 @@ def solve_ilp(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, options: dict[st
     h.passModel(lp)
     h.run()
     status, info = h.getModelStatus(), h.getInfo()
-    found = info.primal_solution_status == 2  # (HiGHS: a feasible point)
+    found = info.primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
     nodes = int(info.mip_node_count)
     at_node_limit = status == highspy.HighsModelStatus.kSolutionLimit and "node_limit" in options
     words = h.modelStatusToString(status)
@@ -454,15 +455,15 @@ def solve_ilp(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, options: dict[st
                   nodes=max(nodes, 0), gap=float(info.mip_gap) if found else None, at_node_limit=at_node_limit)
 
 
-def fusion_pairs(eg: EGraph, roots: Sequence[int], costs: _Costs, free: dict[int, Key], insts: list[tuple],
-                 of_class: dict[int, list[int]]) -> list[tuple[int, int, int, list[int], float]]:
+def fusion_pairs(roots: Sequence[int], costs: _Costs, insts: list[tuple], of_class: dict[int, list[int]],
+                 readers: dict[int, list[int]]) -> list[tuple[int, int, int, list[int], float]]:
     """The ILP's fusion terms for pairs (see :func:`ilp_extract`): per candidate producer -> consumer pair that
     the target runs as one kernel (:meth:`_Costs.fusion_saving` not 0), where the consumer reads the value once
     and the value is not a graph output (:func:`rlflow.cost.ort_cpu.single_consumer_edges`): (producer variable,
-    consumer variable, the value's class, the other variables reading the value, saving in ms)."""
+    consumer variable, the value's class, the other variables reading the value, saving in ms). ``readers``: per
+    class, the variables reading it (:func:`_readers`)."""
     if costs.cost.additive:
         return []
-    readers = _readers(insts, free)
     outputs = set(roots)
     pairs = []
     for d, rs in sorted(readers.items()):
