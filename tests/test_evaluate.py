@@ -248,6 +248,24 @@ def test_the_aa_control_is_timed_and_a_failed_one_marks_the_backend_too_noisy(mo
     assert finding(res[2].verdict, res[2].too_noisy) == "too noisy"
 
 
+def test_every_ratio_gets_a_two_graph_comparisons_rounds_however_many_graphs_are_timed(monkeypatch):
+    """timing.budget_s is a two-graph comparison's budget: six graphs timed together get three times as much, so
+    each session runs as many rounds as when one method is compared with the original (the old shared budget gave
+    them a third of the rounds)."""
+    rounds = {}
+    for ops in ({"original": "Relu", "taso": "Tanh"},
+                {"original": "Relu", "taso": "Tanh", "greedy": "Sigmoid", "eqsat": "Neg", "rlflow": "Abs",
+                 "model_free": "Exp"}):
+        clock = _Clock()
+        _fake_runs(monkeypatch, [], clock=clock, ms={m: 10.0 for m in ops})
+        p = _protocol(budget_s=1.0, min_rounds=1, max_rounds=500)
+        res = evaluate_graphs(_fake_graphs(ops), ["ort"], "cpu", p, aa=False, progress=False, log=lambda s: None,
+                              clock=clock)
+        rounds[len(ops)] = [len(t) for t in res[0].times_ms]
+    assert all(k >= 20 for k in rounds[2]), rounds  # 0.5 s per session at 20 ms a round, less the warm-up
+    assert all(abs(a - b) <= 1 for a, b in zip(rounds[2], rounds[6])), rounds
+
+
 def test_comparisons_split_when_memory_is_short(monkeypatch):
     """With room for two runners at a time, each method is compared with the original on its own; the
     original's latency pools the sessions of every comparison."""

@@ -249,6 +249,14 @@ def test_verdicts_and_bad_settings():
         compare([("original", FakeGraph(1))], {}, proto(), fake_runners(Clock()))
 
 
+def test_a_comparison_of_n_graphs_gets_n_halves_of_the_two_graph_budget():
+    p = Protocol(budget_s=12.0)
+    assert p.for_graphs(2) == p and p.for_graphs(9).budget_s == pytest.approx(54.0)
+    assert p.for_graphs(9).sessions == p.sessions and p.for_graphs(9).seed == p.seed
+    with pytest.raises(RLFlowError, match="at least two graphs"):
+        p.for_graphs(1)
+
+
 def test_from_config_reads_the_timing_section():
     p = Protocol.from_config({"seed": 7, "timing": {"sessions": 5, "budget_s": 3.5, "warmup": 2}})
     assert (p.sessions, p.budget_s, p.warmup, p.seed) == (5, 3.5, 2, 7)

@@ -18,7 +18,8 @@ Order of work, one backend at a time:
    on a backend is reported ``mismatch`` and goes on.
 3. **Compare** (:func:`rlflow.evaluation.protocol.compare`): the original, the A/A control and the distinct
    method graphs, each in ``protocol.sessions`` freshly built runners, timed interleaved in randomised rounds
-   within ``protocol.budget_s``; per graph the latency ratio to the original with its interval and verdict. Methods
+   within ``protocol.budget_s`` for every two graphs (:meth:`Protocol.for_graphs`: as many rounds as a check of
+   one graph against the original); per graph the latency ratio to the original with its interval and verdict. Methods
    with the same graph share one estimate (their rows are equal); a method whose graph is the original's (it kept
    the original) shares the A/A control's, which is exactly that comparison. This keeps the number of runners
    built down: a TensorFlow runner of paper-size BERT takes 2-6 s to build, trace and call once on this 2-core machine. The A/A control's interval must contain 1.0;
@@ -410,7 +411,7 @@ class _BackendRun:
         for k in range(0, len(units), size):
             group = units[k:k + size]
             self.comparisons += 1
-            comp = compare([(self.orig_name, original)] + group, self.feeds, protocol,
+            comp = compare([(self.orig_name, original)] + group, self.feeds, protocol.for_graphs(1 + len(group)),
                            lambda g: new_runner(g, self.backend, self.device, self.fresh), clock=clock)
             orig_times += comp[self.orig_name].times_ms
             self.too_noisy |= comp.too_noisy

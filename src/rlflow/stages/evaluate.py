@@ -6,7 +6,8 @@ IR, taso, greedy, eqsat, eqsat_rl, model_free, rlflow) and backend (evaluate.bac
 the configured device: build the runner, run it once on the same seeded random inputs and compare its outputs with the ORIGINAL
 graph run by onnxruntime; then, one backend at a time, the measurement protocol (rlflow.evaluation.protocol,
 config section timing): every graph in timing.sessions freshly built runners, timed interleaved in rounds of
-random order within timing.budget_s per backend; per graph the latency ratio to the original with its 95%
+random order within timing.budget_s for every two graphs compared (nine graphs: 4.5 times timing.budget_s, so
+each ratio rests on as many rounds as a never-slower check's); per graph the latency ratio to the original with its 95%
 interval (paired by round; Student's t over the sessions) and a verdict (faster / slower / no detectable
 difference). When the A/A control's interval excludes 1.0 the backend is marked too noisy: its verdicts are no
 findings. Methods that found the same graph share one estimate (a method that kept the original shares the A/A
