@@ -122,9 +122,10 @@ class Protocol:
             raise RLFlowError(f"a comparison needs at least two graphs (got {n})")
         return replace(self, budget_s=self.budget_s * n / 2)
 
-    def describe(self) -> str:
+    def describe(self, per: str = "comparison") -> str:
+        """The settings in one line; the budget is ``budget_s`` per ``per``."""
         return (f"{self.sessions} sessions per graph, {self.warmup} warm-up calls each, randomised rounds in "
-                f"mirrored pairs within {self.budget_s:g} s per comparison ({self.min_rounds}-{self.max_rounds} "
+                f"mirrored pairs within {self.budget_s:g} s per {per} ({self.min_rounds}-{self.max_rounds} "
                 f"rounds per session), {self.confidence:.0%} interval paired by round (a {TRIM:.0%}-trimmed mean "
                 f"per session), Student's t over the sessions")
 

@@ -116,8 +116,9 @@ def run(args: argparse.Namespace) -> int:
         traces[m] = load_trace(trace_path)
         graphs.append((m, load(onnx_path)))
     print(f"evaluate: {args.model} on {device}: {len(graphs)} graphs ({', '.join(m for m, _ in graphs)}) x "
-          f"{len(backends)} backends ({', '.join(backends)}), plus the A/A control; {protocol.describe()}; tolerance "
-          f"{tolerance:g}; loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+          f"{len(backends)} backends ({', '.join(backends)}), plus the A/A control; "
+          f"{protocol.describe('two graphs compared; n graphs timed together get n/2 times as long')}; "
+          f"tolerance {tolerance:g}; loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     print(f"evaluate: platform {platform.describe()}; primary backend "
           f"{primary or 'none (every backend is a finding about this machine)'}", flush=True)
     differ = [f"{m} {int(traces[m].final['nodes'])} -> {len(g.nodes)}" for m, g in graphs[1:]
