@@ -15,7 +15,7 @@ transformers export (tests/hf_exports.py: BERT, ViT, GPT-2 at two sizes) the exp
 (``--sessions``, ``--budget``: the verdicts a calibrated target's estimates must agree with), then profiles every
 graph on the device (``profile_graph``: end-to-end runs, per-node host and kernel times) in ``--rounds`` rounds
 of shuffled order, each graph's figures the medians over its rounds. Last line: ``<n> graphs profiled in <s> s;
-<k> comparisons``. ``--fit`` makes the calibration file from such a profile (here) and prints how well it
+<k> comparisons``. ``--fit`` makes the calibration file from such profiles (here; several pooled) and prints how well it
 predicts.
 """
 
@@ -151,11 +151,14 @@ def measure(pack: Path, out: Path, sessions: int, budget: float, runs: int, only
     return 0
 
 
-def fit_and_check(profile_path: Path, out: Path | None, gpu: str, holdout: list[str]) -> int:
-    """Fit a calibration file from a recorded profile and print how well it predicts: per graph the end-to-end
-    time beside the estimate (graphs whose name starts with a ``holdout`` prefix from a fit without them), and per
-    searched graph the protocol's verdict beside the calibrated, the spec-sheet sim-h100 and the kernels-only
-    ratios (the kernels' time summed: what timing each op alone on the GPU, the ``cuda`` target, sees)."""
+def fit_and_check(profile_paths: list[Path], out: Path | None, gpu: str, holdout: list[str]) -> int:
+    """Fit a calibration file from one or more recorded profiles (pooled) and print, per profile, how well it
+    predicts: per graph the end-to-end time beside the estimate (graphs whose name starts with a ``holdout`` prefix
+    from a fit without them), and per searched graph the protocol's verdict beside the calibrated, the spec-sheet
+    sim-h100 and the kernels-only ratios (the kernels' time summed: what timing each op alone on the GPU, the
+    ``cuda`` target, sees)."""
+    import gzip
+
     from rlflow.config import load_config
     from rlflow.cost import make_cost_model
     from rlflow.cost.gpu_calibrated import CalibratedGpuCost, fit
@@ -163,39 +166,53 @@ def fit_and_check(profile_path: Path, out: Path | None, gpu: str, holdout: list[
     from rlflow.graph.fold import fold_constants
     from sim_vs_real import unpack
 
-    import gzip
-
-    opener = gzip.open if profile_path.suffix == ".gz" else open
-    with opener(profile_path, "rt") as f:
-        profile = json.load(f)
-    full = fit(profile)
-    held = fit(profile, exclude=holdout) if holdout else full
+    profiles = []
+    for path in profile_paths:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
+            profiles.append(json.load(f))
+    full = fit(profiles)
+    held = fit(profiles, exclude=holdout) if holdout else full
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(full, indent=0) + "\n")
-        print(f"wrote {out}: {len(full['signatures'])} op signatures from {len(full['graphs'])} graphs "
-              f"({full['hardware']}, measured {full.get('measured')})")
-    pack = ROOT / ".gpu/cal_pack"  # the graphs the profile measured (--pack makes them again)
+        print(f"wrote {out}: {len(full['signatures'])} op signatures from {len(full['graphs'])} graphs in "
+              f"{len(profiles)} profile(s) ({full['hardware']}, measured {full.get('measured')})")
+    pack = ROOT / ".gpu/cal_pack"  # the graphs the profiles measured (--pack makes them again)
     if not pack.is_dir():
         raise SystemExit(f"gpu_calibrate: no {pack}: run --pack .gpu/cal_pack first (the graphs are estimated)")
     sim = make_cost_model(load_config([ROOT / "config.yaml"]), "cpu", kind="sim-h100")
     models = {"full": CalibratedGpuCost(gpu, full), "held": CalibratedGpuCost(gpu, held)}
-    est, errs = {}, {"zoo": [], "held out": []}
-    print(f"\n{'graph':26} {'nodes':>5} {'e2e ms':>8} {'estimate':>8} {'error':>7}  (estimate: calibrated {gpu.upper()})")
+    graphs = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, rec in profile["graphs"].items():
+        for name in sorted({n for p in profiles for n in p["graphs"]}):
             folder, stem = name.split("/")
-            g = fold_constants(load_onnx(unpack(pack / folder / f"{stem}.onnx", Path(tmp), 0)))
-            out_of_fit = any(name.startswith(h) for h in holdout)
-            cal = models["held" if out_of_fit else "full"]
-            est[name] = (cal.graph_metrics(g).runtime_ms, sim.graph_metrics(g).runtime_ms,
-                         sum(n["device_us"] for n in rec["nodes"]) / 1e3)
-            e2e = statistics.median(rec["e2e_ms"])
-            err = (est[name][0] - e2e) / e2e
-            if stem == "original":
-                errs["held out" if out_of_fit else "zoo"].append(abs(err))
-            print(f"{name:26} {len(g.nodes):>5} {e2e:>8.3f} {est[name][0]:>8.3f} {100 * err:>6.1f}%"
-                  + ("  (held out)" if out_of_fit else ""))
+            if (pack / folder / f"{stem}.onnx").is_file():
+                graphs[name] = fold_constants(load_onnx(unpack(pack / folder / f"{stem}.onnx", Path(tmp), 0)))
+    for path, profile in zip(profile_paths, profiles):
+        print(f"\nprofile {path.name} (measured {profile.get('measured')}); the fit pools {len(profiles)}")
+        _check_profile(profile, graphs, models, sim, holdout, gpu)
+    return 0
+
+
+def _check_profile(profile: dict, graphs: dict, models: dict, sim, holdout: list[str], gpu: str) -> None:
+    """The per-graph and per-comparison lines of :func:`fit_and_check` for one profile."""
+    est, errs = {}, {"zoo": [], "held out": []}
+    print(f"{'graph':26} {'nodes':>5} {'e2e ms':>8} {'estimate':>8} {'error':>7}  (estimate: calibrated {gpu.upper()})")
+    for name, rec in profile["graphs"].items():
+        if name not in graphs:
+            print(f"{name:26} not in .gpu/cal_pack: not estimated")
+            continue
+        g, stem = graphs[name], name.split("/")[1]
+        out_of_fit = any(name.startswith(h) for h in holdout)
+        cal = models["held" if out_of_fit else "full"]
+        est[name] = (cal.graph_metrics(g).runtime_ms, sim.graph_metrics(g).runtime_ms,
+                     sum(n["device_us"] for n in rec["nodes"]) / 1e3)
+        e2e = statistics.median(rec["e2e_ms"])
+        err = (est[name][0] - e2e) / e2e
+        if stem == "original":
+            errs["held out" if out_of_fit else "zoo"].append(abs(err))
+        print(f"{name:26} {len(g.nodes):>5} {e2e:>8.3f} {est[name][0]:>8.3f} {100 * err:>6.1f}%"
+              + ("  (held out)" if out_of_fit else ""))
     for k, v in errs.items():
         if v:
             print(f"mean |estimate - e2e| / e2e over the {len(v)} {k} originals: {100 * statistics.mean(v):.1f}%")
@@ -205,9 +222,9 @@ def fit_and_check(profile_path: Path, out: Path | None, gpu: str, holdout: list[
     dist = {"calibrated": [], "sim-h100": [], "kernels": []}
     sig = 0
     for name, c in profile.get("comparisons", {}).items():
-        if name.endswith("original-aa"):
-            continue
         o = name.split("/")[0] + "/original"
+        if name.endswith("original-aa") or name not in est or o not in est:
+            continue
         ratios = dict(zip(agree, (est[name][i] / est[o][i] for i in range(3))))
         for k, r in ratios.items():
             dist[k].append(abs(r - c["ratio"]))
@@ -217,10 +234,10 @@ def fit_and_check(profile_path: Path, out: Path | None, gpu: str, holdout: list[
                 agree[k] += (r < 1) == (c["verdict"] == "faster")
         print(f"{name:22} {c['ratio']:>8.3f} [{c['ci'][0]:.3f}, {c['ci'][1]:.3f}]   {c['verdict']:<26} "
               + " ".join(f"{ratios[k]:>{w}.3f}" for k, w in zip(agree, (10, 8, 8))))
-    print(f"sign of the {sig} significant changes: " + ", ".join(f"{k} {v} of {sig}" for k, v in agree.items()))
-    print("mean |ratio - protocol ratio| over all searched graphs: "
-          + ", ".join(f"{k} {statistics.mean(v):.3f}" for k, v in dist.items()))
-    return 0
+    if dist["calibrated"]:
+        print(f"sign of the {sig} significant changes: " + ", ".join(f"{k} {v} of {sig}" for k, v in agree.items()))
+        print("mean |ratio - protocol ratio| over all searched graphs: "
+              + ", ".join(f"{k} {statistics.mean(v):.3f}" for k, v in dist.items()))
 
 
 def main() -> int:
@@ -231,8 +248,9 @@ def main() -> int:
     p.add_argument("--no-heldout", action="store_true", help="pack no held-out transformers exports")
     p.add_argument("--from", dest="packed", type=Path, metavar="DIR", help="profile the graphs of a --pack folder")
     p.add_argument("--only", nargs="+", help="profile only these folders of the pack")
-    p.add_argument("--fit", type=Path, metavar="PROFILE",
-                   help="fit a calibration file (--out) from a recorded profile and print how well it predicts")
+    p.add_argument("--fit", type=Path, nargs="+", metavar="PROFILE",
+                   help="fit a calibration file (--out) from recorded profiles (several of one GPU model are "
+                        "pooled) and print how well it predicts each")
     p.add_argument("--gpu", default="h200", help="the calibrated GPU's name for --fit (default: h200)")
     p.add_argument("--holdout", nargs="*", default=["hf-"],
                    help="with --fit: graphs (name prefixes) estimated from a fit without them (default: hf-)")

@@ -106,7 +106,7 @@ fi
 
 # ---- timing-sensitive parts, one at a time
 has calibrate && part calibrate "$PY" benchmarks/gpu_calibrate.py --from .gpu/cal_pack --out "$OUTDIR/calibration.json" \
-  --runs 5 --rounds 2 --sessions 4 --budget 1 --limit 150
+  --runs 5 --rounds 6 --sessions 4 --budget 1 --limit 110
 has fused && part fused "$PY" benchmarks/fused_protocol.py --device cuda --models bert vit gpt2 --methods greedy \
   --budget-s 20 --rounds 5
 has agents && part agents "$PY" benchmarks/agent_device.py --devices cuda,cpu --updates 3 --limit 120 \

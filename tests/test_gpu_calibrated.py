@@ -55,6 +55,28 @@ def test_fit_leaves_out_the_held_out_graphs(recorded):
         gc.fit(two, exclude=["a/", "hf-"])
 
 
+def test_fit_pools_the_profiles_of_several_sessions(recorded):
+    """Two sessions of one GPU model: each graph of each is a measurement, their medians make the table; a session
+    whose host ran twice as slow on every node moves no ratio, and profiles of two GPUs do not pool."""
+    _, profile = recorded
+    rec = profile["graphs"]["bert/original"]
+    slow = {**rec, "nodes": [{**n, "host_us": 2 * n["host_us"]} for n in rec["nodes"]],
+            "e2e_ms": [2 * x for x in rec["e2e_ms"]]}
+    first = {"hardware": "x", "measured": "day 1", "graphs": {"bert/original": rec, "vit/original": rec}}
+    second = {"hardware": "x", "measured": "day 2", "graphs": {"bert/original": slow}}
+    doc = gc.fit([first, second])
+    assert doc["graphs"] == ["bert/original", "vit/original"] and doc["profiles"] == 2
+    assert doc["measured"] == "day 1, day 2"
+    # three measurements of each signature: two at the fast host, one scaled back from the slow one
+    sig = rec["nodes"][0]["sig"]
+    assert doc["signatures"][sig]["runs"] == 3 * sum(n["sig"] == sig for n in rec["nodes"])
+    assert doc["signatures"][sig]["host_us"] == pytest.approx(gc.fit(first)["signatures"][sig]["host_us"],
+                                                              rel=1e-3)
+    assert gc.fit([first, second], exclude=["vit"])["graphs"] == ["bert/original"]
+    with pytest.raises(RLFlowError, match="different GPUs: x, y"):
+        gc.fit([first, {**second, "hardware": "y"}])
+
+
 def test_host_scales_find_the_slower_run():
     node = lambda op, us: {"op": op, "host_us": us}  # noqa: E731
     graphs = {"fast": {"nodes": [node("Add", 10), node("MatMul", 20)]},

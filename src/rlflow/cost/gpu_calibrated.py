@@ -15,10 +15,11 @@ types: :func:`rlflow.cost.model.signature`), measured inside whole-model runs by
 the median of all ops) and a roofline kernel time from the rates fitted to the measured kernels.
 
 The files live in ``rlflow/cost/gpus/<gpu>.json`` (format ``rlflow.gpu-calibration/1``), made by
-``benchmarks/gpu_calibrate.py --fit`` from a GPU check's recorded profile; each names the GPU it was measured on,
-the date and the software. Host times are normalised per measured graph (the host ran up to 1.7x slower in some
-of the recorded runs than in others: each graph's host times are divided by its median ratio to the op types'
-medians), so the figures are those of a typical run.
+``benchmarks/gpu_calibrate.py --fit`` from the recorded profiles of GPU checks; each names the GPU it was measured on,
+the dates and the software. A file can pool the profiles of several GPU checks (lent machines of one GPU model
+ran the same graphs 1.1-2.1x apart). Host times are normalised per measured graph (the host ran up to 1.7x slower
+in some of the recorded runs than in others: each graph's host times are divided by its median ratio to the op
+types' medians), so the figures are those of a typical run.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from rlflow.cost.model import CostModel, signature
 from rlflow.errors import RLFlowError
@@ -91,10 +92,17 @@ def host_scales(graphs: Mapping[str, dict], rounds: int = 5) -> dict[str, float]
     return scale
 
 
-def fit(profile: Mapping, exclude: Iterable[str] = ()) -> dict:
-    """A calibration from a recorded profile (``benchmarks/gpu_calibrate.py --from``'s output), leaving out the
-    graphs whose name starts with one of ``exclude`` (held out to test it)."""
-    graphs = {k: g for k, g in profile["graphs"].items() if not any(k.startswith(e) for e in exclude)}
+def fit(profiles: Mapping | Sequence[Mapping], exclude: Iterable[str] = ()) -> dict:
+    """A calibration from one recorded profile (``benchmarks/gpu_calibrate.py --from``'s output) or several of
+    one GPU model pooled, leaving out the graphs whose name starts with one of ``exclude`` (held out to test it)."""
+    profiles = [profiles] if isinstance(profiles, Mapping) else list(profiles)
+    exclude = tuple(exclude)
+    hardware = {p["hardware"] for p in profiles}
+    if len(hardware) != 1:
+        raise RLFlowError(f"cannot pool profiles of different GPUs: {', '.join(sorted(hardware))}")
+    # each graph of each profile on its own (the same graph measured in two sessions is two measurements)
+    graphs = {(i, k): g for i, p in enumerate(profiles) for k, g in p["graphs"].items()
+              if not any(k.startswith(e) for e in exclude)}
     if not graphs:
         raise RLFlowError("no profiled graphs to calibrate from")
     scale = host_scales(graphs)
@@ -119,9 +127,11 @@ def fit(profile: Mapping, exclude: Iterable[str] = ()) -> dict:
                     (n["flops"] if n["op"] in GEMM_OPS else n["bytes"]) / work)
     sigs = {s: {"host_us": round(statistics.median(v), 3), "device_us": round(statistics.median(dev[s]), 3),
                 "runs": len(v)} for s, v in host.items()}
-    return {"format": CALIBRATION_FORMAT, "hardware": profile["hardware"], "torch": profile.get("torch"),
-            "cuda": profile.get("cuda"), "measured": profile.get("measured"),
-            "graphs": sorted(graphs), "loop_us": round(max(0.0, statistics.median(loops)), 3),
+    newest = profiles[-1]
+    return {"format": CALIBRATION_FORMAT, "hardware": newest["hardware"], "torch": newest.get("torch"),
+            "cuda": newest.get("cuda"),
+            "measured": ", ".join(str(p.get("measured")) for p in profiles), "profiles": len(profiles),
+            "graphs": sorted({k for _, k in graphs}), "loop_us": round(max(0.0, statistics.median(loops)), 3),
             "default_host_us": round(statistics.median([h for v in by_op.values() for h in v]), 3),
             "op_host_us": {op: round(statistics.median(v), 3) for op, v in sorted(by_op.items())},
             "device": {"launch_us": round(launch, 3),
