@@ -322,17 +322,22 @@ def ilp_extract(eg: EGraph, roots: Sequence[int], costs: _Costs, time_limit_s: f
                 row([(v, 1.0)] + [(u, -1.0) for u in us], -np.inf, 0.0)
     pairs = fusion_pairs(roots, costs, insts, of_class, read_by) if fusion else []
     triples = fusion_triples(pairs, insts, costs)
-    exact = {k for i, j, extra in triples if extra > 0 for k in (i, j)}  # 1 whenever fused, so a penalty holds
+    # a pair's variable is bounded on each side where the ILP could gain by moving it: above where it saves or a
+    # three-node kernel saves through it (else a triple's saving would count a pair the target does not fuse),
+    # below where it costs or a kernel's penalty needs it (1 whenever fused, so a penalty holds)
+    at_most = {k for i, j, extra in triples if extra <= 0 for k in (i, j)}
+    at_least = {k for i, j, extra in triples if extra > 0 for k in (i, j)}
     fused_from: dict[int, list[int]] = {}
     for i, (p, q, _, readers, saving) in enumerate(pairs):
         y = nv + i
-        if saving > 0:  # y <= x_p, y <= x_q, y + x_r <= 1 for every other reader r
+        if saving > 0 or i in at_most:  # y <= x_p, y <= x_q, y + x_r <= 1 for every other reader r
             row([(y, 1.0), (p, -1.0)], -np.inf, 0.0)
             row([(y, 1.0), (q, -1.0)], -np.inf, 0.0)
             for r in readers:
                 row([(y, 1.0), (r, 1.0)], -np.inf, 1.0)
-            fused_from.setdefault(p, []).append(y)
-        if saving <= 0 or i in exact:  # y >= x_p + x_q - 1 - (the other readers)
+            if saving > 0:
+                fused_from.setdefault(p, []).append(y)
+        if saving <= 0 or i in at_least:  # y >= x_p + x_q - 1 - (the other readers)
             row([(y, 1.0), (p, -1.0), (q, -1.0)] + [(r, 1.0) for r in readers], -1.0, np.inf)
     for ys in fused_from.values():  # a multi-output producer saves once at most (its saving < its cost)
         if len(ys) > 1:
