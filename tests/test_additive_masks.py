@@ -8,6 +8,8 @@ constant mask leaves every row a finite entry, and kept otherwise."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -147,7 +149,7 @@ def test_gpt2_attention_fuses_after_the_canonicalisation(gpt2):
 # ============================================================================================ Hugging Face's guard
 def _guarded(mask, zero: float = 0.0, mask_input: bool = False):
     """ONNX bytes: Softmax(q k^T + mask) guarded by Where(IsNaN(p), zero, p), as Hugging Face's GPT-2 export
-    writes it (IsNaN and Where are opaque in the IR), then MatMul v; ``mask_input``: the mask a graph input."""
+    writes it (IsNaN and Where are IR ops), then MatMul v; ``mask_input``: the mask a graph input."""
     from onnx import TensorProto, helper, numpy_helper
 
     f = TensorProto.FLOAT
@@ -176,6 +178,20 @@ def test_an_idle_nan_guard_is_dropped_with_equal_outputs():
     out = drop_nan_guards(g)
     assert [n.op for n in out.nodes] == ["MatMul", "Add", "Softmax", "MatMul"]
     assert check_equal(g, out, tol=1e-6) <= 1e-6
+
+
+def test_a_kept_guard_is_ir_ops_every_backend_runs():
+    """The guard over a row masked throughout (so it is kept): IsNaN and Where import as IR ops, not opaque nodes,
+    so the backends that refuse opaque nodes (tf-xla, jax) run it too, each giving onnxruntime's zeros there."""
+    g = load_onnx(_guarded(np.where(NO_KEY == 1, 0, -np.inf)))
+    assert not g.opaque_nodes() and [n.op for n in g.nodes][3:5] == ["IsNaN", "Where"]
+    feeds = make_inputs(g, 0)
+    (ref,) = get_runner(g, "ort")(feeds)
+    assert np.isfinite(ref).all()
+    backends = ["torch"] + [b for b, mod in (("tf", "tensorflow"), ("tf-xla", "tensorflow"), ("jax", "jax"))
+                            if importlib.util.find_spec(mod)]
+    for backend in backends:
+        assert max_rel_diff([ref], get_runner(g, backend)(feeds)) <= 1e-6, backend
 
 
 @pytest.mark.parametrize("mask,zero,mask_input", [

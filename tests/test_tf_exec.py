@@ -102,7 +102,10 @@ def dense_graph() -> Graph:
                               b.const("av", _w(2, 1, 7, 4)), b.const("am", _w(1, 1, 5, 7))],
                 scale=0.5, is_causal=1, q_num_heads=0, kv_num_heads=0)                          # (2, 2, 5, 4)
     att3 = b.op("Attention", [x, x, h], scale=0.3, is_causal=0, q_num_heads=2, kv_num_heads=2)   # (2, 5, 6)
-    return b.build([h, v1, v2, dot, g1, g2, rm, rm_all, sl, pd, ga, gc, *parts, b.op("Identity", [t]), att4, att3])
+    sq = b.op("Sqrt", [x])  # NaN where x < 0, and Hugging Face's guard against it (Where broadcasts the 0-D zero)
+    guarded = b.op("Where", [b.op("IsNaN", [sq]), b.const("zero", np.array(0.0, np.float32)), sq])
+    return b.build([h, v1, v2, dot, g1, g2, rm, rm_all, sl, pd, ga, gc, *parts, b.op("Identity", [t]), att4, att3,
+                    guarded])
 
 
 def _dense_feeds(g: Graph) -> dict:
@@ -195,6 +198,19 @@ def test_opaque_node_runs_in_tf_mode():
     np.testing.assert_allclose(got, np.maximum(np.where(x > 0, x, np.expm1(x)), 0.0), rtol=1e-6)
     (got,) = get_runner(g, "tf")({"x": -x})
     np.testing.assert_allclose(got, np.maximum(np.where(-x > 0, -x, np.expm1(-x)), 0.0), rtol=1e-6)
+
+
+def test_an_opaque_node_reading_a_0d_tensor_runs_in_tf_mode():
+    """tf.numpy_function hands a 0-D tensor over as a numpy scalar, which onnxruntime's session refuses."""
+    from rlflow.graph.ir import Constant
+
+    types = {"x": TensorType((2, 3)), "c": TensorType(()), "y": TensorType((2, 3))}
+    nodes = [Node("max", "Opaque", ("x", "c"), ("y",), {"op_type": "Max", "domain": "", "attributes": ()})]
+    g = Graph(inputs=["x"], outputs=["y"], nodes=nodes, types=types,
+              constants={"c": Constant(np.array(0.25, np.float32))})
+    x = np.array([[-2.0, -0.5, 0.0], [0.5, 1.0, 3.0]], np.float32)
+    (got,) = get_runner(g, "tf")({"x": x})
+    np.testing.assert_allclose(got, np.maximum(x, 0.25))
 
 
 def test_opaque_node_refused_by_xla():

@@ -180,20 +180,23 @@ def additive_masks(graph: Graph) -> Graph:
     return drop_unused_constants(g)
 
 
-def _opaque_op(node: Node) -> str | None:
-    return node.attrs["op_type"] if node.op == "Opaque" and node.attrs.get("domain") in ("", "ai.onnx") else None
+def _onnx_op(node: Node) -> str | None:
+    """The standard ONNX op a node runs: its IR op, or an opaque node's op type (None for another domain's)."""
+    if node.op != "Opaque":
+        return node.op
+    return node.attrs["op_type"] if node.attrs.get("domain") in ("", "ai.onnx") else None
 
 
 def _nan_guard(graph: Graph, i: int) -> tuple[int, str] | None:
     """For node ``i``, ``Where(IsNaN(p), 0, p)`` with ``p = Softmax(s + M)`` and ``M`` a constant leaving every
     Softmax row a finite entry (see :func:`drop_nan_guards`): (index of the IsNaN, p); None otherwise."""
     w, prod, cons, consts = graph.nodes[i], graph.producer(), graph.consumers(), graph.constants
-    if _opaque_op(w) != "Where" or len(w.inputs) != 3 or w.outputs[0] in graph.outputs:
+    if _onnx_op(w) != "Where" or len(w.inputs) != 3 or w.outputs[0] in graph.outputs:
         return None
     cond, zero, p = w.inputs
     isnan = graph.nodes[prod[cond]] if cond in prod else None
     soft = graph.nodes[prod[p]] if p in prod else None
-    if isnan is None or _opaque_op(isnan) != "IsNaN" or isnan.inputs != (p,) or cons[cond] != [i] \
+    if isnan is None or _onnx_op(isnan) != "IsNaN" or isnan.inputs != (p,) or cons[cond] != [i] \
             or cond in graph.outputs or zero not in consts or np.asarray(consts[zero].array).any() \
             or soft is None or soft.op != "Softmax" or graph.types[w.outputs[0]] != graph.types[p]:
         return None

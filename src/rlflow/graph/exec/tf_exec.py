@@ -255,7 +255,7 @@ class TFRunner:
         out_types = [self.graph.types[v] for v in n.outputs]
 
         def run(*arrays):
-            res = op.session.run(op.outputs, dict(zip(op.inputs, arrays)))
+            res = op.session.run(op.outputs, dict(zip(op.inputs, map(np.asarray, arrays))))  # (0-D: a numpy scalar)
             return [np.asarray(r, dtype=t.dtype) for r, t in zip(res, out_types)]
 
         ys = tf.numpy_function(run, xs, [tf.as_dtype(t.dtype) for t in out_types], stateful=False,

@@ -1,4 +1,5 @@
-"""Element-wise ops: Add, Sub, Mul, Div, Pow, Relu, Sigmoid, Tanh, Erf, Sqrt, Identity, Gelu and TASO's ScalarMul."""
+"""Element-wise ops: Add, Sub, Mul, Div, Pow, Relu, Sigmoid, Tanh, Erf, Sqrt, Identity, Gelu, TASO's ScalarMul, and
+IsNaN and Where (Hugging Face's exports guard a softmax with ``Where(IsNaN(p), 0, p)``)."""
 
 from __future__ import annotations
 
@@ -88,6 +89,27 @@ def _export_scalar_mul(e, n) -> None:
     e.node("Mul", n.inputs, n.outputs, n.name)
 
 
+# ---------------------------------------------------------------------------------------------------- IsNaN, Where
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def _isnan_infer(ins, a):
+    if ins[0].dtype not in FLOATS:
+        raise ShapeError(f"IsNaN reads a floating-point tensor, got {ins[0].dtype}")
+    return [TensorType(ins[0].shape, "bool")]
+
+
+def _where_infer(ins, a):
+    if len(ins) != 3:
+        raise ShapeError(f"expects 3 inputs, got {len(ins)}")
+    cond, x, y = ins
+    if cond.dtype != "bool":
+        raise ShapeError(f"the condition must be bool, got {cond.dtype}")
+    if x.dtype != y.dtype:
+        raise ShapeError(f"input types differ: {x.dtype} and {y.dtype}")
+    return [TensorType(broadcast(cond.shape, broadcast(x.shape, y.shape)), x.dtype)]
+
+
 # ---------------------------------------------------------------------------------------------------- JAX
 # A JAX lowering is ``(J, inputs, attrs, ctx) -> outputs``: ``J`` holds ``jnp``, ``lax`` and ``nn`` (jax.nn),
 # passed in so the registry never imports JAX; ``ctx`` has ``in_shapes``/``out_shapes``
@@ -122,4 +144,11 @@ DEFS = [
           flops=flops_per_out(1), elementwise=True, onnx_type="Mul", from_onnx=None, to_onnx=_export_scalar_mul,
           tf=lambda tf, xs, a, c: [xs[0] * xs[1]], tf_layout="any", input_ranks=ranks(None, 0),
           jax=lambda J, xs, a, c: [xs[0] * xs[1]]),
+    OpDef(name="IsNaN", attrs=(), infer=_isnan_infer, compute=lambda xs, a: [torch_().isnan(xs[0])],
+          flops=flops_per_out(1), elementwise=True, tf=lambda tf, xs, a, c: [tf.math.is_nan(xs[0])], tf_layout="any",
+          jax=lambda J, xs, a, c: [J.jnp.isnan(xs[0])]),
+    OpDef(name="Where", attrs=(), infer=_where_infer, compute=lambda xs, a: [torch_().where(xs[0], xs[1], xs[2])],
+          flops=flops_per_out(1), elementwise=True, broadcasting=True,
+          tf=lambda tf, xs, a, c: [tf.where(xs[0], xs[1], xs[2])], tf_layout="any",
+          jax=lambda J, xs, a, c: [J.jnp.where(xs[0], xs[1], xs[2])]),
 ]
