@@ -89,12 +89,13 @@ def measure(pack: Path, out: Path, sessions: int, budget: float, runs: int, only
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sim = make_cost_model(load_config([ROOT / "config.yaml"]), "cpu", kind="sim-h100")
-    protocol = proto.Protocol(sessions=sessions, budget_s=budget, seed=0)
+    protocol = proto.Protocol(sessions=sessions, budget_s=budget, seed=0) if sessions > 0 else None
     doc = {"format": PROFILE_FORMAT, "device": device, "hardware": describe_hardware(device),
            "measured": time.strftime("%Y-%m-%d"),
-           "torch": torch.__version__, "cuda": torch.version.cuda, "protocol": protocol.describe(),
+           "torch": torch.__version__, "cuda": torch.version.cuda,
+           "protocol": protocol.describe() if protocol else "none (--sessions 0: no comparisons)",
            "graphs": {}, "comparisons": {}}
-    print(f"device {device}: {doc['hardware']}; torch {torch.__version__}; {protocol.describe()}", flush=True)
+    print(f"device {device}: {doc['hardware']}; torch {torch.__version__}; {doc['protocol']}", flush=True)
     t_all = time.perf_counter()
     folders = sorted(d for d in pack.iterdir() if (d / "original.onnx").is_file())
     if only:
@@ -107,7 +108,7 @@ def measure(pack: Path, out: Path, sessions: int, budget: float, runs: int, only
         print(f"loaded {sum(map(len, graphs.values()))} graphs in {time.perf_counter() - t_all:.0f} s", flush=True)
         for folder, gs in graphs.items():  # the verdicts the estimates must agree with: the protocol, interleaved
             searched = [n for n in gs if n != "original"]
-            if searched and sessions > 0:
+            if searched and protocol:
                 timed = [("original", gs["original"])] + [(n, gs[n]) for n in searched]
                 timed.append((proto.AA, proto.aa_copy(gs["original"])))
                 cmp = proto.compare(timed, make_inputs(gs["original"], 0), protocol,

@@ -138,3 +138,23 @@ def test_auto_on_a_gpu_box_takes_its_gpus_calibrated_target(monkeypatch, name, t
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
     assert platform.resolve_target({"cost": {"target": "auto"}}) == target
     assert platform.resolve_target({"cost": {"target": "machine"}}) == "cuda"
+
+
+def test_gpu_calibrate_profiles_a_pack_without_comparisons(tiny_zoo, tmp_path):
+    """``--from PACK --sessions 0``: the profile only (no protocol comparisons), which --help promises."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "pack" / "bert").mkdir(parents=True)
+    shutil.copy(tiny_zoo["bert"], tmp_path / "pack" / "bert" / "original.onnx")
+    out = tmp_path / "profile.json"
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_calibrate.py"), "--from", str(tmp_path / "pack"),
+                        "--out", str(out), "--sessions", "0", "--rounds", "1", "--runs", "2"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert list(doc["graphs"]) == ["bert/original"] and doc["comparisons"] == {}
+    assert doc["protocol"].startswith("none")
