@@ -204,6 +204,9 @@ def _check_profile(profile: dict, graphs: dict, models: dict, sim, holdout: list
             print(f"{name:26} not in .gpu/cal_pack: not estimated")
             continue
         g, stem = graphs[name], name.split("/")[1]
+        if [n.op for n in g.nodes] != [n["op"] for n in rec["nodes"]]:  # e.g. measured before an op joined the IR
+            print(f"{name:26} the graph measured is not the one in .gpu/cal_pack now (its ops differ): not estimated")
+            continue
         out_of_fit = any(name.startswith(h) for h in holdout)
         cal = models["held" if out_of_fit else "full"]
         est[name] = (cal.graph_metrics(g).runtime_ms, sim.graph_metrics(g).runtime_ms,

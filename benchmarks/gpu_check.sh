@@ -15,6 +15,9 @@
 #   tests      the tests marked gpu (pytest -m gpu), beside pipeline and evaluate
 #   fused      (only when named: about 5 minutes alone) fused attention against TASO on paper-size bert, vit and
 #              gpt2, torch on the GPU, op by op, with the protocol (benchmarks/fused_protocol.py --device cuda)
+#   stages     (only when named: 5-7 minutes alone) the default config's learning stages for bert through
+#              snakemake with device: cuda, side by side as rule all runs them: their wall times and the agents'
+#              phases (benchmarks/gpu_pipeline.py --parts stages; the same with --device cpu on the CPU box)
 # Writes DIR/gpu_check.json (each part's exit code and seconds; the files each part wrote) and DIR/gpu_check.log.
 # onnxruntime-gpu and TensorFlow do not fit in the 64 MiB a call may carry: their rows are "not run" there.
 # --dry-run checks the wheel folder against envs/gpu-check-wheels.txt, the pack and each part's command, and
@@ -29,7 +32,7 @@ while [ $# -gt 0 ]; do
     --parts) PARTS="env,$2"; shift 2 ;;
     --out) OUTDIR="$2"; shift 2 ;;
     --dry-run) DRY=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -109,6 +112,8 @@ has calibrate && part calibrate "$PY" benchmarks/gpu_calibrate.py --from .gpu/ca
   --runs 5 --rounds 6 --sessions 4 --budget 1 --limit 110
 has fused && part fused "$PY" benchmarks/fused_protocol.py --device cuda --models bert vit gpt2 --methods greedy \
   --budget-s 20 --rounds 5
+has stages && part stages "$PY" benchmarks/gpu_pipeline.py --parts stages --together --device cuda --limit 480 \
+  --out "$OUTDIR/stages.json" --keep /tmp/gpu-stages
 has agents && part agents "$PY" benchmarks/agent_device.py --devices cuda,cpu --updates 3 --limit 120 \
   --out "$OUTDIR/agent_device.json"
 

@@ -1,8 +1,10 @@
 """The pipeline on a GPU box, as its users run it: the tiny config with ``device: cuda`` through Snakemake (rule
 all) and the same through ``dvc repro``, side by side in two fresh repositories; and ``evaluate`` on paper-size
-BERT (the original and the graphs eqsat and greedy find for the simulated H100) with torch on the GPU.
+BERT (the original and the graphs eqsat and greedy find for the simulated H100) with torch on the GPU; and, when
+named, the default config's learning stages for bert, each alone, with their wall times on ``--device``.
 
   python benchmarks/gpu_pipeline.py --parts pipeline evaluate --out gpu_pipeline.json [--cores 16]
+  python benchmarks/gpu_pipeline.py --parts stages --device cpu --out stages_cpu.json    # the same stages here
 
 Per part: the exit code, the wall time, the last lines of its output; ``evaluate``: every row of evaluation.csv
 (method, backend, the device it ran on, latency, ratio, interval, verdict, output difference). Needs snakemake,
@@ -111,6 +113,87 @@ def pipeline(work: Path, env: dict, cores: int, limit: float, device: str = "cud
     return out
 
 
+#: the stages that train networks on the config's device, in the order the pipeline runs them
+LEARNING_STAGES = ("train_encoder", "train_world_model", "train_controller", "train_model_free")
+
+
+def learning_stages(work: Path, env: dict, cores: int, device: str, model: str = "bert",
+                    target: str = "sim-h100", limit: float = 600.0, together: bool = False,
+                    save=lambda doc: None) -> dict:
+    """The default config's learning stages for ``model`` as a user's ``snakemake`` runs them, with ``device``
+    (cost target fixed, so every device trains on the same environment): first what they read (not timed), then
+    each stage alone (``snakemake --cores CORES <its outputs>``), or with ``together`` all of them in one
+    ``snakemake`` call, side by side where the DAG allows, as ``rule all`` runs them. Per stage: its wall time from
+    the rule's benchmark file (results/benchmarks/<stage>/<model>.tsv) and, for the agents, their metrics'
+    training seconds and what the never-slower check did (on a GPU box ``sim-h100`` is verifiable on torch/cuda,
+    so the agents' graphs are timed there; on a CPU box they are not). Stopped after ``limit`` seconds;
+    ``save(doc)`` is called after each step (a stopped run keeps what finished)."""
+    from rlflow.config import load_config
+    from rlflow.pipeline import registry
+
+    cfg = load_config([ROOT / "config.yaml"])
+    cfg.update(device=device, models=[model])
+    cfg["cost"]["target"] = target
+    d = work / f"stages-{device}"
+    d.mkdir()
+    _repo(d, cfg)
+    t_end = time.perf_counter() + limit
+
+    def snakemake(targets: list[str]) -> tuple[int | None, float, str]:
+        t0 = time.perf_counter()
+        try:
+            r = subprocess.run(["snakemake", "--cores", str(cores), *targets], cwd=d, env=env, capture_output=True,
+                               text=True, timeout=max(1.0, t_end - t0))
+        except subprocess.TimeoutExpired as e:
+            return None, time.perf_counter() - t0, (e.stdout or b"").decode(errors="replace")
+        return r.returncode, time.perf_counter() - t0, r.stdout + r.stderr
+
+    def paths(name: str, kind: str) -> list[str]:
+        st = registry.stage(name)
+        pats = st.output_paths(device=device) if kind == "outputs" else st.input_paths(cfg, device=device, model=model)
+        flat = [q for k, v in pats.items() if k not in st.folders for q in (v if isinstance(v, list) else [v])]
+        return sorted({q.format(model=model) for q in flat})
+
+    def timing(name: str) -> dict:
+        st = registry.stage(name)
+        row: dict = {"stage_seconds": None}
+        bench = d / st.benchmark.format(model=model)
+        if bench.is_file():
+            with open(bench) as f:
+                row["stage_seconds"] = float(next(csv.DictReader(f, delimiter="\t"))["s"])
+        metrics = d / st.outputs.get("metrics", "").format(model=model)
+        if name in ("train_controller", "train_model_free") and metrics.is_file():
+            m = json.loads(metrics.read_text())
+            row.update(training_seconds=m.get("training_seconds"), agent_seconds=m.get("seconds"),
+                       phase_seconds=m.get("phase_seconds"), speed_check=(m.get("speed_check") or {}).get("line"))
+        return row
+
+    first = sorted({p for name in LEARNING_STAGES for p in paths(name, "inputs")} - {
+        p for name in LEARNING_STAGES for p in paths(name, "outputs")})
+    code, secs, text = snakemake(first)
+    out: dict = {"device": device, "model": model, "target": target, "cores": cores, "together": together,
+                 "upstream": {"exit_code": code, "seconds": round(secs, 1), "tail": _tail(text)}, "stages": {}}
+    save(out)
+    print(f"stages on {device}: what they read: exit {code} in {secs:.0f} s", flush=True)
+    groups = [list(LEARNING_STAGES)] if together else [[name] for name in LEARNING_STAGES]
+    for group in groups:
+        if code != 0:
+            break
+        code, secs, text = snakemake([p for name in group for p in paths(name, "outputs")])
+        for name in group:
+            out["stages"][name] = {"exit_code": code, **timing(name), "snakemake_seconds": round(secs, 1),
+                                   "tail": _tail(text)}
+            row = out["stages"][name]
+            print(f"stages on {device}: {name}: exit {code}, "
+                  + (f"{row['stage_seconds']:.1f} s" if row["stage_seconds"] is not None else "no time")
+                  + (f" (training {row['training_seconds']:.1f} s; {row['speed_check']})"
+                     if row.get("training_seconds") is not None else ""), flush=True)
+        save(out)
+    out["exit_code"] = code
+    save(out)
+    return out
+
+
 def _rows(path: Path) -> list[dict]:
     keep = ("method", "backend", "device", "status", "latency_ms", "ratio", "ci_low", "ci_high", "verdict",
             "max_rel_diff", "peak_memory_bytes", "too_noisy")
@@ -147,13 +230,18 @@ def evaluate_bert(work: Path, env: dict, budget: float) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", nargs="+", choices=("pipeline", "evaluate"), default=["pipeline", "evaluate"])
+    p.add_argument("--parts", nargs="+", choices=("pipeline", "evaluate", "stages"), default=["pipeline", "evaluate"],
+                   help="stages (only when named): the default config's learning stages for bert, each alone, with "
+                        "--device, their wall times (run it with --device cpu on a CPU box to compare)")
     p.add_argument("--out", type=Path, default=Path("gpu_pipeline.json"))
     p.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="snakemake --cores (default: all)")
-    p.add_argument("--device", default="cuda", help="the pipeline part's config device (default: cuda)")
+    p.add_argument("--device", default="cuda", help="the pipeline and stages parts' config device (default: cuda)")
     p.add_argument("--limit", type=float, default=420.0,
                    help="seconds after which the pipeline part's runs are stopped (default: 420)")
     p.add_argument("--budget", type=float, default=5.0, help="evaluate's timing.budget_s (default: 5)")
+    p.add_argument("--together", action="store_true",
+                   help="stages: run the learning stages in one snakemake call, side by side where the DAG allows "
+                        "(as rule all does), instead of each alone")
     p.add_argument("--keep", type=Path, help="work in this folder (kept) instead of a temporary one")
     a = p.parse_args()
     work = a.keep or Path(tempfile.mkdtemp(prefix="gpu-pipeline-"))
@@ -165,9 +253,14 @@ def main() -> int:
     if "evaluate" in a.parts:
         (work / "evaluate").mkdir(exist_ok=True)
         doc["evaluate_bert"] = evaluate_bert(work / "evaluate", env, a.budget)
+    if "stages" in a.parts:
+        def save(stages: dict) -> None:
+            a.out.write_text(json.dumps({**doc, "stages": stages}, indent=1))
+        doc["stages"] = learning_stages(work, env, a.cores, a.device, limit=a.limit, together=a.together, save=save)
     a.out.write_text(json.dumps(doc, indent=1))
     codes = [r["exit_code"] for r in doc.get("pipeline", {}).values() if not r["stopped_at_limit"]]
     codes += [s["exit_code"] for s in doc.get("evaluate_bert", {}).get("steps", {}).values()]
+    codes += [doc["stages"]["exit_code"]] if "stages" in doc else []
     return int(any(codes))
 
 

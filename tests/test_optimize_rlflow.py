@@ -546,6 +546,17 @@ def test_trained_agent_finds_a_cheaper_graph_than_the_original(trained, which):
     assert trace["final"]["runtime_ms"] < trace["initial"]["runtime_ms"] and trace["rules_applied"] >= 1
 
 
+@pytest.mark.parametrize("which", ["ctl", "mf"])
+def test_the_stage_says_where_its_time_went(trained, which):
+    """metrics.json splits the stage's seconds into setup, training, the real-env optimisation and the checks
+    (a GPU box verifies what a CPU box cannot: its stage times are compared phase by phase)."""
+    metrics = json.loads((trained / which / "metrics.json").read_text())
+    phases = metrics["phase_seconds"]
+    assert set(phases) == {"setup", "training", "optimisation", "checks"} and min(phases.values()) > 0
+    assert sum(phases.values()) <= metrics["seconds"]
+    assert phases["training"] == pytest.approx(metrics["training_seconds"], rel=0.05, abs=0.05)
+
+
 # ------------------------------------------------------------------ evaluation over policy snapshots
 def test_snapshot_updates_spread_over_training():
     from rlflow.agents.driver import snapshot_updates

@@ -374,6 +374,7 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
                   world_model=world.wm, config=used,
                   info={"model": model, "cost": problem.cost.describe(), "trained_seconds": train_s})
     kept = sorted(snapshots)
+    t_optimise = time.perf_counter()
     result, episode = agent.optimise(problem.graph, problem.rules, problem.cost, device,
                                      snapshots=[snapshots[n] for n in kept] or None)
     real = summarise_run(episode)
@@ -394,9 +395,13 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
              "config": used, "platform": platform.as_dict(), "agent": str(files.out), "reward": repr(reward),
              "training_seconds": train_s,
              "dream_steps": dream_steps(), "real_interactions": interactions}
+    t_check = time.perf_counter()
     diff, written = verify_and_write(problem.graph, result, files.optimised, files.trace, extra, seed=seed,
                                      device=device, speed_check=None if speed_check is None else speed_check(device),
                                      log=lambda line: print(f"{label}: {line}", flush=True))
+    # where this run's time went (a GPU box verifies sim-* graphs on the GPU, which a CPU box cannot)
+    metrics["phase_seconds"] = {"setup": t_train - t0, "training": t_optimise - t_train,
+                                "optimisation": t_check - t_optimise, "checks": time.perf_counter() - t_check}
     if "speed_check" in written:
         metrics["speed_check"] = written["speed_check"]
     ckpt.finish(agent.payload())
