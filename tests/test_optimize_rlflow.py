@@ -505,6 +505,23 @@ def test_damaged_agent_checkpoint_is_one_line(trained, tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "damaged agent checkpoint" in err and not out.exists()
 
 
+def test_an_agent_trained_on_another_op_list_is_one_line(trained, tmp_path, capsys):
+    """An agent whose encoder reads two node features fewer (trained before two IR ops were added) is refused in
+    one line naming the cause, not run into a shape error."""
+    data = torch.load(trained / "ctl/controller.pt", weights_only=True)
+    data["encoder"]["config"]["node_features"] -= 2
+    sd = data["encoder"]["state_dict"]
+    sd["node_in.weight"] = sd["node_in.weight"][:, 2:]
+    agent = tmp_path / "older.pt"
+    torch.save(data, agent)
+    out = tmp_path / "out.onnx"
+    assert main(["optimize", str(trained / "bert.onnx"), "--out", str(out), "--method", "rlflow", "--agent", str(agent),
+                 "--rules", str(trained / "rules.json"), "--cost-model", "analytic", "--no-progress",
+                 "--no-speed-check"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "node features" in err and "train it again" in err and not out.exists()
+
+
 def test_optimize_help_explains_the_agent(capsys):
     with pytest.raises(SystemExit) as e:
         main(["optimize", "--help"])

@@ -118,6 +118,18 @@ def load_checkpoint(path: str | Path) -> dict:
     return data
 
 
+def check_node_features(encoder_config: dict, what: str) -> None:
+    """Refuse, in one line, an encoder that reads another number of node features than this rlflow's observations
+    have (one per node type: an IR op added or removed since it was trained shifts every column)."""
+    from rlflow.env.observation import NODE_FEATURES
+
+    got = encoder_config.get("node_features")
+    if got != NODE_FEATURES:
+        raise RLFlowError(f"{what} of another rlflow version: its encoder reads {got} node features, this rlflow's "
+                          f"observations have {NODE_FEATURES} (the IR's op types changed); train it again "
+                          "(train_encoder and the stages after it)")
+
+
 def load_encoder(path: str | Path, device: str = "cpu"):
     """The trained GraphEncoder of a ``train_encoder`` checkpoint (eval mode, on ``device``), with the checkpoint's
     ``rollout_steps`` (the real steps it learned from) as ``encoder.rollout_steps``."""
@@ -129,6 +141,7 @@ def load_encoder(path: str | Path, device: str = "cpu"):
     if "rollout_steps" not in data:
         raise RLFlowError(f"{path}: an encoder checkpoint of an older rlflow without its rollout step count; rerun "
                           "train_encoder")
+    check_node_features(data["encoder_config"], "an encoder checkpoint")
     model = GraphEncoder(**data["encoder_config"])
     model.load_state_dict(data["state_dict"])
     model.rollout_steps = int(data["rollout_steps"])
@@ -288,6 +301,7 @@ def _build_agent(method: str, data: dict, device: str) -> Agent:
     from rlflow.nn.encoder import GraphEncoder
     from rlflow.nn.policy import HierarchicalPolicy
 
+    check_node_features(data["encoder"]["config"], "an agent")
     enc = GraphEncoder(**data["encoder"]["config"])
     enc.load_state_dict(data["encoder"]["state_dict"])
     enc = enc.to(device).eval()
