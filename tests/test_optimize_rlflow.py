@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 
 from rlflow.agents.logging import TrainingLog
 from rlflow.cli import main
+from rlflow.errors import RLFlowError
 
 TINY_ARGS = ["--set", "cost.model=analytic", "--set", "device=cpu"]
 
@@ -517,6 +519,18 @@ def test_a_damaged_or_older_agent_checkpoint_is_one_line(trained, tmp_path, caps
                  "--no-speed-check"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and all(w in err for w in words) and not out.exists()
+
+
+def test_an_encoder_trained_on_another_op_list_is_one_line_naming_the_file(trained, tmp_path):
+    from rlflow.agents.checkpoint import load_encoder
+
+    data = torch.load(trained / "enc/encoder.pt", weights_only=True)
+    data["encoder_config"]["node_features"] += 1
+    path = tmp_path / "encoder.pt"
+    torch.save(data, path)
+    want = f"^{re.escape(str(path))}: an encoder checkpoint of another rlflow version.*train it again"
+    with pytest.raises(RLFlowError, match=want):
+        load_encoder(path)
 
 
 def test_optimize_help_explains_the_agent(capsys):

@@ -141,7 +141,7 @@ def load_encoder(path: str | Path, device: str = "cpu"):
     if "rollout_steps" not in data:
         raise RLFlowError(f"{path}: an encoder checkpoint of an older rlflow without its rollout step count; rerun "
                           "train_encoder")
-    check_node_features(data["encoder_config"], "an encoder checkpoint")
+    check_node_features(data["encoder_config"], f"{path}: an encoder checkpoint")
     model = GraphEncoder(**data["encoder_config"])
     model.load_state_dict(data["state_dict"])
     model.rollout_steps = int(data["rollout_steps"])
