@@ -380,16 +380,3 @@ def test_stage_refuses_a_graphs_file_that_is_not_one(tiny_zoo, rules_file, rollo
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"rlflow: error: {bad}: not a rollout graphs file (BadZipFile)"], err
     assert list(out.iterdir()) == []
-
-
-def test_every_ir_op_has_a_fixed_one_hot_column():
-    """The observation's node types are a fixed list, every IR op in it once, within the fixed width: a new op is
-    appended to NODE_TYPES (this test fails until it is), so graphs without it keep their features and trained
-    agents their results."""
-    from rlflow.env.observation import NODE_TYPE_SLOTS, NODE_TYPES
-    from rlflow.graph.ops import OPS
-
-    missing = sorted(set(OPS) - set(NODE_TYPES))
-    assert not missing, f"append {missing} to rlflow.env.observation.NODE_TYPES (never insert: it shifts columns)"
-    assert len(set(NODE_TYPES)) == len(NODE_TYPES) <= NODE_TYPE_SLOTS == NODE_FEATURES - 1
-    assert {"Opaque", "Input", "Weight"} <= set(NODE_TYPES)

@@ -46,7 +46,7 @@ import numpy as np
 from rlflow.agents.random_agent import RandomAgent
 from rlflow.cost import METRIC_NAMES
 from rlflow.env.graph_rewrite import GraphRewriteEnv
-from rlflow.env.observation import MAX_RANK, NODE_FEATURES, NODE_TYPES
+from rlflow.env.observation import MAX_RANK, NODE_TYPES
 from rlflow.errors import RLFlowError
 from rlflow.graph.ir import Graph
 
@@ -241,7 +241,7 @@ def unpack_graphs(arrays: dict[str, np.ndarray], episodes: Sequence[dict], sourc
     eo = np.concatenate([[0], np.cumsum(arrays["graph_edges"], dtype=np.int64)])
     types, runtime, edges = arrays["node_type"], arrays["node_runtime"], arrays["edges"]
     links = arrays["edge_links"].astype(np.int64)
-    width = NODE_FEATURES
+    width = len(NODE_TYPES) + 1
 
     def graph(i: int):
         a, b = vo[i], vo[i + 1]

@@ -1,9 +1,8 @@
 """The environment's graph observation: node features, edge features and links (a ``gymnasium.spaces.Graph``).
 
 Nodes are the graph's inputs, then its weights (constants), then its operators in graph order. A node's features
-are a one-hot of its type (:data:`NODE_TYPES`: every IR op, Opaque, Input, Weight, in :data:`NODE_TYPE_SLOTS`
-columns) and its estimated runtime in ms. One edge per value an operator reads, from the value's producer
-(operator, input or weight) to the reader;
+are a one-hot of its type (:data:`NODE_TYPES`: every IR op, Opaque, Input, Weight) and its estimated runtime in
+ms. One edge per value an operator reads, from the value's producer (operator, input or weight) to the reader;
 its features are the value's shape, right-aligned in :data:`MAX_RANK` slots (a scalar is all zeros).
 """
 
@@ -12,21 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from rlflow.graph.ir import Graph
+from rlflow.graph.ops import OPS
 
-#: The node types of the one-hot, in a fixed order. A new IR op is APPENDED here (tests check that every op is
-#: listed), never inserted: with the one-hot's width fixed at NODE_TYPE_SLOTS, a graph without the new op then
-#: gets the same features as before, so the encoder, the agents and their results do not move when the IR grows.
-#: (Before this list was fixed, the one-hot was every op sorted by name: adding IsNaN and Where changed the width,
-#: every random draw after the encoder's first layer, and which seeds' controllers reached the model-free result.)
-NODE_TYPES: tuple[str, ...] = (
-    "Add", "Attention", "AveragePool", "BatchNormalization", "Concat", "Conv", "Div", "Enlarge", "Erf", "Flatten",
-    "Gather", "Gelu", "Gemm", "GlobalAveragePool", "Identity", "IsNaN", "LayerNormalization", "MatMul", "MaxPool",
-    "Mul", "Pad", "Pow", "ReduceMean", "Relu", "Reshape", "ScalarMul", "Sigmoid", "Slice", "Softmax", "Split", "Sqrt",
-    "Sub", "Tanh", "Transpose", "Where", "Opaque", "Input", "Weight",
-)
-NODE_TYPE_SLOTS = 64                    # the one-hot's width: room for new ops without changing the features
+NODE_TYPES: tuple[str, ...] = (*sorted(OPS), "Opaque", "Input", "Weight")
 TYPE_INDEX = {t: i for i, t in enumerate(NODE_TYPES)}
-NODE_FEATURES = NODE_TYPE_SLOTS + 1     # one-hot type, runtime_ms
+NODE_FEATURES = len(NODE_TYPES) + 1     # one-hot type, runtime_ms
 MAX_RANK = 6                            # edge features: the value's shape (ranks above this keep the last dims)
 
 
