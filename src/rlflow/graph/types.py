@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "int64": 8, "int32": 4, "int8": 1, "uint8": 1, "bool": 1}
+FLOAT_DTYPES = ("float16", "float32", "float64")  # the floating-point element types of the IR
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,9 +34,8 @@ import math
 import numpy as np
 
 from rlflow.graph.ops.core import OnnxNode, OpDef, ShapeError, Unsupported, broadcasts_to, onnx_dtype_name, F_, torch_
-from rlflow.graph.types import TensorType
+from rlflow.graph.types import FLOAT_DTYPES, TensorType
 
-FLOATS = ("float16", "float32", "float64")
 #: the opset that defines ONNX's fused ``Attention``
 ATTENTION_OPSET = 23
 #: what each backend runs for one ``Attention`` node (the lowerings below; the report's rule section lists it)
@@ -80,7 +79,7 @@ def _infer(ins, a):
     if len(ins) not in (3, 4):
         raise ShapeError(f"expects 3 or 4 inputs (Q, K, V, mask), got {len(ins)}")
     dtype = ins[0].dtype
-    if dtype not in FLOATS or any(t.dtype != dtype for t in ins):
+    if dtype not in FLOAT_DTYPES or any(t.dtype != dtype for t in ins):
         raise ShapeError(f"Q, K, V and the mask must have one float type, got {', '.join(t.dtype for t in ins)}")
     if a["is_causal"] not in (0, 1):
         raise ShapeError(f"is_causal must be 0 or 1, got {a['is_causal']}")

@@ -7,7 +7,7 @@ import numpy as np
 
 from rlflow.graph.ops.core import (OnnxNode, OpDef, ShapeError, Unsupported, broadcast, flops_per_out, import_plain,
                                    onnx_dtype_name, ranks, same, torch_, F_)
-from rlflow.graph.types import TensorType
+from rlflow.graph.types import FLOAT_DTYPES, TensorType
 
 
 def _binary_infer(ins, a):
@@ -90,11 +90,8 @@ def _export_scalar_mul(e, n) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- IsNaN, Where
-FLOATS = ("float16", "bfloat16", "float32", "float64")
-
-
 def _isnan_infer(ins, a):
-    if ins[0].dtype not in FLOATS:
+    if ins[0].dtype not in FLOAT_DTYPES:
         raise ShapeError(f"IsNaN reads a floating-point tensor, got {ins[0].dtype}")
     return [TensorType(ins[0].shape, "bool")]
 
