@@ -8,8 +8,11 @@ Two steps, since the lent GPU machine has no network and paper-size weights do n
 
 ``--pack`` writes, per zoo model at paper size, ``original.onnx`` and the graphs two searches on the simulated H100
 find (``eqsat``, ``greedy``; :func:`rlflow.api.optimize` without the never-slower check), and per held-out
-transformers export (tests/hf_exports.py: BERT, ViT, GPT-2 at two sizes) the export itself, all weightless
-(benchmarks/sim_vs_real.py's packing: large float tensors emptied, refilled with seeded values on reading).
+transformers export (tests/hf_exports.py: BERT, ViT, GPT-2 at two sizes) the export itself, and per zoo
+transformer (bert, vit, gpt2) a folder ``<model>-o23``: the export at opset 23 (``original.onnx``) and the graph
+greedy finds with the fused-kernel rules there (``fused.onnx``, every attention block one ``Attention``), so that
+a fit learns the fused op's cost; all weightless (benchmarks/sim_vs_real.py's packing: large float tensors
+emptied, refilled with seeded values on reading).
 
 ``--from`` compares each searched graph with its original end to end under the measurement protocol
 (``--sessions``, ``--budget``: the verdicts a calibrated target's estimates must agree with), then profiles every
@@ -35,9 +38,36 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "benchmarks"), str(ROOT / "tests")
 
 ZOO = ("bert", "vit", "gpt2", "taso-bert", "resnet18", "resnet50", "resnext50", "squeezenet", "inceptionv3")
 SEARCHES = ("eqsat", "greedy")
+#: the zoo models with attention, packed again at this opset with their attention fused (folder <model>-o23)
+FUSED_MODELS, FUSED_OPSET = ("bert", "vit", "gpt2"), 23
 
 
-def make_pack(out: Path, models: list[str], heldout: bool, exported: Path | None) -> None:
+def pack_fused(src: Path, dest: Path) -> int:
+    """``dest``/original.onnx: the export ``src`` at opset 23 (attention masks in canonical form); ``dest``/fused.onnx:
+    greedy's graph for the simulated H100 with the shipped rules plus the fused-kernel family. Both weightless.
+    Returns the fused graph's Attention count."""
+    import onnx
+
+    from rlflow.config import load_config
+    from rlflow.cost import make_cost_model
+    from rlflow.graph import load_onnx, to_onnx
+    from rlflow.graph.fold import at_opset
+    from rlflow.rewrite.builtin import verified_builtin_rules
+    from rlflow.rewrite.rule import load_rules
+    from rlflow.search.output import run_method
+    from sim_vs_real import _strip
+
+    dest.mkdir(parents=True, exist_ok=True)
+    graph = at_opset(load_onnx(str(src)), FUSED_OPSET)
+    onnx.save(_strip(to_onnx(graph)), str(dest / "original.onnx"))
+    fused = [r for r in verified_builtin_rules(fused_kernels=True) if r.name.startswith("attention-")]
+    cost = make_cost_model(load_config([ROOT / "config.yaml"]), "cpu", kind="sim-h100")
+    found = run_method("greedy", graph, load_rules() + fused, cost).graph
+    onnx.save(_strip(to_onnx(found)), str(dest / "fused.onnx"))
+    return sum(n.op == "Attention" for n in found.nodes)
+
+
+def make_pack(out: Path, models: list[str], heldout: bool, exported: Path | None, fused: bool = True) -> None:
     import onnx
 
     from rlflow.api import optimize
@@ -58,6 +88,9 @@ def make_pack(out: Path, models: list[str], heldout: bool, exported: Path | None
                              config=str(ROOT / "config.yaml"))
             onnx.save(_strip(found), str(out / model / f"{method}.onnx"))
             print(f"packed {model}/{method} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        if fused and model in FUSED_MODELS:
+            n = pack_fused(src, out / f"{model}-o{FUSED_OPSET}")
+            print(f"packed {model}-o{FUSED_OPSET}: original and fused ({n} Attention ops)", flush=True)
         if src.parent == out:
             src.unlink()
     if heldout:
@@ -197,7 +230,7 @@ def fit_and_check(profile_paths: list[Path], out: Path | None, gpu: str, holdout
 
 def _check_profile(profile: dict, graphs: dict, models: dict, sim, holdout: list[str], gpu: str) -> None:
     """The per-graph and per-comparison lines of :func:`fit_and_check` for one profile."""
-    est, errs = {}, {"zoo": [], "held out": []}
+    est, errs = {}, {"zoo": [], "held out": [], f"opset-{FUSED_OPSET}": []}
     print(f"{'graph':26} {'nodes':>5} {'e2e ms':>8} {'estimate':>8} {'error':>7}  (estimate: calibrated {gpu.upper()})")
     for name, rec in profile["graphs"].items():
         if name not in graphs:
@@ -214,7 +247,9 @@ def _check_profile(profile: dict, graphs: dict, models: dict, sim, holdout: list
         e2e = statistics.median(rec["e2e_ms"])
         err = (est[name][0] - e2e) / e2e
         if stem == "original":
-            errs["held out" if out_of_fit else "zoo"].append(abs(err))
+            group = ("held out" if out_of_fit else f"opset-{FUSED_OPSET}"
+                     if name.split("/")[0].endswith(f"-o{FUSED_OPSET}") else "zoo")
+            errs[group].append(abs(err))
         print(f"{name:26} {len(g.nodes):>5} {e2e:>8.3f} {est[name][0]:>8.3f} {100 * err:>6.1f}%"
               + ("  (held out)" if out_of_fit else ""))
     for k, v in errs.items():
@@ -250,6 +285,8 @@ def main() -> int:
     p.add_argument("--models", nargs="+", default=list(ZOO), help="zoo models to pack (default: all nine)")
     p.add_argument("--exported", type=Path, help="a folder of already exported <model>.onnx files (paper size)")
     p.add_argument("--no-heldout", action="store_true", help="pack no held-out transformers exports")
+    p.add_argument("--no-fused", action="store_true",
+                   help="pack no opset-23 folders (<model>-o23: the export and its attention-fused graph)")
     p.add_argument("--from", dest="packed", type=Path, metavar="DIR", help="profile the graphs of a --pack folder")
     p.add_argument("--only", nargs="+", help="profile only these folders of the pack")
     p.add_argument("--fit", type=Path, nargs="+", metavar="PROFILE",
@@ -266,7 +303,7 @@ def main() -> int:
     p.add_argument("--budget", type=float, default=1.0, help="seconds of timing per comparison (default: 1)")
     a = p.parse_args()
     if a.pack:
-        make_pack(a.pack, a.models, not a.no_heldout, a.exported)
+        make_pack(a.pack, a.models, not a.no_heldout, a.exported, not a.no_fused)
         return 0
     if a.fit:
         return fit_and_check(a.fit, a.out if a.out != Path("calibration.json") else None, a.gpu, a.holdout)

@@ -172,3 +172,30 @@ def test_gpu_calibrate_profiles_a_pack_without_comparisons(tiny_zoo, tmp_path):
     doc = json.loads(out.read_text())
     assert list(doc["graphs"]) == ["bert/original"] and doc["comparisons"] == {}
     assert doc["protocol"].startswith("none")
+
+
+def test_the_pack_holds_an_attention_fused_graph_whose_fit_prices_attention(tiny_zoo, tmp_path):
+    """``--pack`` writes <model>-o23 beside the zoo folders: the export at opset 23 and greedy's graph with the
+    fused-kernel rules, every attention block one Attention; profiled, the fit then holds an Attention signature
+    (the calibrated target's price of the fused op, which the opset-18 graphs never had)."""
+    import sys
+    from pathlib import Path
+
+    import onnx
+
+    from rlflow.cost.gpu_profile import profile_graph
+
+    sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "benchmarks")]
+    import gpu_calibrate
+
+    dest = tmp_path / "bert-o23"
+    assert gpu_calibrate.pack_fused(tiny_zoo["bert"], dest) == 2  # tiny bert: two attention blocks
+    original, fused = (onnx.load(str(dest / f"{n}.onnx")) for n in ("original", "fused"))
+    assert [o.version for o in original.opset_import if o.domain in ("", "ai.onnx")] == [23]
+    assert not any(n.op_type == "Attention" for n in original.graph.node)
+    assert not any(n.op_type == "Softmax" for n in fused.graph.node)
+    from sim_vs_real import unpack
+
+    graph = fold_constants(load_onnx(unpack(dest / "fused.onnx", tmp_path, 0)))
+    profile = {"hardware": "test CPU", "graphs": {"bert-o23/fused": profile_graph(graph, "cpu", runs=2, profiled=1)}}
+    assert any(k.startswith("Attention[") for k in gc.fit([profile])["signatures"])
