@@ -119,7 +119,7 @@ LEARNING_STAGES = ("train_encoder", "train_world_model", "train_controller", "tr
 
 def learning_stages(work: Path, env: dict, cores: int, device: str, model: str = "bert",
                     target: str = "sim-h100", limit: float = 600.0, together: bool = False,
-                    save=lambda doc: None) -> dict:
+                    save=lambda doc: None, size: str = "paper") -> dict:
     """The default config's learning stages for ``model`` as a user's ``snakemake`` runs them, with ``device``
     (cost target fixed, so every device trains on the same environment): first what they read (not timed), then
     each stage alone (``snakemake --cores CORES <its outputs>``), or with ``together`` all of them in one
@@ -127,11 +127,12 @@ def learning_stages(work: Path, env: dict, cores: int, device: str, model: str =
     the rule's benchmark file (results/benchmarks/<stage>/<model>.tsv) and, for the agents, their metrics'
     training seconds and what the never-slower check did (on a GPU box ``sim-h100`` is verifiable on torch/cuda,
     so the agents' graphs are timed there; on a CPU box they are not). Stopped after ``limit`` seconds;
-    ``save(doc)`` is called after each step (a stopped run keeps what finished)."""
+    ``save(doc)`` is called after each step (a stopped run keeps what finished). ``size`` ``tiny`` merges
+    tests/configs/tiny.yaml over the config (a check of this part in seconds, not a timing)."""
     from rlflow.config import load_config
     from rlflow.pipeline import registry
 
-    cfg = load_config([ROOT / "config.yaml"])
+    cfg = load_config([ROOT / "config.yaml"] + ([ROOT / "tests/configs/tiny.yaml"] if size == "tiny" else []))
     cfg.update(device=device, models=[model])
     cfg["cost"]["target"] = target
     d = work / f"stages-{device}"
@@ -171,7 +172,7 @@ def learning_stages(work: Path, env: dict, cores: int, device: str, model: str =
     first = sorted({p for name in LEARNING_STAGES for p in paths(name, "inputs")} - {
         p for name in LEARNING_STAGES for p in paths(name, "outputs")})
     code, secs, text = snakemake(first)
-    out: dict = {"device": device, "model": model, "target": target, "cores": cores, "together": together,
+    out: dict = {"device": device, "model": model, "size": size, "target": target, "cores": cores, "together": together,
                  "upstream": {"exit_code": code, "seconds": round(secs, 1), "tail": _tail(text)}, "stages": {}}
     save(out)
     print(f"stages on {device}: what they read: exit {code} in {secs:.0f} s", flush=True)
@@ -242,6 +243,9 @@ def main() -> int:
     p.add_argument("--together", action="store_true",
                    help="stages: run the learning stages in one snakemake call, side by side where the DAG allows "
                         "(as rule all does), instead of each alone")
+    p.add_argument("--size", choices=("paper", "tiny"), default="paper",
+                   help="stages: the model and budgets of config.yaml (paper, default) or with tests/configs/tiny.yaml "
+                        "merged over it (tiny: checks the part in seconds; its times mean nothing)")
     p.add_argument("--keep", type=Path, help="work in this folder (kept) instead of a temporary one")
     a = p.parse_args()
     work = a.keep or Path(tempfile.mkdtemp(prefix="gpu-pipeline-"))
@@ -256,7 +260,8 @@ def main() -> int:
     if "stages" in a.parts:
         def save(stages: dict) -> None:
             a.out.write_text(json.dumps({**doc, "stages": stages}, indent=1))
-        doc["stages"] = learning_stages(work, env, a.cores, a.device, limit=a.limit, together=a.together, save=save)
+        doc["stages"] = learning_stages(work, env, a.cores, a.device, limit=a.limit, together=a.together, save=save,
+                                        size=a.size)
     a.out.write_text(json.dumps(doc, indent=1))
     codes = [r["exit_code"] for r in doc.get("pipeline", {}).values() if not r["stopped_at_limit"]]
     codes += [s["exit_code"] for s in doc.get("evaluate_bert", {}).get("steps", {}).values()]

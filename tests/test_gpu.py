@@ -102,3 +102,31 @@ def test_combine_pools_runs_and_takes_each_nodes_median():
     assert out["e2e_ms"] == [1.0, 3.0, 2.0] and out["rounds"] == 3 and len(out["gpu_busy_ms"]) == 3
     assert out["nodes"][0]["host_us"] == 20.0 and out["nodes"][0]["device_us"] == 2.0
     assert out["nodes"][0]["op"] == "Add" and out["nodes"][0]["kernels"] == 1
+
+
+@pytest.mark.slow
+def test_the_learning_stages_part_times_each_stage_and_its_phases(tmp_path):
+    """benchmarks/gpu_pipeline.py --parts stages (gpu_check's `stages`), at tiny size on the CPU: what the learning
+    stages read is built first, then each stage runs through snakemake; every stage has its wall time from its
+    benchmark file and the two agents their phases (the figures a GPU check brings back)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    out = tmp_path / "stages.json"
+    r = subprocess.run([sys.executable, str(root / "benchmarks/gpu_pipeline.py"), "--parts", "stages", "--device", "cpu",
+                        "--size", "tiny", "--cores", "2", "--out", str(out), "--keep", str(tmp_path / "work")],
+                       capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    doc = json.loads(out.read_text())["stages"]
+    assert doc["size"] == "tiny" and doc["upstream"]["exit_code"] == 0
+    assert list(doc["stages"]) == ["train_encoder", "train_world_model", "train_controller", "train_model_free"]
+    for name, row in doc["stages"].items():
+        assert row["exit_code"] == 0 and row["stage_seconds"] > 0, name
+    for name in ("train_controller", "train_model_free"):
+        phases = doc["stages"][name]["phase_seconds"]
+        assert set(phases) == {"setup", "training", "optimisation", "checks"} and min(phases.values()) >= 0
