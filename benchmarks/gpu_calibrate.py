@@ -185,12 +185,13 @@ def measure(pack: Path, out: Path, sessions: int, budget: float, runs: int, only
     return 0
 
 
-def fit_and_check(profile_paths: list[Path], out: Path | None, gpu: str, holdout: list[str]) -> int:
+def fit_and_check(profile_paths: list[Path], out: Path | None, gpu: str, holdout: list[str],
+                  pack: Path = ROOT / ".gpu/cal_pack") -> int:
     """Fit a calibration file from one or more recorded profiles (pooled) and print, per profile, how well it
     predicts: per graph the end-to-end time beside the estimate (graphs whose name starts with a ``holdout`` prefix
     from a fit without them), and per searched graph the protocol's verdict beside the calibrated, the spec-sheet
     sim-h100 and the kernels-only ratios (the kernels' time summed: what timing each op alone on the GPU, the
-    ``cuda`` target, sees)."""
+    ``cuda`` target, sees). ``pack``: the --pack folder whose graphs the profiles measured (they are estimated)."""
     import gzip
 
     from rlflow.config import load_config
@@ -211,9 +212,8 @@ def fit_and_check(profile_paths: list[Path], out: Path | None, gpu: str, holdout
         out.write_text(json.dumps(full, indent=0) + "\n")
         print(f"wrote {out}: {len(full['signatures'])} op signatures from {len(full['graphs'])} graphs in "
               f"{len(profiles)} profile(s) ({full['hardware']}, measured {full.get('measured')})")
-    pack = ROOT / ".gpu/cal_pack"  # the graphs the profiles measured (--pack makes them again)
     if not pack.is_dir():
-        raise SystemExit(f"gpu_calibrate: no {pack}: run --pack .gpu/cal_pack first (the graphs are estimated)")
+        raise SystemExit(f"gpu_calibrate: no {pack}: run --pack {pack} first (the graphs are estimated)")
     sim = make_cost_model(load_config([ROOT / "config.yaml"]), "cpu", kind="sim-h100")
     models = {"full": CalibratedGpuCost(gpu, full), "held": CalibratedGpuCost(gpu, held)}
     graphs = {}
@@ -234,11 +234,11 @@ def _check_profile(profile: dict, graphs: dict, models: dict, sim, holdout: list
     print(f"{'graph':26} {'nodes':>5} {'e2e ms':>8} {'estimate':>8} {'error':>7}  (estimate: calibrated {gpu.upper()})")
     for name, rec in profile["graphs"].items():
         if name not in graphs:
-            print(f"{name:26} not in .gpu/cal_pack: not estimated")
+            print(f"{name:26} not in the pack: not estimated")
             continue
         g, stem = graphs[name], name.split("/")[1]
         if [n.op for n in g.nodes] != [n["op"] for n in rec["nodes"]]:  # e.g. measured before an op joined the IR
-            print(f"{name:26} the graph measured is not the one in .gpu/cal_pack now (its ops differ): not estimated")
+            print(f"{name:26} the graph measured is not the one in the pack now (its ops differ): not estimated")
             continue
         out_of_fit = any(name.startswith(h) for h in holdout)
         cal = models["held" if out_of_fit else "full"]
@@ -287,7 +287,9 @@ def main() -> int:
     p.add_argument("--no-heldout", action="store_true", help="pack no held-out transformers exports")
     p.add_argument("--no-fused", action="store_true",
                    help="pack no opset-23 folders (<model>-o23: the export and its attention-fused graph)")
-    p.add_argument("--from", dest="packed", type=Path, metavar="DIR", help="profile the graphs of a --pack folder")
+    p.add_argument("--from", dest="packed", type=Path, metavar="DIR",
+                   help="profile the graphs of a --pack folder; with --fit, the pack the profiles measured "
+                        "(default .gpu/cal_pack)")
     p.add_argument("--only", nargs="+", help="profile only these folders of the pack")
     p.add_argument("--fit", type=Path, nargs="+", metavar="PROFILE",
                    help="fit a calibration file (--out) from recorded profiles (several of one GPU model are "
@@ -306,7 +308,8 @@ def main() -> int:
         make_pack(a.pack, a.models, not a.no_heldout, a.exported, not a.no_fused)
         return 0
     if a.fit:
-        return fit_and_check(a.fit, a.out if a.out != Path("calibration.json") else None, a.gpu, a.holdout)
+        return fit_and_check(a.fit, a.out if a.out != Path("calibration.json") else None, a.gpu, a.holdout,
+                             a.packed or ROOT / ".gpu/cal_pack")
     if not a.packed:
         p.error("give --pack DIR (here) or --from DIR (on the GPU box)")
     return measure(a.packed, a.out, a.sessions, a.budget, a.runs, a.only, a.limit, a.rounds)

@@ -199,3 +199,28 @@ def test_the_pack_holds_an_attention_fused_graph_whose_fit_prices_attention(tiny
     graph = fold_constants(load_onnx(unpack(dest / "fused.onnx", tmp_path, 0)))
     profile = {"hardware": "test CPU", "graphs": {"bert-o23/fused": profile_graph(graph, "cpu", runs=2, profiled=1)}}
     assert any(k.startswith("Attention[") for k in gc.fit([profile])["signatures"])
+
+
+def test_fit_skips_a_profiled_graph_whose_ops_the_pack_no_longer_has(recorded, tiny_zoo, tmp_path):
+    """``--fit P1 P2 --from PACK``: a profile taken when the graph had other ops (e.g. before an op joined the IR)
+    is pooled but not estimated against the pack's graph, and says so; the current one is estimated."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    g, profile = recorded
+    (tmp_path / "pack" / "bert").mkdir(parents=True)
+    shutil.copy(tiny_zoo["bert"], tmp_path / "pack" / "bert" / "original.onnx")
+    old = json.loads(json.dumps(profile))
+    old["graphs"]["bert/original"]["nodes"] = old["graphs"]["bert/original"]["nodes"][1:]  # one op fewer
+    for name, doc in (("now", profile), ("before", old)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({**doc, "measured": name}))
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_calibrate.py"), "--fit",
+                        str(tmp_path / "now.json"), str(tmp_path / "before.json"), "--from", str(tmp_path / "pack")],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    now, before = r.stdout.split("profile before.json")
+    assert "bert/original" in now and "not estimated" not in now
+    assert "its ops differ): not estimated" in before
