@@ -77,6 +77,16 @@ def one_budget(model: str, episodes: int, config: list[str], d: Path, onnx: str 
     return out
 
 
+def machine() -> str:
+    """The CPU, torch's version and the vector kernels it picked on it (AVX2, AVX512, ...)."""
+    import torch
+
+    from rlflow.cost.model import describe_hardware
+
+    return (f"{describe_hardware('cpu')}, torch {torch.__version__}, CPU kernels "
+            f"{torch.backends.cpu.get_cpu_capability()}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="bert", help="a model the pipeline exported (results/<model>/model.onnx)")
@@ -130,6 +140,8 @@ def main() -> int:
             "the pipeline's model-free agent"
     else:
         mf0, ref = rows[0][2]["model_free"], f"model-free of {rows[0][1]} episodes"
+    print(f"machine: {machine()} (a seed's figures can differ on another kind of CPU, whose vector kernels round "
+          "differently)")
     print(f"reference: {ref}: {mf0['improvement_pct']:.2f}%, {mf0['interactions']['total']:,} interactions")
     print("| seed | rollout episodes | rollout steps | controller: improvement | controller: interactions | model-free: "
           "improvement | model-free: interactions | controller / model-free (same rollouts): improvement, "
