@@ -78,13 +78,14 @@ def one_budget(model: str, episodes: int, config: list[str], d: Path, onnx: str 
 
 
 def machine() -> str:
-    """The CPU, torch's version and the vector kernels it picked on it (AVX2, AVX512, ...)."""
+    """The CPU, torch's and numpy's versions and the vector kernels torch picked on it (AVX2, AVX512, ...)."""
+    import numpy
     import torch
 
     from rlflow.cost.model import describe_hardware
 
-    return (f"{describe_hardware('cpu')}, torch {torch.__version__}, CPU kernels "
-            f"{torch.backends.cpu.get_cpu_capability()}")
+    return (f"{describe_hardware('cpu')}, torch {torch.__version__} (CPU kernels "
+            f"{torch.backends.cpu.get_cpu_capability()}), numpy {numpy.__version__}")
 
 
 def main() -> int:
@@ -141,7 +142,7 @@ def main() -> int:
     else:
         mf0, ref = rows[0][2]["model_free"], f"model-free of {rows[0][1]} episodes"
     print(f"machine: {machine()} (a seed's figures can differ on another kind of CPU, whose vector kernels round "
-          "differently)")
+          "differently, or with other library versions)")
     print(f"reference: {ref}: {mf0['improvement_pct']:.2f}%, {mf0['interactions']['total']:,} interactions")
     print("| seed | rollout episodes | rollout steps | controller: improvement | controller: interactions | model-free: "
           "improvement | model-free: interactions | controller / model-free (same rollouts): improvement, "
