@@ -107,8 +107,9 @@ def test_combine_pools_runs_and_takes_each_nodes_median():
 @pytest.mark.slow
 def test_the_learning_stages_part_times_each_stage_and_its_phases(tmp_path):
     """benchmarks/gpu_pipeline.py --parts stages (gpu_check's `stages`), at tiny size on the CPU: what the learning
-    stages read is built first, then each stage runs through snakemake; every stage has its wall time from its
-    benchmark file and the two agents their phases (the figures a GPU check brings back)."""
+    stages read is built first, then the stages in one snakemake call (--together, as gpu_check runs them); every
+    stage has its wall time from its benchmark file and the two agents their phases (the figures a GPU check
+    brings back)."""
     import json
     import os
     import subprocess
@@ -119,7 +120,7 @@ def test_the_learning_stages_part_times_each_stage_and_its_phases(tmp_path):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     out = tmp_path / "stages.json"
     r = subprocess.run([sys.executable, str(root / "benchmarks/gpu_pipeline.py"), "--parts", "stages", "--device", "cpu",
-                        "--size", "tiny", "--cores", "2", "--out", str(out), "--keep", str(tmp_path / "work")],
+                        "--size", "tiny", "--together", "--cores", "2", "--out", str(out), "--keep", str(tmp_path / "work")],
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     doc = json.loads(out.read_text())["stages"]
