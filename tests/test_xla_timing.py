@@ -87,10 +87,12 @@ def test_the_timing_worker_persists_and_compiles_each_module_once():
 
 
 def test_a_far_slower_module_is_screened_by_one_call_instead_of_the_protocol():
-    head = "HloModule s, entry_computation_layout={(f32[256,256]{1,0})->f32[256,256]{1,0}}\n\nENTRY main {\n"
-    x = "  x = f32[256,256]{1,0} parameter(0)\n"
-    dot = "f32[256,256]{1,0} dot(%s, x), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
-    cheap = head + x + "  ROOT t = f32[256,256]{1,0} negate(x)\n}\n"
+    # 1024 wide: the three products take tens of ms, so one call of each stays over 2x apart even when a busy
+    # machine preempts the cheap module's call (at 256 wide a CI run beside `make run` saw them within 2x)
+    head = "HloModule s, entry_computation_layout={(f32[1024,1024]{1,0})->f32[1024,1024]{1,0}}\n\nENTRY main {\n"
+    x = "  x = f32[1024,1024]{1,0} parameter(0)\n"
+    dot = "f32[1024,1024]{1,0} dot(%s, x), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n"
+    cheap = head + x + "  ROOT t = f32[1024,1024]{1,0} negate(x)\n}\n"
     heavy = head + x + "  a = " + dot % "x" + "  b = " + dot % "a" + "  ROOT t = " + dot % "b" + "}\n"
     protocol = Protocol(sessions=2, warmup=1, budget_s=0.2, min_rounds=3)
     disabled = timing_disabled(discover_pipeline())
