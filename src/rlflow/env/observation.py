@@ -19,9 +19,15 @@ NODE_FEATURES = len(NODE_TYPES) + 1     # one-hot type, runtime_ms
 MAX_RANK = 6                            # edge features: the value's shape (ranks above this keep the last dims)
 
 
+_ROWS: dict[tuple[int, ...], tuple[int, ...]] = {}  # shape -> its row (a model has a few dozen shapes)
+
+
 def _shape_row(shape: tuple[int, ...]) -> tuple[int, ...]:
-    s = shape[-MAX_RANK:]
-    return (0,) * (MAX_RANK - len(s)) + tuple(s)
+    row = _ROWS.get(shape)
+    if row is None:
+        s = shape[-MAX_RANK:]
+        row = _ROWS[shape] = (0,) * (MAX_RANK - len(s)) + tuple(s)
+    return row
 
 
 def graph_features(graph: Graph, node_runtimes: list[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

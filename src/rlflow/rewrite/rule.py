@@ -217,8 +217,12 @@ def eval_attr(expr: Any, type_of: Callable[[str], TensorType], params: Mapping[s
 
 def attr_equal(a: Any, b: Any) -> bool:
     """Attribute equality as the IR's canonical hash sees it (floats at float32 precision, lists as tuples)."""
-    if type(a) is type(b) and type(a) in (int, str, tuple) and a == b:
-        return True                      # equal values have equal canonical forms (the matcher's common case)
+    t = type(a)
+    if t is type(b):                     # the matcher's common cases
+        if t is int or t is str or t is bool:
+            return a == b                # their canonical form is the value itself
+        if t is tuple:                   # equal values have equal canonical forms; else element by element
+            return a == b or (len(a) == len(b) and all(attr_equal(x, y) for x, y in zip(a, b)))
     return _canonical(_tuplify(a)) == _canonical(_tuplify(b))
 
 
