@@ -42,29 +42,35 @@ SEARCHES = ("eqsat", "greedy")
 FUSED_MODELS, FUSED_OPSET = ("bert", "vit", "gpt2"), 23
 
 
-def pack_fused(src: Path, dest: Path) -> int:
+def pack_fused(src: Path, dest: Path) -> tuple[int, float]:
     """``dest``/original.onnx: the export ``src`` at opset 23 (attention masks in canonical form); ``dest``/fused.onnx:
     greedy's graph for the simulated H100 with the shipped rules plus the fused-kernel family. Both weightless.
-    Returns the fused graph's Attention count."""
+    Both are first checked to compute the export's outputs (onnxruntime, :func:`check_equal`: RLFlowError if
+    not, and nothing is written). Returns the fused graph's Attention count and its largest relative difference
+    from the export."""
     import onnx
 
     from rlflow.config import load_config
     from rlflow.cost import make_cost_model
     from rlflow.graph import load_onnx, to_onnx
+    from rlflow.graph.exec.check import check_equal
     from rlflow.graph.fold import at_opset
     from rlflow.rewrite.builtin import verified_builtin_rules
     from rlflow.rewrite.rule import load_rules
     from rlflow.search.output import run_method
     from sim_vs_real import _strip
 
-    dest.mkdir(parents=True, exist_ok=True)
-    graph = at_opset(load_onnx(str(src)), FUSED_OPSET)
-    onnx.save(_strip(to_onnx(graph)), str(dest / "original.onnx"))
+    exported = load_onnx(str(src))
+    graph = at_opset(exported, FUSED_OPSET)
     fused = [r for r in verified_builtin_rules(fused_kernels=True) if r.name.startswith("attention-")]
     cost = make_cost_model(load_config([ROOT / "config.yaml"]), "cpu", kind="sim-h100")
     found = run_method("greedy", graph, load_rules() + fused, cost).graph
+    check_equal(exported, graph, what=str(src))
+    diff = check_equal(exported, found, what=str(src))
+    dest.mkdir(parents=True, exist_ok=True)
+    onnx.save(_strip(to_onnx(graph)), str(dest / "original.onnx"))
     onnx.save(_strip(to_onnx(found)), str(dest / "fused.onnx"))
-    return sum(n.op == "Attention" for n in found.nodes)
+    return sum(n.op == "Attention" for n in found.nodes), diff
 
 
 def make_pack(out: Path, models: list[str], heldout: bool, exported: Path | None, fused: bool = True) -> None:
@@ -89,8 +95,9 @@ def make_pack(out: Path, models: list[str], heldout: bool, exported: Path | None
             onnx.save(_strip(found), str(out / model / f"{method}.onnx"))
             print(f"packed {model}/{method} ({time.perf_counter() - t0:.0f} s)", flush=True)
         if fused and model in FUSED_MODELS:
-            n = pack_fused(src, out / f"{model}-o{FUSED_OPSET}")
-            print(f"packed {model}-o{FUSED_OPSET}: original and fused ({n} Attention ops)", flush=True)
+            n, diff = pack_fused(src, out / f"{model}-o{FUSED_OPSET}")
+            print(f"packed {model}-o{FUSED_OPSET}: original and fused ({n} Attention ops; outputs as the "
+                  f"export's within {diff:.1e}, onnxruntime)", flush=True)
         if src.parent == out:
             src.unlink()
     if heldout:

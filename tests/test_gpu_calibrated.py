@@ -189,7 +189,8 @@ def test_the_pack_holds_an_attention_fused_graph_whose_fit_prices_attention(tiny
     import gpu_calibrate
 
     dest = tmp_path / "bert-o23"
-    assert gpu_calibrate.pack_fused(tiny_zoo["bert"], dest) == 2  # tiny bert: two attention blocks
+    n, diff = gpu_calibrate.pack_fused(tiny_zoo["bert"], dest)
+    assert n == 2 and diff <= 1e-4  # tiny bert: two attention blocks, outputs checked against the export
     original, fused = (onnx.load(str(dest / f"{n}.onnx")) for n in ("original", "fused"))
     assert [o.version for o in original.opset_import if o.domain in ("", "ai.onnx")] == [23]
     assert not any(n.op_type == "Attention" for n in original.graph.node)
@@ -199,6 +200,31 @@ def test_the_pack_holds_an_attention_fused_graph_whose_fit_prices_attention(tiny
     graph = fold_constants(load_onnx(unpack(dest / "fused.onnx", tmp_path, 0)))
     profile = {"hardware": "test CPU", "graphs": {"bert-o23/fused": profile_graph(graph, "cpu", runs=2, profiled=1)}}
     assert any(k.startswith("Attention[") for k in gc.fit([profile])["signatures"])
+
+
+def test_the_pack_refuses_a_fused_graph_that_computes_something_else(tiny_zoo, tmp_path, monkeypatch):
+    """A fused graph whose outputs differ from the export's (here: a search that doubled a weight) stops the pack
+    with the output named, and nothing is written for that model."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import rlflow.search.output
+    from rlflow.graph.ir import Constant
+
+    sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "benchmarks")]
+    import gpu_calibrate
+
+    def broken(method, graph, rules, cost):  # the search's answer: the graph with its largest weight doubled
+        g = graph.copy()  # new containers: the original graph keeps its weights
+        name, weight = max(g.constants.items(), key=lambda kv: kv[1].array.size)
+        g.constants[name] = Constant(weight.array * 2)
+        return SimpleNamespace(graph=g)
+
+    monkeypatch.setattr(rlflow.search.output, "run_method", broken)
+    with pytest.raises(RLFlowError, match="differs from the original"):
+        gpu_calibrate.pack_fused(tiny_zoo["bert"], tmp_path / "bert-o23")
+    assert not (tmp_path / "bert-o23").exists()
 
 
 def test_fit_skips_a_profiled_graph_whose_ops_the_pack_no_longer_has(recorded, tiny_zoo, tmp_path):
