@@ -95,7 +95,7 @@ class _Compiled:
         self.connected = self._connected()
 
     def _connected(self) -> bool:
-        near = [{j for ref in self.ins[k] if ref[0] == "node" for j in [ref[1]]} | {u for u, _, _ in self.users[k]}
+        near = [{ref[1] for ref in self.ins[k] if ref[0] == "node"} | {u for u, _, _ in self.users[k]}
                 | {d for d in range(self.n) for ref in self.ins[k] if ref[0] == "var" and ref in self.ins[d]}
                 for k in range(self.n)]
         seen, todo = {0}, [0]
@@ -624,17 +624,15 @@ class MatchIndex:
                     freed.append(m)
                 else:
                     still[(m.nodes, m.bindings)] = m
-            if still is not None:
-                blocked[k] = list(still.values())
             if k not in search and not freed:
                 matches[k] = _sorted(view, keep) if resorted else keep
-                continue
-            found: dict = {(m.nodes, m.bindings): m for m in keep + freed}
-            if k in search:
-                _search(view, c, sorted(search[k].items()), found, still)
-                if still is not None:
-                    blocked[k] = list(still.values())
-            matches[k] = _sorted(view, found.values()) if len(found) != len(keep) or resorted else keep
+            else:
+                found: dict = {(m.nodes, m.bindings): m for m in keep + freed}
+                if k in search:
+                    _search(view, c, sorted(search[k].items()), found, still)
+                matches[k] = _sorted(view, found.values()) if len(found) != len(keep) or resorted else keep
+            if still is not None:
+                blocked[k] = list(still.values())
         idx = MatchIndex.__new__(MatchIndex)
         idx.graph, idx.rules, idx.view, idx.matches, idx.blocked, idx._rules = new, self.rules, view, matches, \
             blocked, rs
