@@ -234,11 +234,11 @@ def test_agent_checkpoint_round_trip_and_rule_check(setting, tmp_path):
     torch.save(agent.payload(), path)
     back = load_agent(path)
     assert back.method == "rlflow" and back.env == {"max_steps": 4, "max_locations": 8, "episodes": 3,
-                                                    "no_revisit": False}
-    agent.env["no_revisit"] = True
+                                                    "no_revisit": False, "plan_min_saving": None}
+    agent.env["no_revisit"], agent.env["plan_min_saving"] = True, 0.01
     torch.save(agent.payload(), path)
-    back = load_agent(path)  # compared below with the original, which now turns revisits down too
-    assert back.env["no_revisit"] is True
+    back = load_agent(path)  # compared below with the original, which now turns revisits down and plans too
+    assert back.env["no_revisit"] is True and back.env["plan_min_saving"] == 0.01
     x = torch.randn(3, args["in_dim"])
     for a, b in ((policy, back.policy),):
         torch.testing.assert_close(a.trunk(x), b.trunk(x))

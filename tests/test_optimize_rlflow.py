@@ -310,8 +310,9 @@ def test_agent_checkpoint_is_self_contained(trained, name, method):
     assert data["rules"] == rules_fingerprint(load_rules(trained / "rules.json"))
     episodes = EVAL_EPISODES[name.split("/")[0]]
     n = len(load_rules(trained / "rules.json"))  # the tiny config's generated rules plus every builtin rule
+    plan = 0.0001 if method == "rlflow" else None  # the controller plans with its world model (controller.plan)
     assert data["rules"]["count"] == n and data["env"] == {"max_steps": 5, "max_locations": 200, "episodes": episodes,
-                                                    "no_revisit": False}
+                                                    "no_revisit": False, "plan_min_saving": plan}
     agent = load_agent(trained / name)
     assert agent.method == method and agent.policy_args["n_xfers"] == n
 

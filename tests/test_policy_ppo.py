@@ -231,3 +231,73 @@ def test_count_features_are_the_same_from_masks_and_counts_and_carry_what_z_does
             opt.step()
         errors[with_counts] = float(loss)
     assert errors[True] < 0.05 * float(target.var()) and errors[False] > 0.5 * float(target.var()), errors
+
+
+class PlanningEnv(FakeRewriteEnv):
+    """FakeRewriteEnv with the real graph's metrics in the observation (``global``), as the real environment gives
+    them."""
+
+    def _obs(self):
+        return {**super()._obs(), "global": np.array([self.runtime, 1.0, 1.0, 1.0])}
+
+
+class TableWorldModel:
+    """A world model whose one-step predictions are a table per rule: the change of log1p(runtime) and the logit
+    that the metrics change at all (rule 3 is the NO-OP)."""
+
+    n_xfers = 3
+
+    def __init__(self, log_change, changed_logit):
+        self.log_change, self.changed_logit = torch.tensor(log_change), torch.tensor(changed_logit)
+
+    def initial_hidden(self, batch):
+        return torch.zeros(1, batch, 2), torch.zeros(1, batch, 2)
+
+    def step(self, z, actions, counts, hidden):
+        from types import SimpleNamespace
+
+        rule = actions[..., 0].clamp(max=2)
+        deltas = torch.zeros(len(rule), 4)
+        deltas[:, 0] = self.log_change[rule]
+        return SimpleNamespace(deltas=deltas, changed=self.changed_logit[rule], hidden=hidden)
+
+    def metrics_after(self, metrics, deltas, changed=None):
+        return torch.expm1(torch.log1p(metrics) + deltas)
+
+
+class AlwaysPolicy:
+    """A policy that always picks ``rule`` at location 0."""
+
+    def __init__(self, rule):
+        self.rule = rule
+
+    def act(self, x, xfer_mask, location_mask, generator=None, greedy=True):
+        return torch.tensor([self.rule]), torch.tensor([0]), None, None
+
+
+def test_controller_plans_the_step_its_world_model_expects_to_save_and_distrusts_a_wrong_prediction(monkeypatch):
+    """controller.plan: the world model predicts savings for rules 0 and 1 (1 the larger; in truth rule 1 raises
+    the runtime) and none for rule 2, the policy's choice. Planning takes rule 1 once, sees the runtime rise,
+    distrusts it, then takes rule 0, which pays; without planning the policy's neutral steps change nothing."""
+    from rlflow.agents import controller
+
+    monkeypatch.setattr(controller, "encode", lambda encoder, obs, device="cpu": torch.zeros(len(obs), 3))
+    wm = TableWorldModel([-0.05, -0.10, 0.0], [5.0, 5.0, -5.0])
+    alone = controller.run_in_real_env(AlwaysPolicy(2), None, wm, PlanningEnv())
+    assert alone["best"]["runtime_ms"] == 10.0 and alone["planned_steps"] == 0
+    planned = controller.run_in_real_env(AlwaysPolicy(2), None, wm, PlanningEnv(), plan_min_saving=1e-3)
+    assert [a[0] for a in planned["actions"]] == [1, 0, 0, 0] and planned["planned_steps"] == 4
+    assert planned["best"]["runtime_ms"] == 8.0 and planned["steps"] == 4
+    # a saving below plan_min_saving is not planned (exp(-0.05) on log1p(10): about 4.7% of the runtime)
+    assert controller.run_in_real_env(AlwaysPolicy(2), None, wm, PlanningEnv(), plan_min_saving=0.2)[
+        "planned_steps"] == 0
+
+
+def test_controller_keeps_its_own_choice_when_the_world_model_expects_it_to_save(monkeypatch):
+    from rlflow.agents import controller
+
+    monkeypatch.setattr(controller, "encode", lambda encoder, obs, device="cpu": torch.zeros(len(obs), 3))
+    wm = TableWorldModel([-0.05, -0.10, 0.0], [5.0, 5.0, -5.0])
+    run = controller.run_in_real_env(AlwaysPolicy(0), None, wm, PlanningEnv(), plan_min_saving=1e-3)
+    assert [a[0] for a in run["actions"]] == [0, 0, 0, 0] and run["planned_steps"] == 0
+    assert run["best"]["runtime_ms"] == 6.0

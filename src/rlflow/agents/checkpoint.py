@@ -165,13 +165,20 @@ def rules_fingerprint(rules) -> dict:
     return rules_digest(rules)
 
 
+def _plan_setting(value) -> float | None:
+    """An agent's ``plan_min_saving`` (None: it does not plan; checkpoints from before planning have none)."""
+    return None if value is None else float(value)
+
+
 class Agent:
     """A trained agent, everything needed to run it on any graph: the policy (hierarchical heads), the graph
     encoder, the world model (the controller only: its LSTM state h is half of the policy's input), the
     fingerprint of the rule set it was trained with, and the environment settings (horizon, locations, and the
     real episodes of a run: ``controller.eval_episodes`` / ``model_free.eval_episodes``, or 1 where the stage kept
     the best of its policy snapshots (``eval_policies: snapshots``), the first greedy, the
-    others sampled with a fixed seed; ``no_revisit``: config ``env.no_revisit``, False in checkpoints from before it).
+    others sampled with a fixed seed; ``no_revisit``: config ``env.no_revisit``, False in checkpoints from before it;
+    ``plan_min_saving``: the controller plans one step with its world model (config ``controller.plan``, see
+    :mod:`rlflow.agents.controller`), None where it does not and for the model-free agent).
 
     Built by the training stages from their networks (then :meth:`payload` is the final checkpoint) and by
     :func:`load_agent` from such a checkpoint. :meth:`optimise` runs it greedily in the real environment."""
@@ -186,7 +193,8 @@ class Agent:
         self.encoder, self.world_model = encoder, world_model
         self.rules = dict(rules)
         self.env = {"max_steps": int(env["max_steps"]), "max_locations": int(env["max_locations"]),
-                    "episodes": int(env.get("episodes", 1)), "no_revisit": bool(env.get("no_revisit", False))}
+                    "episodes": int(env.get("episodes", 1)), "no_revisit": bool(env.get("no_revisit", False)),
+                    "plan_min_saving": _plan_setting(env.get("plan_min_saving"))}
         if self.env["episodes"] < 1:
             raise ValueError("episodes: at least 1")
         self.config, self.info = dict(config or {}), dict(info or {})
@@ -263,7 +271,7 @@ class Agent:
             from rlflow.agents.controller import run_in_real_env
 
             return run_in_real_env(self.policy, self.encoder, self.world_model, env, device, episodes=episodes,
-                                   no_revisit=self.env["no_revisit"])
+                                   no_revisit=self.env["no_revisit"], plan_min_saving=self.env["plan_min_saving"])
         from rlflow.agents.model_free import run_model_free
 
         return run_model_free(self.policy, self.encoder, env, device, episodes=episodes,

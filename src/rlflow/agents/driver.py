@@ -370,7 +370,8 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
     agent = Agent(method, policy, policy_args, encoder, rules_fingerprint(problem.rules),
                   {"max_steps": max_steps, "max_locations": max_locations,
                    "episodes": 1 if snapshots else section["eval_episodes"],
-                   "no_revisit": get(config, "env.no_revisit")},
+                   "no_revisit": get(config, "env.no_revisit"),
+                   "plan_min_saving": section["plan_min_saving"] if method == "rlflow" and section["plan"] else None},
                   world_model=world.wm, config=used,
                   info={"model": model, "cost": problem.cost.describe(), "trained_seconds": train_s})
     kept = sorted(snapshots)
@@ -390,6 +391,9 @@ def run_agent_stage(method: str, model: str, config: dict, files: AgentFiles, pr
     if method == "rlflow":
         metrics["temperature"] = section["temperature"]
         metrics["iterations"] = refits
+        # the kept episode's steps that the one-step plan with the world model chose (controller.plan)
+        metrics["plan"] = {"min_saving": agent.env["plan_min_saving"], "planned_steps": episode.get("planned_steps", 0),
+                           "episode_steps": len(episode["actions"])}
     extra = {"model": model, "onnx": str(files.onnx), "rules": str(files.rules), "num_rules": len(problem.rules),
              "device": device, "cost_model": problem.cost.name, "cost": describe_cost(problem, files.costs),
              "config": used, "platform": platform.as_dict(), "agent": str(files.out), "reward": repr(reward),
