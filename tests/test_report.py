@@ -748,6 +748,28 @@ def test_model_based_claim_is_checked_against_both_bounds(tmp_path):
     assert model_based_claim(data()) is None
 
 
+def test_claim_sentence_says_how_much_of_the_controllers_run_its_world_model_planned(tmp_path):
+    """controller.plan: the sentence names the kept episode's planned steps; a controller that did not plan (or a
+    metrics.json from before planning) gets no such words."""
+    from rlflow.config import load_config
+    from rlflow.report.data import load_report_data
+    from rlflow.report.render import _claim_sentence
+    from rlflow.report.tables import model_based_claim
+
+    res = make_results(tmp_path)
+    config = load_config([Path(__file__).resolve().parents[1] / "config.yaml"])
+    for plan, words in ((None, None), ({"min_saving": None, "planned_steps": 0, "episode_steps": 5}, None),
+                        ({"min_saving": 1e-4, "planned_steps": 3, "episode_steps": 5}, "3 of the 5 steps")):
+        doc = controller_metrics(4.9)
+        if plan is not None:
+            doc["plan"] = plan
+        write_json(res / "controller" / "metrics.json", doc)
+        sentence = _claim_sentence(model_based_claim(load_report_data("bert", res, tmp_path / "results/rules/stats.json",
+                                                                      config)))
+        assert ("planned one step ahead" in sentence) is (words is not None)
+        assert words is None or words in sentence
+
+
 def test_rules_section_lists_the_builtin_families_and_the_fused_kernels_only_when_on(tmp_path, rlflow):
     """The rule section lists stats.json's builtin families; the table of what each backend runs for Attention
     appears when the fused-kernel family is in the rule file, and not otherwise."""

@@ -540,6 +540,11 @@ def _claim_sentence(c: dict) -> str:
     if not c["interactions_hold"]:
         short.append(f"it used more than {bound_n:.0%} of the model-free agent's real interactions")
     verdict = "The claim holds in this run." if not short else "This run falls short: " + " and ".join(short) + "."
+    plan = c.get("plan")
+    if plan:  # controller.plan: say how much of its run the world model chose, not only the policy
+        verdict += (f" In its real episodes the controller planned one step ahead with its world model: "
+                    f"{plan.get('planned_steps', 0)} of the {plan.get('episode_steps', 0)} steps of its kept episode "
+                    "were rewrites the world model expected to save runtime where the policy's choice was not.")
     return (f"RLFlow's claim (the controller trained in the dream reaches at least {bound_gain:.0%} of the model-free "
             f"agent's improvement with at most {bound_n:.0%} of its real interactions), on this run: the controller "
             f"reached {c['gain_share']:.1%} of the model-free agent's improvement ({gain['rlflow']:+.2f}% against "

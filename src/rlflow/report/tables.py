@@ -258,6 +258,8 @@ def model_based_claim(data: ReportData) -> dict | None:
            "interaction_share": inter["rlflow"] / inter["model_free"]}
     out["gain_holds"] = out["gain_share"] >= paper.CLAIM_MIN_GAIN_SHARE
     out["interactions_hold"] = out["interaction_share"] <= paper.CLAIM_MAX_INTERACTION_SHARE
+    plan = data.controller.data.get("plan") if data.controller.ok else None
+    out["plan"] = plan if isinstance(plan, dict) and plan.get("min_saving") is not None else None
     return out
 
 
