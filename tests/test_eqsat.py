@@ -590,6 +590,11 @@ def test_the_ilp_node_limit_reaches_highs():
     assert s1["ilp_message"].startswith("Node limit reached.") and "HiGHS status 16" in s1["ilp_message"]
     assert s0["ilp_optimal"] and not s0["ilp_node_limit_reached"]
     assert s1["ilp_objective"] > s0["ilp_objective"] + 1.0
+    from rlflow.search.output import ilp_verdict
+
+    # how far the unproven answer may be from the optimum: HiGHS's gap to its bound, in the summary line
+    assert 0 < s1["ilp_gap"] < float("inf") and ilp_verdict(s0) == "optimal"
+    assert ilp_verdict(s1) == f"{s1['ilp_message']}, gap {100 * s1['ilp_gap']:.1f}% to its bound"
     assert cut is not None and not find_cycles(eg, roots, cut) and best is not None
     assert ilp_extract(eg, roots, costs, 0, node_limit=1)[0] == cut  # the same answer every time
 

@@ -57,6 +57,9 @@ EQSAT_STATS = {"egraph_nodes_initial": 115, "egraph_classes_initial": 115, "egra
 EQSAT_RL_STATS = {**EQSAT_STATS, "egraph_nodes": 3001, "iterations": 7, "extracted_cost_ms": 9.3,
                   "ilp_fusion_pairs": 869, "ilp_fusion_triples": 72,  # (as on a target that fuses kernels)
                   "extraction_cheapest_round": 2,
+                  # its ILP stopped at its time limit before proving its answer
+                  "ilp_optimal": False, "ilp_status": 13, "ilp_message": "Time limit reached (HiGHS status 13)",
+                  "ilp_gap": 0.0656,
                   "schedule": ["no:elementwise", "all", "all", "all", "all", "all", "all"],
                   "families": ["elementwise", "matmul", "multi", "other", "transpose"],
                   "tree_simulations": 16, "tree_seconds": 1.5, "tree_best_proxy_ms": 9.3}
@@ -312,6 +315,7 @@ def test_report_has_every_section_the_inputs_numbers_and_is_self_contained(tmp_p
     assert "no:elementwise, all, all" in eg and "every rule in every iteration (the backoff scheduler)" in eg
     assert "16 schedules scored in 1.50 s; the best one's short-ILP cost 9.3000 ms" in eg
     assert "10.0000 -> 9.3000 -> 9.3000" in eg and "+2.11% against TASO's" in eg
+    assert "ilp (Time limit reached (HiGHS status 13), gap 6.6% to its bound; 600 variables" in eg
     assert ("0.25 s; its 869 fused pairs and 72 three-node kernels priced as the target fuses them; the graph of "
             "extraction 2 kept)" in eg
             and eg.count("fused pairs") == 1)

@@ -349,7 +349,10 @@ def _egraph_rows(e: dict) -> list[tuple[str, str]]:
     c, cfg = e["counts"], e["settings"]
     ilp = ""
     if c["ilp_variables"] is not None:
-        ilp = (f" ({'optimal' if e['ilp_optimal'] else e['ilp_message'] or 'not optimal'}; "
+        gap = e.get("ilp_gap")
+        verdict = "optimal" if e["ilp_optimal"] else (e["ilp_message"] or "not optimal") + (
+            f", gap {h.num(100 * gap, 1)}% to its bound" if gap else "")
+        ilp = (f" ({verdict}; "
                f"{h.count(c['ilp_variables'])} variables, {h.count(c['ilp_constraints'])} constraints, "
                f"{h.num(c['ilp_seconds'], 2)} s" + (
                    f"; its {h.count(c['ilp_fusion_pairs'])} fused pairs and {h.count(c['ilp_fusion_triples'] or 0)} "

@@ -166,9 +166,9 @@ EGRAPH_COUNTS = ("egraph_nodes_initial", "egraph_nodes", "egraph_classes_initial
 
 def egraph(eqsat: Input, taso: Input) -> dict:
     """eqsat's (or eqsat-rl's) e-graph and extraction from its trace: ``{"counts": {EGRAPH_COUNTS key: number or
-    None}, "settings", "stop", "extraction", "ilp_optimal", "ilp_message", "kept_input", "rules_fired": [(rule, n)]
-    (most first), "initial_ms", "final_ms", "seconds", "schedule": [action per iteration] (eqsat-rl; empty for
-    eqsat), "tree": {"leaves", "seconds", "best_proxy_ms"} (eqsat-rl's tree search; None each without one)}``,
+    None}, "settings", "stop", "extraction", "ilp_optimal", "ilp_message", "ilp_gap" (relative; None if unknown),
+    "kept_input", "rules_fired": [(rule, n)] (most first), "initial_ms", "final_ms", "seconds", "schedule": [action
+    per iteration] (eqsat-rl; empty for eqsat), "tree": {"leaves", "seconds", "best_proxy_ms"} (eqsat-rl's tree search; None each without one)}``,
     plus TASO's ``taso_final_ms`` and ``taso_seconds`` from its trace (None if absent): the run's own
     eqsat-vs-TASO comparison on the same cost target."""
     doc = eqsat.data
@@ -179,7 +179,7 @@ def egraph(eqsat: Input, taso: Input) -> dict:
             "settings": doc.get("settings") if isinstance(doc.get("settings"), dict) else {},
             "stop": doc.get("stop_reason"), "extraction": stats.get("extraction"),
             "ilp_optimal": stats.get("ilp_optimal"), "ilp_message": stats.get("ilp_message"),
-            "kept_input": stats.get("kept_input"),
+            "ilp_gap": _num(stats.get("ilp_gap")), "kept_input": stats.get("kept_input"),
             "rules_fired": sorted(((str(r), n) for r, n in fired.items() if _num(n) is not None),
                                   key=lambda x: (-x[1], x[0])),
             "initial_ms": _cost(doc, "initial"), "final_ms": _cost(doc, "final"), "seconds": _num(doc.get("seconds")),
