@@ -31,6 +31,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from rlflow.report.paper import CLAIM_MAX_INTERACTION_SHARE, CLAIM_MIN_GAIN_SHARE  # noqa: E402
 
 
 def _run(args: list[str], log: Path) -> None:
@@ -162,9 +165,12 @@ def main() -> int:
     if a.seeds:  # the spread over seeds, each controller beside the model-free agent of its own rollouts
         for ep in a.episodes:
             rs = [ratio(r["rlflow"], r["model_free"]) for _, e, r in rows if e == ep]
+            held = sum(g >= CLAIM_MIN_GAIN_SHARE and n <= CLAIM_MAX_INTERACTION_SHARE for g, n in rs)
             last.append(f"{ep}: improvement {min(g for g, _ in rs):.2f}-{max(g for g, _ in rs):.2f}, interactions "
                         f"{min(n for _, n in rs):.2f}-{max(n for _, n in rs):.2f} over seeds "
-                        + " ".join(map(str, a.seeds)))
+                        + " ".join(map(str, a.seeds)) + f"; the claim (>= {CLAIM_MIN_GAIN_SHARE:.2f} of the "
+                        f"improvement with <= {CLAIM_MAX_INTERACTION_SHARE:.2f} of the interactions) holds on {held} "
+                        f"of {len(rs)}")
     print(f"sample_efficiency {a.model}: controller/model-free improvement, interactions at rollout episodes "
           + "; ".join(last))
     return 0
