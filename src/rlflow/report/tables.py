@@ -168,7 +168,8 @@ def egraph(eqsat: Input, taso: Input) -> dict:
     """eqsat's (or eqsat-rl's) e-graph and extraction from its trace: ``{"counts": {EGRAPH_COUNTS key: number or
     None}, "settings", "stop", "extraction", "ilp_optimal", "ilp_message", "ilp_gap" (relative; None if unknown),
     "kept_input", "rules_fired": [(rule, n)] (most first), "initial_ms", "final_ms", "seconds", "schedule": [action
-    per iteration] (eqsat-rl; empty for eqsat), "tree": {"leaves", "seconds", "best_proxy_ms"} (eqsat-rl's tree search; None each without one)}``,
+    per iteration] (eqsat-rl; empty for eqsat), "tree": {"leaves", "seconds", "best_proxy_ms"} (eqsat-rl's tree
+    search; None each without one)}``,
     plus TASO's ``taso_final_ms`` and ``taso_seconds`` from its trace (None if absent): the run's own
     eqsat-vs-TASO comparison on the same cost target."""
     doc = eqsat.data
