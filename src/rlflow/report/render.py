@@ -23,7 +23,6 @@ from rlflow.report import roofline
 from rlflow.report import targets as cost_target
 from rlflow.report.data import BACKEND_LABEL, METHOD_LABEL, METHOD_ORDER, ReportData, reported_config
 from rlflow.report.headline import Headline
-from rlflow.search.output import ilp_verdict
 
 
 #: the methods that saturate an e-graph and extract from it (the e-graph section's columns; no Fig. 10 steps)
@@ -350,7 +349,11 @@ def _egraph_rows(e: dict) -> list[tuple[str, str]]:
     c, cfg = e["counts"], e["settings"]
     ilp = ""
     if c["ilp_variables"] is not None:
-        ilp = (f" ({ilp_verdict(e)}; "
+        # the summary line's wording (rlflow.search.output.ilp_verdict); the report does not import the searches
+        gap = e.get("ilp_gap")
+        verdict = "optimal" if e["ilp_optimal"] else (e["ilp_message"] or "not optimal") + (
+            f", gap {h.num(100 * gap, 1)}% to its bound" if gap else "")
+        ilp = (f" ({verdict}; "
                f"{h.count(c['ilp_variables'])} variables, {h.count(c['ilp_constraints'])} constraints, "
                f"{h.num(c['ilp_seconds'], 2)} s" + (
                    f"; its {h.count(c['ilp_fusion_pairs'])} fused pairs and {h.count(c['ilp_fusion_triples'] or 0)} "
